@@ -1,0 +1,397 @@
+"""Read documents out of corpus files: plain text, JSON lists and JSON lines, local or on S3.
+
+Formats (`--format`):
+  txt        one document per non-empty line
+  txt-blank  documents separated by blank lines (lines of one document are joined with "\\n")
+  json       a JSON list of objects, `[{"text": ...}, ...]`; read item by item (see below)
+  jsonl      one JSON object per line
+  auto       guess per file: .txt -> txt, .jsonl/.json-lines/.ndjson -> jsonl, and .json by its
+             first character: `[` -> json, anything else -> jsonl (many corpora, e.g.
+             563w_baidubaike.json, are JSON lines named .json)
+A trailing `.gz` is decompressed on the fly and ignored when guessing.
+
+Memory stays bounded: text and JSON-lines files are read a line at a time, and JSON lists are
+decoded incrementally, one item at a time, so memory grows with the largest item, not the file
+(an item over 64 Mi characters is reported malformed).
+
+Bad input never stops a run silently or noisily: a line that is not valid UTF-8, not valid JSON,
+not an object, or lacks a string text field is counted in `ReadStats` with its file and line,
+and skipped. With `strict=True` the first one raises a ConvertError naming file:line instead.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import io
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO, ClassVar
+
+from convert.errors import ConvertError
+from convert.presets import Preset, get_preset
+from convert.sources import open_binary
+
+FORMATS = ("txt", "txt-blank", "json", "jsonl")
+AUTO = "auto"
+DEFAULT_TEXT_FIELD = "text"
+_EXTENSION_FORMATS = {
+    ".txt": "txt",
+    ".text": "txt",
+    ".jsonl": "jsonl",
+    ".json-lines": "jsonl",
+    ".jsonlines": "jsonl",
+    ".ndjson": "jsonl",
+}
+_JSON_CHUNK_BYTES = 1 << 20
+_MAX_JSON_ITEM_CHARS = 64 << 20
+_WHITESPACE = re.compile(r"\s*")
+# Bytes that are not valid UTF-8 come back as lone surrogates under errors="surrogateescape".
+_ESCAPED_BYTES = re.compile("[\udc80-\udcff]")
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    source: str  # path or s3:// URL
+    line: int  # 1-based line number (txt/jsonl) or 1-based item index (json list)
+
+
+@dataclass
+class ReadStats:
+    files: int = 0
+    documents: int = 0
+    malformed: int = 0
+    malformed_examples: list[tuple[str, int, str]] = field(default_factory=list)
+    MAX_EXAMPLES: ClassVar[int] = 20
+
+    def record_malformed(self, source: str, line: int, reason: str) -> None:
+        self.malformed += 1
+        if len(self.malformed_examples) < self.MAX_EXAMPLES:
+            self.malformed_examples.append((source, line, reason))
+
+    def merge(self, other: ReadStats) -> None:
+        """Add another reader's counts (e.g. a parallel worker's) into this one."""
+        self.files += other.files
+        self.documents += other.documents
+        self.malformed += other.malformed
+        room = self.MAX_EXAMPLES - len(self.malformed_examples)
+        self.malformed_examples.extend(other.malformed_examples[: max(room, 0)])
+
+    def as_dict(self) -> dict:
+        return {
+            "files": self.files,
+            "documents": self.documents,
+            "malformed": self.malformed,
+            "malformed_examples": [
+                {"source": source, "line": line, "reason": reason}
+                for source, line, reason in self.malformed_examples
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class _TextExtractor:
+    """Pulls the text out of one JSON record: a preset's layout or a plain field."""
+
+    preset: Preset | None
+    text_field: str
+
+    def extract(self, obj: object) -> tuple[str | None, str]:
+        """(text, "") or (None, why the record is unusable)."""
+        if not isinstance(obj, dict):
+            return None, f"expected a JSON object, got {_json_type(obj)}"
+        if self.preset is not None:
+            text = self.preset.extract(obj)
+            return text, "" if text is not None else f"no usable text for preset {self.preset.name!r}"
+        value = obj.get(self.text_field)
+        if isinstance(value, str):
+            return value, ""
+        problem = "missing" if value is None else f"not a string ({_json_type(value)})"
+        return None, f"text field {self.text_field!r} is {problem}; pick the field with --text-field"
+
+
+def read_documents(
+    paths: list[str],
+    fmt: str,
+    *,
+    text_field: str | None = None,
+    preset: str | None = None,
+    strict: bool = False,
+    stats: ReadStats,
+    allow_empty: bool = False,
+) -> Iterator[Document]:
+    """Yield the documents of already-expanded `paths`, in order, counting into `stats`.
+
+    `fmt` is one of FORMATS or "auto". JSON records give their text through `preset` (see
+    convert.presets) or `text_field` (default "text"), not both. Raises ConvertError at the end
+    when no document at all was found, unless `allow_empty` (parallel workers reading a slice).
+    JSON list files are decoded incrementally; memory grows with the largest item only.
+    """
+    preset_obj = get_preset(preset) if preset else None
+    _check_options(fmt, text_field, preset_obj)
+    if not paths:
+        raise ConvertError("no input files to read")
+    extractor = _TextExtractor(preset_obj, text_field or DEFAULT_TEXT_FIELD)
+    found_before = stats.documents
+    for path in paths:
+        yield from _read_file(path, fmt, extractor, strict, stats)
+    if stats.documents == found_before and not allow_empty:
+        raise _empty_corpus_error(paths, fmt, stats)
+
+
+def guess_format(path: str, head: bytes = b"") -> str | None:
+    """The format "auto" picks for `path` whose first bytes are `head`; None if unknown."""
+    name = path[:-3] if path.lower().endswith(".gz") else path
+    suffix = name[name.rfind(".") :].lower() if "." in name.rsplit("/", 1)[-1] else ""
+    if suffix == ".json":
+        return "json" if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[") else "jsonl"
+    return _EXTENSION_FORMATS.get(suffix)
+
+
+# --- per file ----------------------------------------------------------------------------------
+
+
+def _check_options(fmt: str, text_field: str | None, preset: Preset | None) -> None:
+    if fmt != AUTO and fmt not in FORMATS:
+        raise ConvertError(f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}, {AUTO}")
+    if preset is not None and text_field:
+        raise ConvertError(f"--preset {preset.name} fixes where the text is; drop --text-field")
+    if preset is not None and fmt in ("txt", "txt-blank"):
+        raise ConvertError(f"--preset {preset.name} reads JSON records; drop --format {fmt}")
+
+
+def _read_file(
+    path: str, fmt: str, extractor: _TextExtractor, strict: bool, stats: ReadStats
+) -> Iterator[Document]:
+    stats.files += 1
+    report = _MalformedReporter(stats, strict, path)
+    try:
+        with _open_decompressed(path) as stream:
+            read = _READERS[_resolve_format(path, fmt, extractor.preset, stream)]
+            for doc in read(stream, path, extractor, report):
+                stats.documents += 1
+                yield doc
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        report(0, f"corrupt gzip data ({err}); the rest of the file is skipped")
+
+
+def _open_decompressed(path: str) -> BinaryIO:
+    stream = open_binary(path)
+    if path.lower().endswith(".gz"):
+        return io.BufferedReader(gzip.GzipFile(fileobj=stream, mode="rb"), buffer_size=_JSON_CHUNK_BYTES)
+    return stream
+
+
+def _resolve_format(path: str, fmt: str, preset: Preset | None, stream: BinaryIO) -> str:
+    if fmt != AUTO:
+        return fmt
+    guessed = guess_format(path, stream.peek(4096)[:4096])
+    if preset is not None:
+        # A preset knows its records are JSON; the file name only says list or lines.
+        return guessed if guessed in ("json", "jsonl") else preset.fmt
+    if guessed is None:
+        raise ConvertError(
+            f"cannot guess the format of {path} from its name; pass --format ({', '.join(FORMATS)})"
+        )
+    return guessed
+
+
+class _MalformedReporter:
+    """Counts a bad line/item, or raises at the first one when strict."""
+
+    def __init__(self, stats: ReadStats, strict: bool, source: str) -> None:
+        self.stats, self.strict, self.source = stats, strict, source
+
+    def __call__(self, line: int, reason: str) -> None:
+        if self.strict:
+            raise ConvertError(f"{self.source}:{line}: {reason}; fix the line or drop --strict")
+        self.stats.record_malformed(self.source, line, reason)
+
+
+# --- line formats ------------------------------------------------------------------------------
+
+
+def _decoded_lines(stream: BinaryIO, report: _MalformedReporter) -> Iterator[tuple[int, str]]:
+    """(line number, text without line ending); lines that are not UTF-8 are reported and skipped."""
+    for number, raw in enumerate(stream, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            report(number, f"invalid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)")
+            continue
+        if number == 1:
+            text = text.removeprefix("\ufeff")
+        yield number, text.rstrip("\r\n")
+
+
+def _read_txt(
+    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter
+) -> Iterator[Document]:
+    for number, text in _decoded_lines(stream, report):
+        if text.strip():
+            yield Document(text, source, number)
+
+
+def _read_txt_blank(
+    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter
+) -> Iterator[Document]:
+    lines: list[str] = []
+    first = 0
+    for number, text in _decoded_lines(stream, report):
+        if text.strip():
+            first = first if lines else number
+            lines.append(text)
+        elif lines:
+            yield Document("\n".join(lines), source, first)
+            lines = []
+    if lines:
+        yield Document("\n".join(lines), source, first)
+
+
+def _read_jsonl(
+    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter
+) -> Iterator[Document]:
+    for number, line in _decoded_lines(stream, report):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            report(number, f"invalid JSON ({err.msg} at column {err.colno})")
+            continue
+        text, problem = extractor.extract(obj)
+        if text is None:
+            report(number, problem)
+        else:
+            yield Document(text, source, number)
+
+
+# --- JSON lists --------------------------------------------------------------------------------
+
+
+def _read_json_list(
+    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter
+) -> Iterator[Document]:
+    parser = _JsonListParser(stream)
+    try:
+        for index, line, obj, raw in parser.items():
+            where = f"item {index} (line {line})"
+            if _ESCAPED_BYTES.search(raw):
+                report(index, f"{where}: invalid UTF-8")
+                continue
+            text, problem = extractor.extract(obj)
+            if text is None:
+                report(index, f"{where}: {problem}")
+            else:
+                yield Document(text, source, index)
+    except _JsonListError as err:
+        report(err.index, f"{err}; the rest of the file is skipped (use --format jsonl for JSON lines)")
+
+
+class _JsonListError(ValueError):
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+class _JsonListParser:
+    """Decodes `[item, item, ...]` one item at a time from a byte stream.
+
+    Text is decoded with errors="surrogateescape" so one item with bad bytes is reported on its
+    own instead of ending the file. The buffer holds the unread text only; when an item does not
+    decode yet, more is read (doubling, so a long item costs linear time) and it is retried.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        self._decoder_json = json.JSONDecoder()
+        self._buf = ""
+        self._pos = 0
+        self._line = 1
+        self._eof = False
+        self._started = False
+
+    def items(self) -> Iterator[tuple[int, int, object, str]]:
+        """(1-based index, line where it starts, value, its raw text)."""
+        first = self._next_char()
+        if first == "":
+            return  # an empty file: no documents, nothing malformed
+        if first != "[":
+            raise _JsonListError(0, f"line {self._line}: expected a JSON list `[...]`, found {first!r}")
+        self._advance(self._pos + 1)
+        index = 0
+        while self._next_char() not in ("]", ""):
+            index += 1
+            line, start = self._line, self._pos
+            value, end = self._decode_item(index)
+            raw = self._buf[start:end]
+            self._advance(end)
+            yield index, line, value, raw
+            separator = self._next_char()
+            if separator == ",":
+                self._advance(self._pos + 1)
+            elif separator != "]":
+                raise _JsonListError(index, f"line {self._line}: expected ',' or ']' after item {index}")
+        if self._next_char() == "":
+            raise _JsonListError(index, "the file ends before the closing ']'")
+        self._advance(self._pos + 1)
+        if self._next_char() != "":
+            raise _JsonListError(index, f"line {self._line}: unexpected data after the closing ']'")
+
+    def _decode_item(self, index: int) -> tuple[object, int]:
+        while True:
+            try:
+                return self._decoder_json.raw_decode(self._buf, self._pos)
+            except json.JSONDecodeError as err:
+                pending = len(self._buf) - self._pos
+                if self._eof or pending > _MAX_JSON_ITEM_CHARS:
+                    raise _JsonListError(
+                        index, f"item {index} (line {self._line}): invalid JSON ({err.msg})"
+                    ) from None
+                self._fill(max(_JSON_CHUNK_BYTES, pending))
+
+    def _next_char(self) -> str:
+        """Skip whitespace and return the next character without consuming it ("" at the end)."""
+        while True:
+            self._advance(_WHITESPACE.match(self._buf, self._pos).end())
+            if self._pos < len(self._buf):
+                return self._buf[self._pos]
+            if self._eof:
+                return ""
+            self._fill(_JSON_CHUNK_BYTES)
+
+    def _advance(self, pos: int) -> None:
+        self._line += self._buf.count("\n", self._pos, pos)
+        self._pos = pos
+
+    def _fill(self, size: int) -> None:
+        self._buf = self._buf[self._pos :]
+        self._pos = 0
+        chunk = self._stream.read(size)
+        self._eof = not chunk
+        self._buf += self._decoder.decode(chunk, final=self._eof)
+        if not self._started and self._buf:
+            self._started = True
+            self._pos = 1 if self._buf.startswith("\ufeff") else 0  # skip a UTF-8 byte order mark
+
+
+_READERS = {"txt": _read_txt, "txt-blank": _read_txt_blank, "jsonl": _read_jsonl, "json": _read_json_list}
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _empty_corpus_error(paths: list[str], fmt: str, stats: ReadStats) -> ConvertError:
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    message = f"no documents found in {shown} (format {fmt})"
+    if stats.malformed_examples:
+        source, line, reason = stats.malformed_examples[0]
+        message += f"; {stats.malformed} malformed, first at {source}:{line}: {reason}"
+    return ConvertError(message + "; check the files, --format and --text-field/--preset")

@@ -1,0 +1,58 @@
+"""The end-of-run summary: what was read, dropped and written, printed and saved as summary.json."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+
+def build_summary(
+    *,
+    out: str,
+    read: dict,
+    dropped: dict[str, int],
+    splits: dict[str, dict],
+    seq_len: int,
+    workers: int,
+    elapsed: float,
+    reused_parts: int,
+) -> dict:
+    tokens = sum(split["tokens"] for split in splits.values())
+    return {
+        "out": out,
+        "read": read,
+        "dropped": dropped,
+        "splits": splits,
+        "seq_len": seq_len,
+        "tokens_written": tokens,
+        "workers": workers,
+        "reused_parts": reused_parts,
+        "elapsed_s": round(elapsed, 3),
+        "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
+    }
+
+
+def print_summary(summary: dict, stream: TextIO) -> None:
+    read = summary["read"]
+    lines = [f"converted into {summary['out']} in {summary['elapsed_s']:.1f} s"]
+    if "documents" in read:
+        lines.append(f"  documents read: {read['documents']} from {read.get('files', '?')} file(s)")
+    if read.get("malformed"):
+        lines.append(f"  malformed records skipped: {read['malformed']}")
+        for example in read.get("malformed_examples", [])[:5]:
+            lines.append(f"    {example['source']}:{example['line']}: {example['reason']}")
+    dropped = summary["dropped"]
+    lines.append("  dropped: " + (", ".join(f"{k} {v}" for k, v in dropped.items()) if dropped else "none"))
+    for name, split in summary["splits"].items():
+        lines.append(
+            f"  {name}: {split['documents']} documents, {split['samples']} samples x {summary['seq_len']} "
+            f"= {split['tokens']} tokens in {split['shards']} shards"
+            + (f" ({split['lost_tail_tokens']} tokens of the last partial sample not stored)")
+        )
+    rate = summary["tokens_per_s"]
+    lines.append(
+        f"  tokens written: {summary['tokens_written']}"
+        + (f" ({rate:,.0f} tokens/s with {summary['workers']} worker(s))" if rate else "")
+    )
+    if summary["reused_parts"]:
+        lines.append(f"  resumed: {summary['reused_parts']} part(s) reused from the interrupted run")
+    stream.write("\n".join(lines) + "\n")

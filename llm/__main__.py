@@ -1,0 +1,5 @@
+import sys
+
+from llm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Composer callbacks and logger destinations of this project (one small module each)."""

@@ -1,0 +1,86 @@
+"""`<run_dir>/metrics.jsonl`: one JSON object per logged step, for scripts and plots.
+
+Composer logs values from many places at slightly different moments of a batch (the loss before
+the batch counter advances, throughput and learning rate after it, evaluation after that). This
+destination remembers the latest value of each and writes one line at `BATCH_CHECKPOINT`, the last
+event of a batch, when everything for that step is known.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from composer.core import State
+from composer.loggers import Logger, LoggerDestination
+from composer.utils import dist
+
+# metrics.jsonl field -> Composer metric name (lr is matched by prefix: "lr-AdamW/group0")
+FIELDS = {
+    "loss": "loss/train/total",
+    "eval_loss": "metrics/eval/LanguageCrossEntropy",
+    "eval_perplexity": "metrics/eval/LanguagePerplexity",
+    "tokens_per_sec": "throughput/tokens_per_sec",
+    "mfu": "throughput/device/mfu",
+}
+_EVAL_KEYS = ("eval_loss", "eval_perplexity")
+
+
+class MetricsFile(LoggerDestination):
+    """Write step, tokens, loss, lr, eval loss/perplexity and tokens/s every `interval` steps.
+
+    Steps with an evaluation and the final step are always written. A resumed run appends; a run
+    that starts from step 0 starts a fresh file.
+    """
+
+    def __init__(self, path: str | Path, interval: int = 1):
+        super().__init__()
+        self.path = Path(path)
+        self.interval = max(1, interval)
+        self._latest: dict[str, float] = {}
+        self._last_written = -1
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, int | float) or hasattr(value, "item"):
+                self._latest[key] = float(value.item() if hasattr(value, "item") else value)
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        if dist.get_global_rank() != 0:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if int(state.timestamp.batch) == 0:
+            self.path.write_text("", encoding="utf-8")
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        step = int(state.timestamp.batch)
+        has_eval = any(FIELDS[k] in self._latest for k in _EVAL_KEYS)
+        if step % self.interval == 0 or has_eval:
+            self._write(state)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if int(state.timestamp.batch) != self._last_written:
+            self._write(state)
+
+    def _write(self, state: State) -> None:
+        step = int(state.timestamp.batch)
+        record: dict[str, Any] = {"step": step, "tokens": int(state.timestamp.token)}
+        for name, key in FIELDS.items():
+            if key in self._latest:
+                record[name] = self._latest[key]
+        lr = next((v for k, v in self._latest.items() if k.startswith("lr-")), None)
+        if lr is not None:
+            record["lr"] = lr
+        for name in _EVAL_KEYS:  # an evaluation belongs to the step it ran at only
+            self._latest.pop(FIELDS[name], None)
+        self._last_written = step
+        if dist.get_global_rank() == 0:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file, in order."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]

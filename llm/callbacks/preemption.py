@@ -1,0 +1,99 @@
+"""Save a checkpoint when the process is told to stop (SIGTERM from a spot reclaim, or Ctrl-C).
+
+Composer 0.32.1 turns SIGTERM/SIGINT into `sys.exit(128 + signal)` at once and saves nothing.
+This callback replaces that handler while training runs:
+
+- the handler only records the signal (a second signal exits at once, through Composer's handler);
+- at every `batch_end` all ranks agree (`all_reduce` MAX), so a signal seen by any rank stops all
+  of them after the same batch; `state.stop_training()` then makes that batch the last one, and
+  Composer's saver writes its end-of-training checkpoint there (the publisher stores it);
+- at `fit_end` (this callback must be the last one) the process exits with 128 + the signal
+  number: 143 for SIGTERM, 130 for SIGINT, the codes a shell and launchers expect.
+
+`stop_training()` lowers `state.max_duration`, which is not part of a Composer checkpoint: the
+resumed run trains to the recipe's `max_duration`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
+
+
+class PreemptionCallback(Callback):
+    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)):
+        self.signals = signals
+        self.received: int | None = None  # the signal this process caught
+        self.received_at: float | None = None
+        self.stop_signal: int | None = None  # the signal all ranks agreed to stop on
+        self.stop_batch: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("training runs outside the main thread: no checkpoint will be saved on SIGTERM")
+            return
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.received is not None:
+            self._chain(signum, frame)  # second signal: stop now, as Composer would
+            return
+        self.received = signum
+        self.received_at = time.monotonic()
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        flag = state.device.tensor_to_device(torch.tensor([self.received or 0], dtype=torch.int32))
+        dist.all_reduce(flag, reduce_operation="MAX")
+        agreed = int(flag.item())
+        if agreed and self.stop_signal is None:
+            self.stop_signal = agreed
+            self.stop_batch = int(state.timestamp.batch)
+            if self.received_at is None:  # another rank got the signal
+                self.received_at = time.monotonic()
+            log.warning(
+                "%s received: stopping after batch %d and saving a checkpoint",
+                signal.Signals(agreed).name,
+                self.stop_batch,
+            )
+            state.stop_training()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._restore()
+        if self.stop_signal is None:
+            return
+        seconds = time.monotonic() - (self.received_at or time.monotonic())
+        code = EXIT_CODES.get(self.stop_signal, 128 + self.stop_signal)
+        # Printed, not logged: the launcher's log is what an operator reads after a preemption.
+        print(
+            f"[preemption] {signal.Signals(self.stop_signal).name}: checkpoint at batch {self.stop_batch} "
+            f"stored {seconds:.2f} s after the signal; exiting with code {code}",
+            flush=True,
+        )
+        sys.stdout.flush()
+        sys.exit(code)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _chain(self, signum: int, frame) -> None:
+        previous = self._previous.get(signum)
+        self._restore()
+        if callable(previous):
+            previous(signum, frame)
+        sys.exit(128 + signum)

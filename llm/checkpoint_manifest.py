@@ -1,0 +1,125 @@
+"""Completion records for checkpoints: what makes a checkpoint "complete" and how it is checked.
+
+Composer writes checkpoint files; nothing in them says whether a save finished. After each rank
+has stored its files, it writes a manifest next to them:
+
+    <save_folder>/manifests/ba0000000012-rank00000.json
+        {"batch": 12, "rank": 0, "writers": 2, "world_size": 2, "sharded": true,
+         "load_path": "ep0-ba12", "files": {"ep0-ba12/__0_0.distcp": {"size": ..., "sha256": ...}},
+         "timestamp": {...}, "recipe": {...}}
+
+A checkpoint is complete when all of its `writers` manifests exist (one for a monolithic
+checkpoint, one per rank for a sharded one) and every file they list is present with the
+recorded size (and, where it is checked, the recorded SHA-256). `latest.json` is written only
+after that, so it never points at a half-stored checkpoint; resume does not even need it: it scans
+the manifests and takes the newest complete checkpoint that verifies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_DIR = "manifests"
+LATEST = "latest.json"
+_MANIFEST_RE = re.compile(r"^manifests/ba(\d+)-rank(\d+)\.json$")
+
+
+def manifest_name(batch: int, rank: int) -> str:
+    return f"{MANIFEST_DIR}/ba{batch:010d}-rank{rank:05d}.json"
+
+
+def file_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """Size and SHA-256 of a file."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            sha.update(block)
+    return {"size": os.path.getsize(path), "sha256": sha.hexdigest()}
+
+
+@dataclass
+class Checkpoint:
+    """One save, as its manifests describe it."""
+
+    batch: int
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def head(self) -> dict[str, Any]:
+        return min(self.manifests, key=lambda m: m["rank"])
+
+    @property
+    def writers(self) -> int:
+        return self.head["writers"]
+
+    @property
+    def sharded(self) -> bool:
+        return self.head["sharded"]
+
+    @property
+    def load_path(self) -> str:
+        return self.head["load_path"]
+
+    @property
+    def files(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for m in self.manifests:
+            out.update(m["files"])
+        return out
+
+    @property
+    def complete(self) -> bool:
+        return {m["rank"] for m in self.manifests} >= set(range(self.writers))
+
+    @property
+    def recipe(self) -> dict[str, Any] | None:
+        return self.head.get("recipe")
+
+
+def scan(store) -> tuple[list[Checkpoint], dict[str, int]]:
+    """All checkpoints with at least one manifest, newest first, and the store's file listing."""
+    listing = store.list()
+    by_batch: dict[int, Checkpoint] = {}
+    for rel in listing:
+        match = _MANIFEST_RE.match(rel)
+        if not match:
+            continue
+        try:
+            manifest = json.loads(store.read_text(rel))
+        except (ValueError, OSError):
+            continue  # an unreadable manifest makes its checkpoint incomplete
+        batch = int(match.group(1))
+        by_batch.setdefault(batch, Checkpoint(batch)).manifests.append(manifest)
+    return sorted(by_batch.values(), key=lambda c: -c.batch), listing
+
+
+def size_problem(ckpt: Checkpoint, listing: dict[str, int]) -> str | None:
+    """Why the listed files do not match the manifests (missing or wrong size), or None."""
+    if not ckpt.complete:
+        have = sorted(m["rank"] for m in ckpt.manifests)
+        return f"incomplete: manifests from ranks {have} of {ckpt.writers} writers"
+    for rel, info in sorted(ckpt.files.items()):
+        if rel not in listing:
+            return f"file {rel} is missing"
+        if listing[rel] != info["size"]:
+            return f"file {rel} has {listing[rel]} bytes, the manifest says {info['size']} (truncated?)"
+    return None
+
+
+def hash_problem(files: dict[str, dict[str, Any]], local_root: Path) -> str | None:
+    """Why a local copy of `files` under `local_root` differs from the recorded SHA-256, or None."""
+    for rel, info in sorted(files.items()):
+        digest = file_digest(local_root / rel)
+        if digest != {"size": info["size"], "sha256": info["sha256"]}:
+            return f"file {rel} does not match its recorded SHA-256 (corrupt)"
+    return None
+
+
+def dumps(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=1, sort_keys=True, default=str)

@@ -1,0 +1,249 @@
+"""Dry-run estimates: memory per GPU under FSDP full sharding, and the model's basic figures.
+
+Nothing is allocated: the model is built on the meta device only to count parameters.
+
+Notation: P parameters (tied counted once), L layers, h = dim, f = SwiGLU hidden size,
+V vocabulary, a = micro_batch * seq_len tokens, n GPUs, cb bytes per element of the compute dtype
+(2 for bf16, 4 for fp32), pb bytes of the master weights (4, fp32). "Block" = one
+TransformerBlock (B_blk parameters); "root" = the parameters outside the blocks (embedding, output
+projection, final norm: R = P - L * B_blk), which FSDP keeps in the root unit.
+
+Per GPU, FSDP FULL_SHARD with mixed precision (sharded sizes round up to whole elements):
+- weights     ceil(P / n) * pb                     sharded fp32 master weights
+- gradients   ceil(P / n) * pb                     sharded, reduced in fp32
+- optimizer   ceil(P / n) * 8                      AdamW exp_avg + exp_avg_sq in fp32
+- gathered    cb * (R + 2 * B_blk)                 unsharded compute-dtype params in flight: the root
+                                                   (kept gathered through forward and backward),
+                                                   the running block and the prefetched one
+- grad bufs   cb * R + (cb + r) * B_blk            unsharded gradients before reduce-scatter: the
+                                                   root's (live through all of backward) and one
+                                                   block's, plus its fp32 copy for the reduction
+                                                   (r = 4 when cb != 4, else 0)
+
+Activations per layer, derived from what autograd saves in ``llm/model.py`` with SDPA's
+flash/memory-efficient kernels (no T x T score matrix; the small log-sum-exp is ignored):
+- each of the 2 RMSNorms: a * h * (4 + cb)        its fp32 input copy + the normalised input
+- attention:              a * cb * 5h             qkv input, q, k, v (repeated to full width for
+                                                   grouped-query attention), attention output
+- feed-forward:           a * cb * (h + 4f)        input, gate, silu(gate), up, silu * up
+  => per layer            a * ((8 + 2cb) h + 6 cb h + 4 cb f)
+  (bf16: a * (24h + 8f) bytes; 45.5 * a * h for Baichuan-7B's f = 11008; compare Korthikanti et
+  al.'s 34 * a * h for a GELU MLP with f = 4h and dropout masks.)
+- without checkpointing:  L * per layer
+- with per-block checkpointing: L * a * h * cb (each block's saved input) + one block's per-layer
+  activations while it is recomputed during backward
+- loss head (both cases): final norm a * h * (4 + cb) + output input a * h * cb + logits
+  a * V * (12 + cb): fp32 logits kept for the loss and metrics, the fp32 log-softmax cross-entropy
+  saves, and during backward the fp32 logits gradient and its compute-dtype cast.
+
+Host memory per rank at start: building on the meta device and materialising per parameter
+(``init_parameter_`` draws one full fp32 tensor at a time on the CPU) peaks at 4 * the largest
+parameter, versus 4 * P for an ordinary build on every rank.
+
+``fits`` keeps ``reserve_fraction`` (default 10%) of the GPU for the CUDA context, NCCL buffers,
+kernels' workspaces and allocator fragmentation, which this plan does not model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from llm.model import ModelConfig, Transformer
+
+GIB = 1024**3
+
+
+class MemoryPlanError(ValueError):
+    """Arguments the memory plan cannot model; the message names the argument and the fix."""
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    block: int
+    root: int
+    largest: int
+
+
+def count_params(cfg: ModelConfig) -> ParamCounts:
+    """Parameter counts from a meta-device build (nothing allocated)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    total = model.num_params()
+    block = sum(p.numel() for p in model.layers[0].parameters())
+    largest = max(p.numel() for p in model.parameters())
+    return ParamCounts(total=total, block=block, root=total - cfg.n_layers * block, largest=largest)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per GPU (and per host rank) for one training configuration; see the module docstring."""
+
+    n_gpus: int
+    micro_batch: int
+    seq_len: int
+    compute: str
+    activation_checkpointing: bool
+    weights: int
+    gradients: int
+    optimizer: int
+    gathered_params: int
+    gradient_buffers: int
+    activations_no_checkpointing: int
+    activations_checkpointing: int
+    loss_head: int
+    host_memory_per_rank: int
+    host_memory_per_rank_eager: int
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.gathered_params + self.gradient_buffers
+
+    @property
+    def total_no_checkpointing(self) -> int:
+        return self.static + self.activations_no_checkpointing + self.loss_head
+
+    @property
+    def total_checkpointing(self) -> int:
+        return self.static + self.activations_checkpointing + self.loss_head
+
+    @property
+    def activations(self) -> int:
+        if self.activation_checkpointing:
+            return self.activations_checkpointing
+        return self.activations_no_checkpointing
+
+    @property
+    def total(self) -> int:
+        return self.total_checkpointing if self.activation_checkpointing else self.total_no_checkpointing
+
+    def fits(self, gpu_bytes: float, reserve_fraction: float = 0.1) -> bool:
+        return self.total <= gpu_bytes * (1.0 - reserve_fraction)
+
+    def format(self, gpu_gb: float = 80) -> str:
+        """A readable table in GiB; ``gpu_gb`` is the GPU size in GB (1e9 bytes, as marketed)."""
+        gpu_bytes = gpu_gb * 1e9
+        budget = gpu_bytes * 0.9
+
+        def row(label: str, value: float) -> str:
+            return f"  {label:<44}{value / GIB:>9.2f} GiB"
+
+        def verdict(total: int) -> str:
+            return "fits" if total <= budget else "does NOT fit"
+
+        ckpt = "on" if self.activation_checkpointing else "off"
+        lines = [
+            f"Memory per GPU: {self.n_gpus} GPU(s), FSDP full shard, micro-batch {self.micro_batch} x "
+            f"{self.seq_len} tokens, {self.compute} compute, activation checkpointing {ckpt}",
+            row("weights (fp32 master, sharded)", self.weights),
+            row("gradients (fp32, sharded)", self.gradients),
+            row("AdamW state (2 x fp32, sharded)", self.optimizer),
+            row(f"gathered params ({self.compute}, root + 2 blocks)", self.gathered_params),
+            row("unsharded gradient buffers", self.gradient_buffers),
+            row("activations, no checkpointing", self.activations_no_checkpointing),
+            row("activations, per-block checkpointing", self.activations_checkpointing),
+            row("loss head (final norm, logits, log-softmax)", self.loss_head),
+            row("TOTAL without checkpointing", self.total_no_checkpointing)
+            + f"  {verdict(self.total_no_checkpointing)}",
+            row("TOTAL with checkpointing", self.total_checkpointing) + f"  {verdict(self.total_checkpointing)}",
+            row(f"budget: {gpu_gb:g} GB GPU less 10% reserve", budget),
+            row("host memory per rank, meta-device init", self.host_memory_per_rank),
+            row("host memory per rank, ordinary init", self.host_memory_per_rank_eager),
+        ]
+        return "\n".join(lines)
+
+
+def _check_plan_args(n_gpus: int, micro_batch: int, seq_len: int, compute: str, sharding: str) -> None:
+    for name, value in [("n_gpus", n_gpus), ("micro_batch", micro_batch), ("seq_len", seq_len)]:
+        if not isinstance(value, int) or value <= 0:
+            raise MemoryPlanError(f"{name} must be a positive integer, got {value!r}")
+    if compute not in ("bf16", "fp32"):
+        raise MemoryPlanError(f"compute must be 'bf16' or 'fp32', got {compute!r}")
+    if sharding not in ("full", "full_shard"):
+        raise MemoryPlanError(
+            f"sharding {sharding!r} is not modelled; only FSDP full sharding ('full') is"
+        )
+
+
+def layer_activation_bytes(cfg: ModelConfig, tokens: int, cb: int) -> int:
+    h, f = cfg.dim, cfg.ffn_hidden_dim
+    norms = 2 * tokens * h * (4 + cb)
+    attention = tokens * cb * 5 * h
+    feed_forward = tokens * cb * (h + 4 * f)
+    return norms + attention + feed_forward
+
+
+def plan_memory(
+    cfg: ModelConfig,
+    *,
+    n_gpus: int,
+    micro_batch: int,
+    seq_len: int,
+    param_dtype_bytes: int = 4,
+    compute: str = "bf16",
+    activation_checkpointing: bool = True,
+    sharding: str = "full",
+) -> MemoryPlan:
+    """Estimate memory per GPU for FSDP full sharding (formulas in the module docstring)."""
+    _check_plan_args(n_gpus, micro_batch, seq_len, compute, sharding)
+    counts = count_params(cfg)
+    cb = 2 if compute == "bf16" else 4
+    reduce_copy = 4 if cb != 4 else 0
+    shard = math.ceil(counts.total / n_gpus)
+    tokens = micro_batch * seq_len
+    per_layer = layer_activation_bytes(cfg, tokens, cb)
+    h = cfg.dim
+    return MemoryPlan(
+        n_gpus=n_gpus,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        compute=compute,
+        activation_checkpointing=activation_checkpointing,
+        weights=shard * param_dtype_bytes,
+        gradients=shard * param_dtype_bytes,
+        optimizer=shard * 8,
+        gathered_params=cb * (counts.root + 2 * counts.block),
+        gradient_buffers=cb * counts.root + (cb + reduce_copy) * counts.block,
+        activations_no_checkpointing=cfg.n_layers * per_layer,
+        activations_checkpointing=cfg.n_layers * tokens * h * cb + per_layer,
+        loss_head=tokens * h * (4 + cb) + tokens * h * cb + tokens * cfg.vocab_size * (12 + cb),
+        host_memory_per_rank=4 * counts.largest,
+        host_memory_per_rank_eager=4 * counts.total,
+    )
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    params: int
+    non_embedding_params: int
+    flops_per_token: float
+    tokens_per_step: int
+    flops_per_step: float
+
+    def format(self) -> str:
+        return "\n".join(
+            [
+                f"  parameters                  {self.params:>16,}",
+                f"  non-embedding parameters    {self.non_embedding_params:>16,}",
+                f"  training FLOPs per token    {self.flops_per_token:>16.4g}",
+                f"  tokens per optimizer step   {self.tokens_per_step:>16,}",
+                f"  FLOPs per optimizer step    {self.flops_per_step:>16.4g}",
+            ]
+        )
+
+
+def describe(cfg: ModelConfig, seq_len: int, global_batch_tokens: int) -> ModelSummary:
+    """Parameters, FLOPs per token at ``seq_len``, and tokens per optimizer step."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    per_token = model.flops_per_token(seq_len)
+    return ModelSummary(
+        params=model.num_params(),
+        non_embedding_params=model.num_params(exclude_embeddings=True),
+        flops_per_token=per_token,
+        tokens_per_step=global_batch_tokens,
+        flops_per_step=per_token * global_batch_tokens,
+    )

@@ -1,0 +1,71 @@
+"""A thin SentencePiece wrapper: text <-> token ids, the special ids, and a check against the model.
+
+Generation (the training callback and `llm generate`) and export use this one class, so a prompt is
+encoded the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llm.errors import ConfigError
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path):
+        import sentencepiece as spm
+
+        local = _local_file(str(path))
+        self.path = local
+        self._sp = spm.SentencePieceProcessor(model_file=str(local))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def eos_id(self) -> int | None:
+        eos = self._sp.eos_id()
+        return eos if eos >= 0 else None
+
+    @property
+    def bos_id(self) -> int | None:
+        bos = self._sp.bos_id()
+        return bos if bos >= 0 else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._sp.decode(list(ids))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids that start a new document with `text`; ConfigError if `text` is empty.
+
+        The shards put EOS after every document, so during training a document starts right after
+        an EOS: prefixing it puts a prompt in the same context (BOS when the tokenizer has no EOS).
+        """
+        if not text.strip():
+            raise ConfigError("empty prompt: give some text to continue, e.g. --prompt '床前明月光'")
+        start = self.eos_id if self.eos_id is not None else self.bos_id
+        return ([start] if start is not None else []) + self.encode(text)
+
+    def check_fits(self, model_vocab_size: int) -> None:
+        """ConfigError if this tokenizer can emit ids the model's embedding has no row for."""
+        if self.vocab_size > model_vocab_size:
+            raise ConfigError(
+                f"tokenizer {self.path} has {self.vocab_size} pieces but the model's vocabulary is "
+                f"{model_vocab_size}: use the tokenizer the model was trained with, or a model with "
+                f"model.vocab_size >= {self.vocab_size}"
+            )
+
+
+def _local_file(path: str) -> Path:
+    if path.startswith("s3://"):
+        from llm.checkpoint_io import download
+
+        return download(path)
+    local = Path(path)
+    if not local.is_file():
+        raise FileNotFoundError(f"tokenizer {path} does not exist; pass a SentencePiece .model file")
+    return local

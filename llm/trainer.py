@@ -1,0 +1,338 @@
+"""Build a Composer `Trainer` from a `TrainConfig`, and run it.
+
+`build_trainer(cfg)` resolves device and precision, checks the data's metadata against the recipe,
+builds the streaming dataloaders, the model, AdamW and the schedule, the callbacks and loggers,
+and hands everything to Composer. `train(cfg)` fits and reports where the results are.
+
+Callbacks are assembled from `CALLBACK_BUILDERS`, a list of small functions `(ctx) -> callbacks`:
+a feature that needs a callback (generation samples, preemption handling) appends its own
+function there instead of growing this module.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from composer import Trainer
+from composer.algorithms import GradientClipping
+from composer.callbacks import LRMonitor, MemoryMonitor, SpeedMonitor
+from composer.core import Callback, Evaluator
+from composer.loggers import LoggerDestination
+from composer.utils import dist
+
+from llm.callbacks.loss_plot import LossPlot
+from llm.callbacks.metrics_file import MetricsFile
+from llm.composer_model import LanguageModel
+from llm.config import TrainConfig, save_resolved, to_yaml
+from llm.data import build_dataloader, check_streams, clean_stale_shared_memory
+from llm.errors import ConfigError
+from llm.optim import build_optimizer, build_scheduler, duration_in_batches
+
+EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
+
+
+@dataclass
+class BuildContext:
+    """What callback builders may need besides the config."""
+
+    cfg: TrainConfig
+    device: str  # "cpu" | "gpu"
+    run_dir: Path
+    world_size: int
+    model: LanguageModel
+
+
+# --- device, precision, parallelism ------------------------------------------------------------
+
+
+def resolve_device(cfg: TrainConfig) -> str:
+    wanted = cfg.training.device
+    if wanted == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if wanted == "gpu" and not torch.cuda.is_available():
+        raise ConfigError("training.device=gpu but no CUDA GPU is visible; use training.device=auto or cpu")
+    return wanted
+
+
+def resolve_precision(cfg: TrainConfig, device: str) -> str:
+    precision = cfg.training.precision
+    if precision == "auto":
+        return "amp_bf16" if device == "gpu" else "fp32"
+    if device == "cpu" and precision != "fp32":
+        raise ConfigError(
+            f"training.precision={precision} needs a GPU; on the CPU use training.precision=fp32 (or auto)"
+        )
+    return precision
+
+
+def parallelism_config(cfg: TrainConfig, device: str) -> dict[str, Any] | None:
+    """Composer's `parallelism_config`, or None for plain (DDP) training."""
+    fsdp = cfg.fsdp
+    if not fsdp.enabled:
+        return None
+    if fsdp.version == 1 and device != "gpu":
+        raise ConfigError(
+            "fsdp.version=1 needs CUDA GPUs; on the CPU use fsdp.version=2 (FSDP2 over gloo) or "
+            "fsdp.enabled=false"
+        )
+    if fsdp.version == 2:
+        from composer.utils import FSDP2Config
+
+        return {
+            "fsdp": FSDP2Config(
+                activation_checkpointing=fsdp.activation_checkpointing,
+                state_dict_type=fsdp.state_dict_type,
+                mixed_precision=fsdp.mixed_precision,
+            )
+        }
+    return {
+        "fsdp": {
+            "sharding_strategy": fsdp.sharding_strategy,
+            "mixed_precision": fsdp.mixed_precision,
+            "activation_checkpointing": fsdp.activation_checkpointing,
+            "state_dict_type": fsdp.state_dict_type,
+            "sync_module_states": fsdp.sync_module_states,
+            "use_orig_params": True,
+        }
+    }
+
+
+def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
+    # On the meta device nothing is allocated; FSDP materialises each rank's shard through the
+    # model's `param_init_fn`, giving the same weights as an ordinary build with this seed.
+    # Composer's meta initialisation targets CUDA, so the CPU path always builds for real.
+    on_meta = cfg.fsdp.enabled and cfg.fsdp.init_on_meta and device == "gpu"
+    return LanguageModel.from_config(cfg.model, seed=cfg.seed, device="meta" if on_meta else None)
+
+
+# --- callbacks and loggers ---------------------------------------------------------------------
+
+
+def speed_callbacks(ctx: BuildContext) -> list[Callback]:
+    # MFU needs the model's flops_per_batch (LanguageModel has it) and a GPU in Composer's table.
+    return [SpeedMonitor(window_size=ctx.cfg.callbacks.speed_window)]
+
+
+def lr_callbacks(ctx: BuildContext) -> list[Callback]:
+    return [LRMonitor()]
+
+
+def memory_callbacks(ctx: BuildContext) -> list[Callback]:
+    return [MemoryMonitor()] if ctx.cfg.callbacks.memory_monitor and ctx.device == "gpu" else []
+
+
+def loss_plot_callbacks(ctx: BuildContext) -> list[Callback]:
+    if not ctx.cfg.callbacks.loss_plot:
+        return []
+    return [LossPlot(ctx.run_dir / "loss.png", title=f"{ctx.cfg.run_name}: loss")]
+
+
+CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
+    speed_callbacks,
+    lr_callbacks,
+    memory_callbacks,
+    loss_plot_callbacks,
+]
+
+
+def build_callbacks(ctx: BuildContext) -> list[Callback]:
+    return [cb for builder in CALLBACK_BUILDERS for cb in builder(ctx)]
+
+
+def build_loggers(ctx: BuildContext) -> list[LoggerDestination]:
+    cfg = ctx.cfg
+    loggers: list[LoggerDestination] = []
+    if cfg.loggers.metrics_file:
+        loggers.append(MetricsFile(ctx.run_dir / "metrics.jsonl", interval=cfg.training.log_interval))
+    if cfg.loggers.tensorboard:
+        loggers.append(_tensorboard(ctx.run_dir / "tensorboard"))
+    return loggers
+
+
+def _tensorboard(log_dir: Path) -> LoggerDestination:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "loggers.tensorboard=true needs the tensorboard package: pip install tensorboard "
+            "(or set loggers.tensorboard=false)"
+        ) from None
+    from composer.loggers import TensorboardLogger
+
+    return TensorboardLogger(log_dir=str(log_dir))
+
+
+# --- the trainer ------------------------------------------------------------------------------
+
+
+@dataclass
+class Schedule:
+    """Durations of the run in optimizer steps (batches), whatever unit the recipe used."""
+
+    max_batches: int
+    warmup_batches: int
+    eval_batches: int
+    save_batches: int
+
+
+def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedule:
+    tokens_per_batch = cfg.training.global_batch_size * cfg.model.max_seq_len
+
+    def steps(value: str) -> int:
+        return duration_in_batches(value, tokens_per_batch, batches_per_epoch)
+
+    return Schedule(
+        max_batches=steps(cfg.training.max_duration),
+        warmup_batches=steps(cfg.scheduler.warmup),
+        eval_batches=max(1, steps(cfg.training.eval_interval)),
+        save_batches=max(1, steps(cfg.checkpoint.save_interval)),
+    )
+
+
+def check_load_path(cfg: TrainConfig) -> None:
+    """Checkpoints are pickles: loading one from outside save_folder must be asked for."""
+    ck = cfg.checkpoint
+    if ck.load_path is None or ck.allow_untrusted_load_path:
+        return
+    if ck.save_folder and ck.load_path.startswith(ck.save_folder.rstrip("/") + "/"):
+        return
+    raise ConfigError(
+        f"checkpoint.load_path={ck.load_path} is outside checkpoint.save_folder; a checkpoint is a "
+        f"pickle that can run code when loaded, so set checkpoint.allow_untrusted_load_path=true "
+        f"if you trust it"
+    )
+
+
+def announce(cfg: TrainConfig, run_dir: Path) -> None:
+    """Print the resolved config and save it with the run (rank 0; credentials redacted)."""
+    if dist.get_global_rank() != 0:
+        return
+    print(f"resolved config ({cfg.run_name}):\n{to_yaml(cfg)}", flush=True)
+    save_resolved(cfg, run_dir / "config.yaml")
+
+
+def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> Trainer:
+    """A ready-to-fit Composer Trainer for `cfg` (raises ConfigError on unusable settings)."""
+    device = resolve_device(cfg)
+    precision = resolve_precision(cfg, device)
+    parallelism = parallelism_config(cfg, device)
+    check_load_path(cfg)
+    check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
+
+    # Start the process group now: the per-rank batch and the datasets' partitioning need it.
+    dist.initialize_dist(device)
+    world_size = dist.get_world_size()
+    per_rank_batch = cfg.check_world_size(world_size)
+    run_dir = Path(cfg.run_dir)
+    announce(cfg, run_dir)
+
+    clean_stale_shared_memory()
+    train_loader = build_dataloader(cfg, "train", per_rank_batch)
+    evaluator = None
+    if cfg.data.eval:
+        eval_loader = build_dataloader(cfg, "eval", cfg.training.device_microbatch_size)
+        evaluator = Evaluator(label="eval", dataloader=eval_loader, metric_names=EVAL_METRICS)
+    schedule = resolve_schedule(cfg, len(train_loader))
+
+    model = build_model(cfg, device)
+    optimizer = build_optimizer(model, cfg.optimizer)
+    ctx = BuildContext(cfg=cfg, device=device, run_dir=run_dir, world_size=world_size, model=model)
+    ck = cfg.checkpoint
+    autoresume = bool(ck.autoresume and ck.save_folder and cfg.run_name)
+    return Trainer(
+        run_name=cfg.run_name,
+        model=model,
+        train_dataloader=train_loader,
+        eval_dataloader=evaluator,
+        eval_interval=f"{schedule.eval_batches}ba",
+        eval_subset_num_batches=cfg.training.eval_subset_num_batches,
+        max_duration=f"{schedule.max_batches}ba",
+        optimizers=optimizer,
+        schedulers=build_scheduler(cfg, schedule.warmup_batches, schedule.max_batches),
+        step_schedulers_every_batch=True,
+        device=device,
+        precision=precision,
+        device_train_microbatch_size=cfg.training.device_microbatch_size,
+        algorithms=_algorithms(cfg),
+        seed=cfg.seed,
+        parallelism_config=parallelism,
+        callbacks=[*build_callbacks(ctx), *extra_callbacks],
+        loggers=build_loggers(ctx),
+        progress_bar=cfg.loggers.progress_bar,
+        log_to_console=not cfg.loggers.progress_bar,
+        console_log_interval=f"{cfg.training.log_interval}ba",
+        save_folder=ck.save_folder,
+        save_interval=f"{schedule.save_batches}ba",
+        save_num_checkpoints_to_keep=ck.num_to_keep,
+        # Autoresume may re-save a name whose upload the previous run already started.
+        save_overwrite=True,
+        autoresume=autoresume,
+        load_path=ck.load_path,
+        load_weights_only=ck.load_weights_only,
+        compile_config={} if cfg.training.compile else None,
+    )
+
+
+def _algorithms(cfg: TrainConfig) -> list:
+    if cfg.training.grad_clip_norm <= 0:
+        return []
+    return [GradientClipping(clipping_type="norm", clipping_threshold=cfg.training.grad_clip_norm)]
+
+
+def train(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Fit `cfg`; return the final metrics and where the run's files are."""
+    trainer = build_trainer(cfg, extra_callbacks)
+    try:
+        trainer.fit()
+        result = summarize(trainer, cfg)
+    finally:
+        trainer.close()
+    if dist.get_global_rank() == 0:
+        print_summary(result)
+    return result
+
+
+def summarize(trainer: Trainer, cfg: TrainConfig) -> dict[str, Any]:
+    state = trainer.state
+    run_dir = Path(cfg.run_dir)
+    eval_values = state.eval_metric_values
+    return {
+        "step": int(state.timestamp.batch),
+        "tokens": int(state.timestamp.token),
+        "train_loss": state.total_loss_dict.get("loss/train/total"),
+        "eval_loss": _float(eval_values.get("LanguageCrossEntropy")),
+        "eval_perplexity": _float(eval_values.get("LanguagePerplexity")),
+        "run_dir": str(run_dir),
+        "config": str(run_dir / "config.yaml"),
+        "metrics_file": str(run_dir / "metrics.jsonl") if cfg.loggers.metrics_file else None,
+        "loss_plot": str(run_dir / "loss.png") if cfg.callbacks.loss_plot else None,
+        "checkpoints": cfg.checkpoint.save_folder,
+    }
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    lines = [f"finished at step {result['step']} ({result['tokens']:,} tokens)"]
+    if result["train_loss"] is not None:
+        lines.append(f"  train loss       {result['train_loss']:.4f}")
+    if result["eval_loss"] is not None:
+        lines.append(
+            f"  eval loss        {result['eval_loss']:.4f} (perplexity {result['eval_perplexity']:.2f})"
+        )
+    for key, label in [
+        ("loss_plot", "loss plot"),
+        ("metrics_file", "metrics"),
+        ("config", "config"),
+        ("checkpoints", "checkpoints"),
+    ]:
+        if result[key]:
+            lines.append(f"  {label:<16} {result[key]}")
+    print("\n".join(lines), file=sys.stdout, flush=True)

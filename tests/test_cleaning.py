@@ -1,0 +1,74 @@
+"""The cleaner: Unicode normalisation, escape/control removal, drops counted by reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from convert.cleaning import Cleaner, DropCounts
+from convert.errors import ConvertError
+
+
+def test_nfkc_turns_full_width_forms_into_plain_ones(chinese_documents):
+    article = chinese_documents[0]
+    assert "１９９８年" in article and "，" in article
+    cleaned = Cleaner().clean(article)
+    assert "1998年" in cleaned and "１" not in cleaned
+    assert "," in cleaned and "，" not in cleaned  # NFKC maps full-width punctuation too
+    assert cleaned.count("\n") == article.count("\n")  # the article's lines survive
+
+
+def test_normalization_none_keeps_the_text(chinese_documents):
+    article = chinese_documents[0]
+    assert Cleaner(normalization="none").clean(article) == article
+
+
+def test_fortune_style_ansi_colour_codes_and_controls_are_removed():
+    # As in Debian's fortunes-zh: colour codes around a poem's title and author.
+    raw = "\x1b[32m静夜思\x1b[m\n\x1b[1;31m李白\x1b[0m\n床前明月光，\x07疑是地上霜。\x1b]0;title\x07\x00\x1bc"
+    assert Cleaner(normalization="none").clean(raw) == "静夜思\n李白\n床前明月光，疑是地上霜。"
+
+
+def test_tabs_survive_line_endings_are_normalised_and_blank_runs_collapse():
+    raw = "\ufeff  第一段\t甲  \r\n乙\r\r\n\n \n\t\n第二段\n\n第三段  \n"
+    assert Cleaner().clean(raw) == "第一段\t甲\n乙\n\n第二段\n\n第三段"
+
+
+def test_drops_are_counted_by_reason(chinese_documents):
+    cleaner = Cleaner(min_chars=5)
+    kept = [
+        cleaner.clean(t)
+        for t in [chinese_documents[1], " \x1b[0m\n\t", "短文", chinese_documents[1], chinese_documents[2]]
+    ]
+    assert kept[0] and kept[2:] == [None, None, kept[4]] and kept[1] is None
+    assert cleaner.drops.as_dict() == {"duplicate": 1, "empty": 1, "too_short_chars": 1}
+    assert cleaner.drops.total == 3
+
+
+def test_duplicates_are_found_after_cleaning():
+    cleaner = Cleaner()
+    assert cleaner.clean("人民日报\r\n") == "人民日报"
+    assert cleaner.clean("\x1b[31m人民日报\x1b[0m") is None
+    assert cleaner.clean("人民日报。") == "人民日报。"
+    assert Cleaner(dedup=False).clean("甲") == "甲"
+
+
+def test_dedup_off_keeps_repeats():
+    cleaner = Cleaner(dedup=False)
+    assert [cleaner.clean("同一句话") for _ in range(3)] == ["同一句话"] * 3
+    assert cleaner.drops.as_dict() == {}
+
+
+def test_drop_counts_merge():
+    a, b = DropCounts(), DropCounts()
+    a.add("duplicate")
+    b.add("duplicate", 2)
+    b.add("too_short_tokens")
+    a.merge(b)
+    assert a.as_dict() == {"duplicate": 3, "too_short_tokens": 1}
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConvertError, match="unknown normalization 'NFX'.*NFKC"):
+        Cleaner(normalization="NFX")
+    with pytest.raises(ConvertError, match="min_chars"):
+        Cleaner(min_chars=-1)
