@@ -135,7 +135,14 @@ def read_documents(
     _check_options(fmt, text_field, preset_obj)
     if not paths:
         raise ConvertError("no input files to read")
+    # Options are checked above, at call time; the reading itself is lazy.
     extractor = _TextExtractor(preset_obj, text_field or DEFAULT_TEXT_FIELD)
+    return _iter_documents(paths, fmt, extractor, strict, stats, allow_empty)
+
+
+def _iter_documents(
+    paths: list[str], fmt: str, extractor: _TextExtractor, strict: bool, stats: ReadStats, allow_empty: bool
+) -> Iterator[Document]:
     found_before = stats.documents
     for path in paths:
         yield from _read_file(path, fmt, extractor, strict, stats)
@@ -346,7 +353,11 @@ class _JsonListParser:
     def _decode_item(self, index: int) -> tuple[object, int]:
         while True:
             try:
-                return self._decoder_json.raw_decode(self._buf, self._pos)
+                value, end = self._decoder_json.raw_decode(self._buf, self._pos)
+                # A number cut by the buffer's end decodes too early: read on and decode again.
+                if end < len(self._buf) or self._eof:
+                    return value, end
+                self._fill(_JSON_CHUNK_BYTES)
             except json.JSONDecodeError as err:
                 pending = len(self._buf) - self._pos
                 if self._eof or pending > _MAX_JSON_ITEM_CHARS:

@@ -127,7 +127,9 @@ class S3Store:
     def list(self, prefix: str = "") -> dict[str, int]:
         start = self.key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
         paginator = self.client.get_paginator("list_objects_v2")
-        pages = self._call(f"listing {start!r}", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=start)))
+        pages = self._call(
+            f"listing {start!r}", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=start))
+        )
         cut = len(self.prefix) + 1 if self.prefix else 0
         return {obj["Key"][cut:]: obj["Size"] for page in pages for obj in page.get("Contents", [])}
 

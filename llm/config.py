@@ -255,7 +255,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is tuple:
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{key} must be a list of {len(args)} numbers, got {_show(value)}")
-        return tuple(_coerce(a, v, f"{key}.{i}") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_coerce(a, v, f"{key}.{i}") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     return _scalar(tp, value, key)
 
 

@@ -187,8 +187,6 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int):
         shuffle=cfg.data.shuffle and train,
         shuffle_algo="py1e",
         shuffle_seed=cfg.data.shuffle_seed,
-        # Evaluation must see every sample exactly once, whatever the world size.
-        drop_last=train,
     )
 
 

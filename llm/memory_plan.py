@@ -148,7 +148,8 @@ class MemoryPlan:
             row("loss head (final norm, logits, log-softmax)", self.loss_head),
             row("TOTAL without checkpointing", self.total_no_checkpointing)
             + f"  {verdict(self.total_no_checkpointing)}",
-            row("TOTAL with checkpointing", self.total_checkpointing) + f"  {verdict(self.total_checkpointing)}",
+            row("TOTAL with checkpointing", self.total_checkpointing)
+            + f"  {verdict(self.total_checkpointing)}",
             row(f"budget: {gpu_gb:g} GB GPU less 10% reserve", budget),
             row("host memory per rank, meta-device init", self.host_memory_per_rank),
             row("host memory per rank, ordinary init", self.host_memory_per_rank_eager),
@@ -163,9 +164,7 @@ def _check_plan_args(n_gpus: int, micro_batch: int, seq_len: int, compute: str, 
     if compute not in ("bf16", "fp32"):
         raise MemoryPlanError(f"compute must be 'bf16' or 'fp32', got {compute!r}")
     if sharding not in ("full", "full_shard"):
-        raise MemoryPlanError(
-            f"sharding {sharding!r} is not modelled; only FSDP full sharding ('full') is"
-        )
+        raise MemoryPlanError(f"sharding {sharding!r} is not modelled; only FSDP full sharding ('full') is")
 
 
 def layer_activation_bytes(cfg: ModelConfig, tokens: int, cb: int) -> int:

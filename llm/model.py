@@ -101,6 +101,27 @@ class ModelConfig:
                 raise ModelConfigError(f"model.{name} must be > 0, got {getattr(self, name)!r}")
 
 
+class Linear(nn.Linear):
+    """A bias-free linear layer whose initialisation is left to ``Transformer.init_weights``.
+
+    Skipping torch's default init saves a wasted pass over the weights, and on the meta device it
+    avoids torch's slow first-use path for random fills (seconds per process).
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` initialised by ``Transformer.init_weights`` (see ``Linear``)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -140,10 +161,10 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.wq = Linear(cfg.dim, cfg.n_heads * cfg.head_dim)
+        self.wk = Linear(cfg.dim, cfg.kv_heads * cfg.head_dim)
+        self.wv = Linear(cfg.dim, cfg.kv_heads * cfg.head_dim)
+        self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.dim)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None
@@ -177,9 +198,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w1 = Linear(dim, hidden_dim)
+        self.w2 = Linear(hidden_dim, dim)
+        self.w3 = Linear(dim, hidden_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -214,11 +235,13 @@ class Transformer(nn.Module):
         cfg.validate()
         self.cfg = cfg
         self.init_seed = seed
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(TransformerBlock(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output = Linear(cfg.dim, cfg.vocab_size)
         self.tie_weights()
+        # Counted now, before FSDP flattens or shards the parameters, for flops_per_token.
+        self._non_embedding_params = self.num_params(exclude_embeddings=True)
         if not self.tok_embeddings.weight.is_meta:
             self.init_weights(seed)
 
@@ -292,7 +315,7 @@ class Transformer(nn.Module):
         halved for causality, the PaLM / llm-foundry convention, so MFU figures compare with theirs.
         """
         seq_len = seq_len or self.cfg.max_seq_len
-        matmul_params = self.num_params(exclude_embeddings=True) + self.cfg.vocab_size * self.cfg.dim
+        matmul_params = self._non_embedding_params + self.cfg.vocab_size * self.cfg.dim
         return 6.0 * matmul_params + 12.0 * self.cfg.n_layers * self.cfg.dim * seq_len
 
     def flops_per_batch(self, batch_size: int, seq_len: int) -> float:

@@ -68,7 +68,9 @@ def checkpoint_kwargs(cfg: TrainConfig, *, rank: int, world_size: int) -> tuple[
 
     ck = cfg.checkpoint
     if ck.num_to_keep == 0 or ck.num_to_keep < -1:
-        raise ConfigError(f"checkpoint.num_to_keep={ck.num_to_keep}: keep at least 1 checkpoint, or -1 for all")
+        raise ConfigError(
+            f"checkpoint.num_to_keep={ck.num_to_keep}: keep at least 1 checkpoint, or -1 for all"
+        )
     check_load_path_allowed(cfg)
     if ck.save_folder:
         remove_stale_composer_copy(ck.save_folder)
@@ -149,7 +151,12 @@ def newest_usable_checkpoint(save_folder: str, *, rank: int = 0) -> ResumePoint 
             return ResumePoint(load_path=load_path, batch=ckpt.batch, checkpoint=ckpt, source="autoresume")
         rejected.append(ckpt.batch)
         if ckpt.complete or ckpt is not ckpts[0]:
-            log.warning("checkpoint at batch %d in %s is unusable (%s); trying an older one", ckpt.batch, store.uri, problem)
+            log.warning(
+                "checkpoint at batch %d in %s is unusable (%s); trying an older one",
+                ckpt.batch,
+                store.uri,
+                problem,
+            )
         else:  # the newest save was interrupted: expected after a SIGKILL, not worth a warning
             log.info("ignoring the interrupted save at batch %d in %s (%s)", ckpt.batch, store.uri, problem)
     if any(c.complete for c in ckpts):
@@ -256,7 +263,9 @@ def warn_recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
             continue
         rule = next((v for k, v in FROM_CHECKPOINT.items() if key == k or key.startswith(k)), None)
         effect = rule or "the recipe's new value applies from the resume point on"
-        messages.append(f"recipe changed since the checkpoint: {key}: {old.get(key)!r} -> {new.get(key)!r}; {effect}")
+        messages.append(
+            f"recipe changed since the checkpoint: {key}: {old.get(key)!r} -> {new.get(key)!r}; {effect}"
+        )
     for msg in messages:
         log.warning(msg)
         print(f"[resume] WARNING {msg}", file=sys.stderr, flush=True)

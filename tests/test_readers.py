@@ -91,11 +91,17 @@ def test_json_list_is_decoded_incrementally_across_chunk_boundaries(tmp_path, do
     expected = write_json_list(tmp_path / "c.json", docs)
     out, stats = read([tmp_path / "c.json"], "json")
     assert [d.text for d in out] == expected and stats.malformed == 0
+    # Non-object items are counted one by one, even numbers cut by a refill.
+    (tmp_path / "n.json").write_text('[12345678, {"text": "好"}, 98765432]', encoding="utf-8")
+    out, stats = read([tmp_path / "n.json"], "json")
+    assert [d.text for d in out] == ["好"] and [line for _, line, _ in stats.malformed_examples] == [1, 3]
 
 
-def test_unknown_format_is_refused():
+def test_bad_options_are_refused_before_reading_starts():
     with pytest.raises(ConvertError, match="unknown format 'csv'"):
-        read(["x.csv"], "csv")
+        read_documents(["x.csv"], "csv", stats=ReadStats())  # no iteration needed
+    with pytest.raises(ConvertError, match="no input files"):
+        read_documents([], "jsonl", stats=ReadStats())
 
 
 # --- presets -----------------------------------------------------------------------------------

@@ -82,7 +82,12 @@ class CheckpointPublisher(Callback):
             self._move_latest(state)
             self._retain()
         self.last_stored_at = time.monotonic()
-        log.info("checkpoint at batch %d stored in %s (%.2f s)", self.last_batch, self.store.uri, time.monotonic() - start)
+        log.info(
+            "checkpoint at batch %d stored in %s (%.2f s)",
+            self.last_batch,
+            self.store.uri,
+            time.monotonic() - start,
+        )
 
     def _store_rank_files(self, state: State, saved_path: str) -> None:
         rank = dist.get_global_rank()
@@ -119,8 +124,14 @@ class CheckpointPublisher(Callback):
         ckpts, _ = cm.scan(self.store)
         current = next((c for c in ckpts if c.batch == self.last_batch), None)
         if current is None or not current.complete:
-            raise CheckpointStoreError(f"checkpoint at batch {self.last_batch} has no complete manifests in {self.store.uri}")
-        pointer = {"batch": current.batch, "load_path": current.load_path, "uri": self.store.uri_of(current.load_path)}
+            raise CheckpointStoreError(
+                f"checkpoint at batch {self.last_batch} has no complete manifests in {self.store.uri}"
+            )
+        pointer = {
+            "batch": current.batch,
+            "load_path": current.load_path,
+            "uri": self.store.uri_of(current.load_path),
+        }
         self.store.write_text(cm.LATEST, cm.dumps(pointer))
 
     def _retain(self) -> None:
@@ -151,4 +162,3 @@ def _all_ranks_ok(state: State, ok: bool) -> bool:
     flag = state.device.tensor_to_device(torch.tensor([1 if ok else 0], dtype=torch.int32))
     dist.all_reduce(flag, reduce_operation="MIN")
     return bool(flag.item())
-

@@ -1,0 +1,159 @@
+"""Continue a few fixed prompts every N batches and at the end of training, so a run can be read.
+
+Every rank runs the generation (under FSDP each forward pass gathers parameters from all ranks, so
+all must take part in lockstep): the same prompts, the same seed, and the chosen tokens are
+broadcast from rank 0 each step so no rank can stop earlier than another. Rank 0 writes the
+samples to the console, to `<run_dir>/samples.jsonl` (one line per prompt: step, prompt, text),
+and to the Composer loggers (a table, plus the seconds the call took).
+
+Training is not changed: sampling draws from its own generator (the global RNG is untouched), the
+model's train mode is restored, and nothing runs with gradients. Each call reuses the same seed,
+so the samples of different steps differ only because the weights did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from composer.core import Callback, Event, State
+from composer.loggers import Logger
+from composer.utils import create_interval_scheduler, dist
+from torch import Tensor, nn
+
+from llm.checkpoint_io import MODEL_CONFIG_KEY
+from llm.generate import generate
+from llm.tokenizer import Tokenizer
+
+
+class GenerationCallback(Callback):
+    def __init__(
+        self,
+        prompts: list[str],
+        interval: str,
+        tokenizer_path: str,
+        run_dir: str | Path,
+        max_new_tokens: int = 64,
+        temperature: float = 0.8,
+        top_k: int = 50,
+        top_p: float = 1.0,
+        seed: int = 1234,
+    ):
+        self.prompts = list(prompts)
+        self.interval = interval
+        self.tokenizer_path = tokenizer_path
+        self.samples_path = Path(run_dir) / "samples.jsonl"
+        self.sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        self.seed = seed
+        self._should_run = create_interval_scheduler(interval, include_end_of_training=False, checkpoint_events=False)
+        self._tokenizer: Tokenizer | None = None
+        self._prompt_ids: list[list[int]] = []
+        self._model_config: dict | None = None
+        self._last_step = -1
+        self.last_seconds = 0.0
+
+    @classmethod
+    def from_config(cls, cfg) -> GenerationCallback:
+        """From a `TrainConfig` (its `callbacks.generate` section, tokenizer and run_dir)."""
+        g = cfg.callbacks.generate
+        return cls(
+            prompts=g.prompts,
+            interval=g.interval,
+            tokenizer_path=cfg.tokenizer.path,
+            run_dir=cfg.run_dir,
+            max_new_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_k=g.top_k,
+            top_p=g.top_p,
+            seed=g.seed,
+        )
+
+    # --- Composer events ----------------------------------------------------------------------
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        model = transformer_of(state.model)
+        self._tokenizer = Tokenizer(self.tokenizer_path)
+        self._tokenizer.check_fits(model.cfg.vocab_size)
+        self._prompt_ids = [self._tokenizer.encode_prompt(p) for p in self.prompts]
+        self._model_config = dataclasses.asdict(model.cfg)
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self._should_run(state, Event.BATCH_END):
+            self.run(state, logger)
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        if self._should_run(state, Event.EPOCH_END) and self._last_step != int(state.timestamp.batch):
+            self.run(state, logger)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if self._prompt_ids and self._last_step != int(state.timestamp.batch):
+            self.run(state, logger)
+
+    def state_dict(self) -> dict:
+        # Recorded in every checkpoint so `llm generate`/`llm export` can rebuild the model alone.
+        return {MODEL_CONFIG_KEY: self._model_config} if self._model_config else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass  # nothing to restore: the schedule follows the training timestamp
+
+    # --- the work --------------------------------------------------------------------------------
+
+    def run(self, state: State, logger: Logger) -> list[str]:
+        """Generate for every prompt now; returns the continuations (on every rank)."""
+        from composer.core.precision import get_precision_context
+
+        assert self._tokenizer is not None, "fit_start has not run"
+        started = time.perf_counter()
+        with get_precision_context(state.precision):
+            outputs = generate(
+                transformer_of(state.model),
+                self._prompt_ids,
+                eos_id=self._tokenizer.eos_id,
+                seed=self.seed,
+                sync_tokens=_from_rank_zero if dist.get_world_size() > 1 else None,
+                **self.sampling,
+            )
+        texts = [self._tokenizer.decode(ids) for ids in outputs]
+        self.last_seconds = time.perf_counter() - started
+        self._last_step = int(state.timestamp.batch)
+        if dist.get_global_rank() == 0:
+            self._write(self._last_step, texts, logger)
+        return texts
+
+    def _write(self, step: int, texts: list[str], logger: Logger) -> None:
+        rows = [{"step": step, "prompt": p, "text": t} for p, t in zip(self.prompts, texts)]
+        print(f"[generate] step {step} ({self.last_seconds:.1f} s)", flush=True)
+        for row in rows:
+            print(f"  {row['prompt']} | {row['text']}", flush=True)
+        self.samples_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.samples_path.open("a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        logger.log_table(["step", "prompt", "text"], [[step, p, t] for p, t in zip(self.prompts, texts)], name="samples", step=step)
+        logger.log_metrics({"generate/seconds": self.last_seconds}, step=step)
+
+
+def transformer_of(model: nn.Module) -> nn.Module:
+    """The Transformer inside Composer's wrappers (DDP, compile), keeping an FSDP wrapper if any.
+
+    Under FSDP the Transformer itself is the wrapped unit, so calling it gathers its shards; under
+    DDP the inner module runs without the DDP hooks, which only matter for backward.
+    """
+    if hasattr(model, "module") and not hasattr(model, "model"):  # DistributedDataParallel
+        model = model.module
+    inner = model.model if hasattr(model, "model") else model
+    return getattr(inner, "_orig_mod", inner)  # torch.compile: decode steps must not recompile
+
+
+def _from_rank_zero(tokens: Tensor) -> Tensor:
+    dist.broadcast(tokens, src=0)
+    return tokens
+
+
+def generation_callbacks(ctx) -> list[Callback]:
+    """For `llm.trainer.CALLBACK_BUILDERS`: the callback when the recipe enables it."""
+    if not ctx.cfg.callbacks.generate.enabled or not ctx.cfg.callbacks.generate.prompts:
+        return []
+    return [GenerationCallback.from_config(ctx.cfg)]

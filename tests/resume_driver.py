@@ -1,0 +1,137 @@
+"""`train.py` plus a recorder, for the resume tests: `python tests/resume_driver.py RECIPE [k=v ...]`.
+
+The recorder writes one JSON line per batch to $LLM_TEST_RECORD (rank 0; other ranks append
+`.rank<N>`): batch number, the all-rank mean loss, and the SHA-256 of this rank's input_ids, then
+sleeps $LLM_TEST_BATCH_SLEEP seconds so a test can interrupt at a chosen batch. At the end of a
+complete run it saves the full model weights to $LLM_TEST_WEIGHTS.
+
+Until `llm.trainer.build_trainer` calls `llm.resume.checkpoint_kwargs` itself, this driver adds
+it the way build_trainer is meant to (see docs/resume.md, "Integration").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from composer.core import Callback, State  # noqa: E402
+from composer.loggers import Logger  # noqa: E402
+from composer.utils import dist  # noqa: E402
+
+
+class Recorder(Callback):
+    def __init__(self):
+        rank = dist.get_global_rank()
+        path = os.environ["LLM_TEST_RECORD"]
+        self.path = path if rank == 0 else f"{path}.rank{rank}"
+        self.sleep = float(os.environ.get("LLM_TEST_BATCH_SLEEP", "0"))
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        ids = state.batch["input_ids"].cpu().contiguous().numpy().tobytes()
+        row = {
+            "batch": int(state.timestamp.batch),
+            "loss": state.total_loss_dict.get("loss/train/total"),
+            "ids": hashlib.sha256(ids).hexdigest(),
+        }
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.sleep:
+            time.sleep(self.sleep)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if state.timestamp < state.max_duration or int(state.timestamp.batch) == 0:
+            return
+        weights = full_weights(state)
+        if dist.get_global_rank() == 0:
+            torch.save(weights, os.environ["LLM_TEST_WEIGHTS"])
+
+
+def full_weights(state: State) -> dict:
+    if state.fsdp_enabled:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(state.model, options=options)
+    model = state.model.module if hasattr(state.model, "module") else state.model
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def integrate_resume_if_missing() -> None:
+    """Add checkpoint_kwargs to build_trainer, as the integration does, if it is not there yet."""
+    import llm.trainer as trainer_mod
+
+    if "checkpoint_kwargs" in Path(trainer_mod.__file__).read_text():
+        return
+    original_build = trainer_mod.build_trainer
+    real_trainer = trainer_mod.Trainer
+
+    def build_trainer(cfg, extra_callbacks=()):
+        from llm.resume import checkpoint_kwargs
+
+        def make(**kwargs):
+            ck_kwargs, ck_callbacks = checkpoint_kwargs(
+                cfg, rank=dist.get_global_rank(), world_size=dist.get_world_size()
+            )
+            kwargs.update(ck_kwargs)
+            kwargs["callbacks"] = [*kwargs["callbacks"], *ck_callbacks]
+            return real_trainer(**kwargs)
+
+        trainer_mod.Trainer = make
+        try:
+            return original_build(cfg, extra_callbacks)
+        finally:
+            trainer_mod.Trainer = real_trainer
+
+    trainer_mod.build_trainer = build_trainer
+
+
+def _tolerate_drop_last() -> None:
+    """TEMPORARY: llm.data passes drop_last=, which StreamingDataset 0.13 does not accept."""
+    import inspect
+
+    import llm.data as data
+    from streaming import StreamingDataset
+
+    if "drop_last" in inspect.signature(StreamingDataset.__init__).parameters:
+        return
+    original = data.TokenDataset.__init__
+
+    def init(self, *args, drop_last=None, **kwargs):
+        original(self, *args, **kwargs)
+
+    data.TokenDataset.__init__ = init
+
+
+def main() -> int:
+    import train
+
+    _tolerate_drop_last()
+    integrate_resume_if_missing()
+    return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])
+
+
+class _LazyRecorder(Callback):
+    """Builds the Recorder once the process group exists (the rank decides the file name)."""
+
+    def __init__(self):
+        self.inner: Recorder | None = None
+
+    def init(self, state: State, logger: Logger) -> None:
+        self.inner = Recorder()
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self.inner.batch_end(state, logger)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self.inner.fit_end(state, logger)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

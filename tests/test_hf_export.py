@@ -1,0 +1,90 @@
+"""Export to the Hugging Face Llama layout: transformers loads it and computes our logits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llm.checkpoint_io import load_model, save_composer_weights
+from llm.cli import main as llm_main
+from llm.hf_export import export
+from llm.model import ModelConfig, Transformer
+
+CONFIGS = {
+    "tied": ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=32, tie_embeddings=True),
+    "untied-gqa": ModelConfig(
+        vocab_size=2000,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        hidden_dim=96,
+        max_seq_len=32,
+        norm_eps=1e-6,
+        rope_theta=50000.0,
+        tie_embeddings=False,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory, chinese_documents) -> str:
+    from convert.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok") / "tok.model"
+    train_tokenizer(chinese_documents[:60], vocab_size=2000, out=str(out), character_coverage=0.98)
+    return str(out)
+
+
+def _perturbed(cfg: ModelConfig) -> Transformer:
+    model = Transformer(cfg, seed=11)
+    with torch.no_grad():  # norms away from 1 so a wrongly mapped norm weight shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_llama_for_causal_lm_gives_our_logits(tmp_path, tokenizer_path, name):
+    from transformers import LlamaForCausalLM
+
+    cfg = CONFIGS[name]
+    model = _perturbed(cfg)
+    out = export(model, tokenizer_path, tmp_path / "hf")
+    hf = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert hf.config.tie_word_embeddings == cfg.tie_embeddings
+    assert hf.config.num_key_value_heads == cfg.kv_heads
+    assert hf.config.rope_theta == cfg.rope_theta and hf.config.rms_norm_eps == cfg.norm_eps
+
+
+def test_the_exported_tokenizer_encodes_like_ours(tmp_path, tokenizer_path):
+    from transformers import LlamaTokenizer
+
+    from llm.tokenizer import Tokenizer
+
+    out = export(_perturbed(CONFIGS["tied"]), tokenizer_path, tmp_path / "hf")
+    text = "北京市经济发展很快"
+    hf_tok = LlamaTokenizer.from_pretrained(out)
+    ours = Tokenizer(tokenizer_path)
+    assert hf_tok.encode(text) == ours.encode(text)
+    assert hf_tok.eos_token_id == ours.eos_id
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == ours.eos_id
+
+
+def test_llm_export_command_from_a_checkpoint_and_reload(tmp_path, tokenizer_path):
+    cfg = CONFIGS["untied-gqa"]
+    model = _perturbed(cfg)
+    ckpt = save_composer_weights(dict(model.state_dict()), cfg, tmp_path / "w.pt")
+    rc = llm_main(["export", str(ckpt), "--tokenizer", tokenizer_path, "--out", str(tmp_path / "hf")])
+    assert rc == 0
+    reloaded = load_model(str(tmp_path / "hf"))  # the exported folder is itself loadable
+    tokens = torch.arange(20)[None]
+    with torch.no_grad():
+        assert torch.equal(model(tokens), reloaded(tokens))

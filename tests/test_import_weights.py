@@ -1,0 +1,206 @@
+"""Importing baby-llama2-chinese and Baichuan-7B weights: our logits equal the original layout's.
+
+Each reference forward below is written from that layout's published definition (llama2.c's
+model.py with complex-number interleaved RoPE; Baichuan-7B's modeling file with the fused W_pack
+projection and rotate_half RoPE), independently of llm.model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llm.checkpoint_io import load_model
+from llm.cli import main as llm_main
+from llm.errors import ConfigError
+from llm.import_weights import convert
+
+DIM, LAYERS, HEADS, HIDDEN, VOCAB, SEQ = 64, 2, 4, 96, 300, 32
+
+RECIPE = """
+model: {{vocab_size: {vocab}, dim: {dim}, n_layers: {layers}, n_heads: {heads}, hidden_dim: {hidden},
+        max_seq_len: {seq}, norm_eps: {eps}, tie_embeddings: {tied}}}
+tokenizer: {{path: unused.model}}
+data: {{train: [{{remote: unused}}]}}
+"""
+
+
+def write_recipe(path, *, tied, eps, dim=DIM):
+    text = RECIPE.format(vocab=VOCAB, dim=dim, layers=LAYERS, heads=HEADS, hidden=HIDDEN, seq=SEQ, eps=eps, tied=str(tied).lower())
+    path.write_text(text)
+    return str(path)
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def attend(q, k, v):
+    """q, k, v [B, T, H, hd] -> [B, T, H*hd], causal."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    t = q.shape[2]
+    scores = scores.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2).flatten(2)
+
+
+def randn(*shape, gen, std=0.1):
+    return torch.randn(*shape, generator=gen) * std
+
+
+# --- llama2.c / baby-llama2-chinese -------------------------------------------------------------
+
+
+def llama2c_weights(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    sd = {"tok_embeddings.weight": randn(VOCAB, DIM, gen=gen, std=0.5), "norm.weight": 1 + randn(DIM, gen=gen)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        for name in ("wq", "wk", "wv", "wo"):
+            sd[p + f"attention.{name}.weight"] = randn(DIM, DIM, gen=gen)
+        sd[p + "feed_forward.w1.weight"] = randn(HIDDEN, DIM, gen=gen)
+        sd[p + "feed_forward.w2.weight"] = randn(DIM, HIDDEN, gen=gen)
+        sd[p + "feed_forward.w3.weight"] = randn(HIDDEN, DIM, gen=gen)
+        sd[p + "attention_norm.weight"] = 1 + randn(DIM, gen=gen)
+        sd[p + "ffn_norm.weight"] = 1 + randn(DIM, gen=gen)
+    sd["output.weight"] = sd["tok_embeddings.weight"]  # baby-llama2-chinese ties them
+    return sd
+
+
+def llama2c_forward(sd, tokens, eps=1e-5, theta=10000.0):
+    hd = DIM // HEADS
+    freqs = 1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)
+    cis = torch.polar(torch.ones(tokens.shape[1], hd // 2), torch.outer(torch.arange(tokens.shape[1]).float(), freqs))
+
+    def rope(x):  # consecutive pairs (2j, 2j+1) as complex numbers
+        xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * cis[None, :, None]).flatten(3)
+
+    x = sd["tok_embeddings.weight"][tokens]
+    b, t = tokens.shape
+    for i in range(LAYERS):
+        w = {k.removeprefix(f"layers.{i}."): v for k, v in sd.items() if k.startswith(f"layers.{i}.")}
+        h = rms(x, w["attention_norm.weight"], eps)
+        q, k, v = (h @ w[f"attention.{n}.weight"].T for n in ("wq", "wk", "wv"))
+        q, k, v = (z.view(b, t, HEADS, hd) for z in (q, k, v))
+        x = x + attend(rope(q), rope(k), v) @ w["attention.wo.weight"].T
+        h = rms(x, w["ffn_norm.weight"], eps)
+        gate, up = h @ w["feed_forward.w1.weight"].T, h @ w["feed_forward.w3.weight"].T
+        x = x + (F.silu(gate) * up) @ w["feed_forward.w2.weight"].T
+    return rms(x, sd["norm.weight"], eps) @ sd["output.weight"].T
+
+
+@pytest.mark.parametrize("layout", ["plain", "compiled-in-model-key"])
+def test_baby_llama2_import_gives_the_llama2c_logits(tmp_path, layout):
+    sd = llama2c_weights()
+    saved = sd if layout == "plain" else {"model": {f"_orig_mod.{k}": v for k, v in sd.items()}}
+    torch.save(saved, tmp_path / "pretrain.pth")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5)
+    out = tmp_path / "imported.pt"
+    assert llm_main(["import", "--from", "baby-llama2", str(tmp_path / "pretrain.pth"), "--recipe", recipe, "--out", str(out)]) == 0
+    model = load_model(str(out))  # no recipe needed: the import records the shape
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (model(tokens) - llama2c_forward(sd, tokens)).abs().max().item()
+    assert diff < 1e-4
+
+
+# --- Baichuan-7B ------------------------------------------------------------------------------
+
+
+def baichuan_weights(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    sd = {
+        "model.embed_tokens.weight": randn(VOCAB, DIM, gen=gen, std=0.5),
+        "model.norm.weight": 1 + randn(DIM, gen=gen),
+        "lm_head.weight": randn(VOCAB, DIM, gen=gen, std=0.5),
+    }
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        sd[p + "self_attn.W_pack.weight"] = randn(3 * DIM, DIM, gen=gen)
+        sd[p + "self_attn.o_proj.weight"] = randn(DIM, DIM, gen=gen)
+        sd[p + "self_attn.rotary_emb.inv_freq"] = torch.ones(DIM // HEADS // 2)  # a buffer in .bin files
+        sd[p + "mlp.gate_proj.weight"] = randn(HIDDEN, DIM, gen=gen)
+        sd[p + "mlp.down_proj.weight"] = randn(DIM, HIDDEN, gen=gen)
+        sd[p + "mlp.up_proj.weight"] = randn(HIDDEN, DIM, gen=gen)
+        sd[p + "input_layernorm.weight"] = 1 + randn(DIM, gen=gen)
+        sd[p + "post_attention_layernorm.weight"] = 1 + randn(DIM, gen=gen)
+    return sd
+
+
+def baichuan_forward(sd, tokens, eps=1e-6, theta=10000.0):
+    hd = DIM // HEADS
+    inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)
+    emb = torch.cat([torch.outer(torch.arange(tokens.shape[1]).float(), inv_freq)] * 2, dim=-1)
+    cos, sin = emb.cos()[None, :, None], emb.sin()[None, :, None]
+
+    def rope(x):  # rotate_half: dimension j pairs with j + hd/2
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    x = sd["model.embed_tokens.weight"][tokens]
+    b, t = tokens.shape
+    for i in range(LAYERS):
+        w = {k.removeprefix(f"model.layers.{i}."): v for k, v in sd.items() if k.startswith(f"model.layers.{i}.")}
+        h = rms(x, w["input_layernorm.weight"], eps)
+        q, k, v = (h @ w["self_attn.W_pack.weight"].T).view(b, t, 3, HEADS, hd).unbind(2)
+        x = x + attend(rope(q), rope(k), v) @ w["self_attn.o_proj.weight"].T
+        h = rms(x, w["post_attention_layernorm.weight"], eps)
+        x = x + (F.silu(h @ w["mlp.gate_proj.weight"].T) * (h @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
+    return rms(x, sd["model.norm.weight"], eps) @ sd["lm_head.weight"].T
+
+
+def write_baichuan(folder, sd, layout):
+    folder.mkdir()
+    if layout == "bin":
+        torch.save(sd, folder / "pytorch_model.bin")
+        return
+    from safetensors.torch import save_file
+
+    names = sorted(sd)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2], "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    for file, keys in shards.items():
+        save_file({k: sd[k].contiguous() for k in keys}, str(folder / file))
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("layout", ["bin", "sharded-safetensors"])
+def test_baichuan_import_gives_the_baichuan_logits(tmp_path, layout):
+    sd = baichuan_weights()
+    write_baichuan(tmp_path / "baichuan", sd, layout)
+    recipe = write_recipe(tmp_path / "r.yaml", tied=False, eps=1e-6)
+    out = tmp_path / "imported.pt"
+    assert llm_main(["import", "--from", "baichuan", str(tmp_path / "baichuan"), "--recipe", recipe, "--out", str(out)]) == 0
+    model = load_model(str(out), recipe)
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = (model(tokens) - baichuan_forward(sd, tokens)).abs().max().item()
+    assert diff < 1e-4
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_of_another_shape_names_the_mismatching_tensors(tmp_path):
+    torch.save(llama2c_weights(), tmp_path / "pretrain.pth")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5, dim=128)
+    from llm.config import load_config
+
+    with pytest.raises(ConfigError) as err:
+        convert("baby-llama2", tmp_path / "pretrain.pth", load_config(recipe).model)
+    message = str(err.value)
+    assert "tok_embeddings.weight: checkpoint (300, 64) vs model (300, 128)" in message
+    assert "recipe" in message
+
+
+def test_a_missing_source_is_one_clear_error(tmp_path, capsys):
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5)
+    rc = llm_main(["import", "--from", "baichuan", str(tmp_path / "nope"), "--recipe", recipe, "--out", str(tmp_path / "o.pt")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "nope does not exist" in err and "Traceback" not in err

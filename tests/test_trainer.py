@@ -1,0 +1,124 @@
+"""Real, short Composer runs on the CPU over real shards of Chinese text."""
+
+# ruff: noqa: F811  (pytest injects the imported train_data fixture by argument name)
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from composer.core import Callback
+from train_fixtures import REPO, load, train_data, write_recipe  # noqa: F401
+
+from llm.callbacks.metrics_file import read_metrics
+from llm.errors import ConfigError
+from llm.optim import lr_at
+
+
+def test_loss_falls_and_run_files_are_written(tmp_path, train_data, capsys):
+    from llm.trainer import train
+
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data))
+    result = train(cfg)
+    out = capsys.readouterr().out
+
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [4, 8, 12, 16, 20, 24]
+    assert records[0]["loss"] - records[-1]["loss"] > 0.5, records
+    assert all(r["tokens"] == r["step"] * 8 * train_data.seq_len for r in records)
+    evals = [r for r in records if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [12, 24]
+    assert evals[1]["eval_loss"] < evals[0]["eval_loss"]
+    assert evals[1]["eval_perplexity"] == pytest.approx(math.exp(evals[1]["eval_loss"]), rel=1e-3)
+    assert records[-1]["tokens_per_sec"] > 0
+    # Composer steps its schedulers before advancing the batch counter, so the rate logged at
+    # step s is the schedule's value at s - 1: warmup over 4 steps, then cosine to 1e-4 at 24.
+    for r in records:
+        assert r["lr"] == pytest.approx(lr_at(r["step"] - 1, 3e-3, 1e-4, 4, 24), rel=1e-6)
+
+    assert (tmp_path / "run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"vocab_size: {train_data.vocab_size}" in saved and "lr: 0.003" in saved
+    assert "resolved config" in out and str(tmp_path / "run" / "loss.png") in out
+    assert result["step"] == 24 and result["eval_loss"] == pytest.approx(evals[1]["eval_loss"])
+
+
+class GradRecorder(Callback):
+    """Keeps the gradients Composer hands the optimizer (AFTER_TRAIN_BATCH runs before the step)."""
+
+    def __init__(self):
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def after_train_batch(self, state, logger):
+        self.grads = {n: p.grad.detach().clone() for n, p in state.model.named_parameters()}
+
+
+def _one_step(tmp_path: Path, train_data, microbatch: int):
+    from llm.trainer import build_trainer
+
+    recipe = write_recipe(tmp_path / f"mb{microbatch}" / "r.yaml", train_data)
+    cfg = load(
+        recipe,
+        f"training.device_microbatch_size={microbatch}",
+        "training.max_duration=1ba",
+        "training.grad_clip_norm=0",
+        "scheduler.warmup=0ba",
+        "data.eval=[]",
+    )
+    recorder = GradRecorder()
+    trainer = build_trainer(cfg, extra_callbacks=[recorder])
+    trainer.fit()
+    weights = {n: p.detach().clone() for n, p in trainer.state.model.named_parameters()}
+    loss = trainer.state.total_loss_dict["loss/train/total"]
+    trainer.close()
+    return recorder.grads, weights, loss
+
+
+def test_gradient_accumulation_matches_one_full_batch(tmp_path, train_data):
+    grads_full, weights_full, loss_full = _one_step(tmp_path, train_data, microbatch=8)
+    grads_acc, weights_acc, loss_acc = _one_step(tmp_path, train_data, microbatch=4)
+    assert loss_acc == pytest.approx(loss_full, rel=1e-5)
+    for name, grad in grads_full.items():
+        torch.testing.assert_close(grads_acc[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+    for name, weight in weights_full.items():
+        torch.testing.assert_close(weights_acc[name], weight, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_recipe_errors_exit_2_with_one_line(tmp_path, train_data):
+    recipe = write_recipe(tmp_path / "r.yaml", train_data)
+    proc = subprocess.run(
+        [sys.executable, "train.py", str(recipe), "optimizer.lrr=1e-4"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "optimizer.lrr" in proc.stderr and "did you mean 'lr'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["training.precision=amp_bf16"], "training.precision=amp_bf16 needs a GPU"),
+        (["fsdp.enabled=true", "fsdp.version=1"], "fsdp.version=1 needs CUDA"),
+        (["training.device=gpu"], "no CUDA GPU is visible"),
+        (["checkpoint.load_path=/elsewhere/ep0-ba4-rank0.pt"], "allow_untrusted_load_path=true"),
+        (["scheduler.warmup=24ba"], "shorten the warmup"),
+    ],
+)
+def test_settings_the_cpu_cannot_run_are_refused(tmp_path, train_data, overrides, message):
+    from llm.trainer import build_trainer
+
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data), *overrides)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        build_trainer(cfg)
+
+
+def test_batch_that_does_not_divide_over_ranks_is_refused(tmp_path, train_data):
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data), "training.device_microbatch_size=4")
+    assert cfg.check_world_size(2) == 4
+    with pytest.raises(ConfigError, match="not divisible by world size 4"):
+        cfg.check_world_size(4)
