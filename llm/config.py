@@ -343,9 +343,7 @@ def validate(cfg: TrainConfig) -> None:
     if not 0 < cfg.optimizer.lr:
         raise ConfigError(f"optimizer.lr must be positive, got {cfg.optimizer.lr}")
     if cfg.scheduler.min_lr > cfg.optimizer.lr:
-        raise ConfigError(
-            f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}"
-        )
+        raise ConfigError(f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}")
 
 
 def _check_time(key: str, value: str, units: tuple[str, ...]) -> None:

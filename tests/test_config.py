@@ -75,7 +75,9 @@ def test_dotted_overrides_including_list_items(recipe):
 
 
 def test_unknown_key_names_the_closest_valid_one(recipe):
-    with pytest.raises(ConfigError, match=r"unknown key 'optimizer.weight_decy'.*did you mean 'weight_decay'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'optimizer.weight_decy'.*did you mean 'weight_decay'"
+    ):
         load_config(recipe, ["optimizer.weight_decy=0.0"])
     bad = recipe.read_text().replace("max_duration", "max_duraton")
     recipe.write_text(bad)
