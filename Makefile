@@ -19,7 +19,7 @@ $(DEMO)/corpus.jsonl: | install
 	$(PY) -m convert demo-corpus --out $@
 
 $(DEMO)/tokenizer.model: $(DEMO)/corpus.jsonl
-	$(PY) -m convert tokenizer $< --format jsonl --vocab-size 4096 --out $@
+	$(PY) -m convert tokenizer $< --format jsonl --vocab-size 4096 --character-coverage 0.995 --out $@
 
 $(DEMO)/shards/train/index.json: $(DEMO)/tokenizer.model
 	$(PY) -m convert shards $(DEMO)/corpus.jsonl --format jsonl --tokenizer $< \

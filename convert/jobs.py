@@ -74,7 +74,9 @@ def _counted(docs: Iterable, bar) -> Iterator[str]:
         yield doc.text
 
 
-def finish(conversion: Conversion, *, read: dict, dropped: dict[str, int], start: float, command: str) -> dict:
+def finish(
+    conversion: Conversion, *, read: dict, dropped: dict[str, int], start: float, command: str
+) -> dict:
     """Check there is something to write; write meta, summary, then the indexes last."""
     totals = conversion.totals
     options = conversion.options

@@ -161,10 +161,11 @@ def clean_in_workers(
         for reason, count in batch_drops.items():
             drops.add(reason, count)
         for text, digest in kept:
-            if dedup and digest in seen:
-                drops.add("duplicate")
-                continue
-            seen.add(digest) if dedup else None
+            if dedup:
+                if digest in seen:
+                    drops.add("duplicate")
+                    continue
+                seen.add(digest)
             yield text, digest
 
 
@@ -267,7 +268,9 @@ def process_chunk(task: tuple[Chunk, str]) -> PartResult:
     store: Store = _worker["store"]
     folder = f"{chunk.split}/{part_name(chunk.index)}"
     store.delete_tree(folder)  # leftovers of a killed run must not mix with the new shards
-    writer = ShardWriter(store, folder, seq_len=config.seq_len, dtype=config.dtype, size_limit=config.size_limit)
+    writer = ShardWriter(
+        store, folder, seq_len=config.seq_len, dtype=config.dtype, size_limit=config.size_limit
+    )
     packer = Packer(config.seq_len)
     kept = too_short = 0
     for piece in _stream_pieces(chunk, config):
@@ -397,7 +400,9 @@ class Conversion:
         window = 2 * self.options.workers
         with start_workers(self.options.workers, self.config) as executor:
             chunks = chunk_documents(
-                documents(executor), val_fraction=self.options.val_fraction, chunk_size=self.options.chunk_chars
+                documents(executor),
+                val_fraction=self.options.val_fraction,
+                chunk_size=self.options.chunk_chars,
             )
             tasks = ((chunk, chunk.seal(self.settings)) for chunk in chunks)
             for result in ordered(executor, process_chunk, tasks, window, shortcut=self._reusable):
@@ -418,7 +423,11 @@ class Conversion:
         folder = f"{split}/{part_name(tail_index)}"
         self.store.delete_tree(folder)
         writer = ShardWriter(
-            self.store, folder, seq_len=self.options.seq_len, dtype=self.dtype, size_limit=self.options.size_limit
+            self.store,
+            folder,
+            seq_len=self.options.seq_len,
+            dtype=self.dtype,
+            size_limit=self.options.size_limit,
         )
         for part in totals.parts:
             writer.write(packer.add(part.tail))
@@ -483,5 +492,11 @@ def progress_bar(total: int | None, unit: str, desc: str, *, enabled: bool = Tru
     from tqdm import tqdm
 
     return tqdm(
-        total=total, unit=unit, unit_scale=True, desc=desc, file=sys.stderr, mininterval=0.5, disable=not enabled
+        total=total,
+        unit=unit,
+        unit_scale=True,
+        desc=desc,
+        file=sys.stderr,
+        mininterval=0.5,
+        disable=not enabled,
     )

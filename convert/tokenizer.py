@@ -171,8 +171,8 @@ def write_atomically(path: str, data: bytes) -> None:
 def _check_training_options(vocab_size: int, out: str, max_sentences: int, coverage: float) -> None:
     if vocab_size < 300:
         raise ConvertError(f"--vocab-size {vocab_size} is too small: byte fallback alone needs 259 pieces")
-    if not 0.0 < coverage <= 1.0:
-        raise ConvertError(f"--character-coverage {coverage} must be in (0, 1]")
+    if not 0.98 <= coverage <= 1.0:
+        raise ConvertError(f"--character-coverage {coverage} must be in [0.98, 1] (SentencePiece's range)")
     if max_sentences < 1:
         raise ConvertError(f"--max-sentences {max_sentences} must be at least 1")
     if out.startswith("s3://"):

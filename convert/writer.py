@@ -207,8 +207,10 @@ class S3Store(Store):
     def list_dirs(self, rel: str) -> list[str]:
         prefix = self._key(rel).rstrip("/") + "/"
         names = set()
-        for page in self._client().get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix, Delimiter="/"
+        for page in (
+            self._client()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/")
         ):
             names.update(p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", []))
         return sorted(names)
@@ -255,7 +257,9 @@ class ShardWriter:
 
     def write(self, rows: np.ndarray) -> None:
         if len(rows) and int(rows.max()) > np.iinfo(self.dtype).max:
-            raise ConvertError(f"token id {int(rows.max())} does not fit in {self.dtype.name}; use --dtype auto")
+            raise ConvertError(
+                f"token id {int(rows.max())} does not fit in {self.dtype.name}; use --dtype auto"
+            )
         self._pending.append(rows.astype(self.dtype))
         self._pending_rows += len(rows)
         while self._pending_rows >= self.rows_per_shard:
@@ -342,7 +346,7 @@ def _decode_shard(raw: bytes, dtype: np.dtype) -> np.ndarray:
     n = int(np.frombuffer(raw, "<u4", count=1)[0])
     offsets = np.frombuffer(raw, "<u4", count=n + 1, offset=4)
     out = []
-    for begin, end in zip(offsets[:-1], offsets[1:]):
+    for begin, end in zip(offsets[:-1], offsets[1:], strict=True):
         sample = raw[begin + 4 : end]  # skip the datum size
         ndim_code = sample[0]
         shape_dtype = {0: np.uint8, 1: np.uint16, 2: np.uint32}[ndim_code & 3]

@@ -50,7 +50,16 @@ def generate(
     try:
         with torch.no_grad():
             return _generate(
-                model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache, sync_tokens
+                model,
+                prompts,
+                max_new_tokens,
+                temperature,
+                top_k,
+                top_p,
+                eos_id,
+                seed,
+                use_cache,
+                sync_tokens,
             )
     finally:
         model.train(was_training)

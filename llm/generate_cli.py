@@ -81,7 +81,7 @@ def continue_prompts(model, tokenizer, ids: list[list[int]], args: argparse.Name
 
 
 def show(prompts: list[str], texts: list[str]) -> None:
-    for prompt, text in zip(prompts, texts):
+    for prompt, text in zip(prompts, texts, strict=True):
         print(f"{prompt}\033[1m{text}\033[0m" if sys.stdout.isatty() else f"{prompt}{text}")
         print()
 

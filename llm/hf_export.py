@@ -157,7 +157,11 @@ def write_tokenizer_files(tok, out: Path, max_len: int) -> None:
     def piece(i: int | None) -> str | None:
         return sp.id_to_piece(i) if i is not None else None
 
-    special = {"bos_token": piece(tok.bos_id), "eos_token": piece(tok.eos_id), "unk_token": piece(sp.unk_id())}
+    special = {
+        "bos_token": piece(tok.bos_id),
+        "eos_token": piece(tok.eos_id),
+        "unk_token": piece(sp.unk_id()),
+    }
     special = {k: v for k, v in special.items() if v is not None}
     write_json(
         out / "tokenizer_config.json",

@@ -105,7 +105,11 @@ def _baichuan_to_ours(name: str, tensor: Tensor) -> dict[str, Tensor]:
         prefix, rest = f"layers.{parts[2]}.", parts[3]
         if rest == "self_attn.W_pack.weight":
             q, k, v = tensor.chunk(3, dim=0)
-            return {prefix + "attention.wq.weight": q, prefix + "attention.wk.weight": k, prefix + "attention.wv.weight": v}
+            return {
+                prefix + "attention.wq.weight": q,
+                prefix + "attention.wk.weight": k,
+                prefix + "attention.wv.weight": v,
+            }
         if rest in BAICHUAN_LAYER:
             return {prefix + BAICHUAN_LAYER[rest]: tensor}
     raise ConfigError(f"unexpected tensor {name} in a Baichuan-7B checkpoint")

@@ -103,4 +103,3 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
-

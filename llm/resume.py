@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -28,6 +29,14 @@ log = logging.getLogger(__name__)
 # Files up to this many bytes in total are SHA-256 checked before loading (env overrides it).
 DEFAULT_VERIFY_MAX_BYTES = 8 << 30
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+
+
+class RunAlreadyComplete(SystemExit):
+    """The newest checkpoint already reached max_duration: the same command exits 0, training nothing."""
+
+    def __init__(self, message: str):
+        print(f"[resume] {message}", file=sys.stderr, flush=True)
+        super().__init__(0)
 
 
 @dataclass
@@ -77,6 +86,7 @@ def checkpoint_kwargs(cfg: TrainConfig, *, rank: int, world_size: int) -> tuple[
     point = choose_resume_point(cfg, rank=rank)
     if rank == 0:
         _announce(cfg, point, world_size)
+    _stop_if_complete(cfg, point)
     if point.checkpoint is not None and point.checkpoint.recipe and rank == 0:
         warn_recipe_changes(point.checkpoint.recipe, cfg.to_dict(redact=True))
 
@@ -196,6 +206,24 @@ def remove_stale_composer_copy(save_folder: str) -> None:
     if stale.is_dir():
         log.warning("removing the stale local checkpoint copy %s (the bucket is the source of truth)", stale)
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _stop_if_complete(cfg: TrainConfig, point: ResumePoint) -> None:
+    """RunAlreadyComplete if the checkpoint resumed from is at or past the recipe's max_duration.
+
+    Composer would raise "no training would occur"; a scheduler that restarts a finished job should
+    see success instead.
+    """
+    if point.source != "autoresume":
+        return
+    reached = point.checkpoint.head.get("timestamp", {})
+    match = re.fullmatch(r"(\d+)(ba|tok|ep)", cfg.training.max_duration.strip())
+    key = {"ba": "batch", "tok": "token", "ep": "epoch"}[match.group(2)] if match else None
+    if key and reached.get(key, -1) >= int(match.group(1)):
+        raise RunAlreadyComplete(
+            f"run {cfg.run_name!r} already finished: its checkpoint at batch {point.batch} reached "
+            f"training.max_duration={cfg.training.max_duration}; nothing to do (raise max_duration to train on)"
+        )
 
 
 # --- safety -------------------------------------------------------------------------------------

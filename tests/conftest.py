@@ -42,3 +42,6 @@ def chinese_documents() -> list[str]:
     from convert.demo_corpus import peoples_daily_documents
 
     return peoples_daily_documents()
+
+
+from convert_fixtures import small_corpus, small_corpus_docs, small_tokenizer  # noqa: E402, F401

@@ -70,7 +70,7 @@ def test_a_row_stops_at_eos_and_the_batch_stops_when_all_rows_have(model):
     eos = free[0][3]  # row 0 reaches "EOS" at its 4th token
     stopped = generate(model, PROMPTS, max_new_tokens=10, temperature=0, eos_id=eos)
     assert stopped[0] == free[0][:3]
-    for full, cut in zip(free, stopped):
+    for full, cut in zip(free, stopped, strict=True):
         assert cut == (full[: full.index(eos)] if eos in full else full)
     # All rows end at once when EOS is each row's first choice: no further forward passes.
     calls = []

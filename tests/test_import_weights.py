@@ -30,7 +30,16 @@ data: {{train: [{{remote: unused}}]}}
 
 
 def write_recipe(path, *, tied, eps, dim=DIM):
-    text = RECIPE.format(vocab=VOCAB, dim=dim, layers=LAYERS, heads=HEADS, hidden=HIDDEN, seq=SEQ, eps=eps, tied=str(tied).lower())
+    text = RECIPE.format(
+        vocab=VOCAB,
+        dim=dim,
+        layers=LAYERS,
+        heads=HEADS,
+        hidden=HIDDEN,
+        seq=SEQ,
+        eps=eps,
+        tied=str(tied).lower(),
+    )
     path.write_text(text)
     return str(path)
 
@@ -57,7 +66,10 @@ def randn(*shape, gen, std=0.1):
 
 def llama2c_weights(seed=0):
     gen = torch.Generator().manual_seed(seed)
-    sd = {"tok_embeddings.weight": randn(VOCAB, DIM, gen=gen, std=0.5), "norm.weight": 1 + randn(DIM, gen=gen)}
+    sd = {
+        "tok_embeddings.weight": randn(VOCAB, DIM, gen=gen, std=0.5),
+        "norm.weight": 1 + randn(DIM, gen=gen),
+    }
     for i in range(LAYERS):
         p = f"layers.{i}."
         for name in ("wq", "wk", "wv", "wo"):
@@ -74,7 +86,9 @@ def llama2c_weights(seed=0):
 def llama2c_forward(sd, tokens, eps=1e-5, theta=10000.0):
     hd = DIM // HEADS
     freqs = 1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)
-    cis = torch.polar(torch.ones(tokens.shape[1], hd // 2), torch.outer(torch.arange(tokens.shape[1]).float(), freqs))
+    cis = torch.polar(
+        torch.ones(tokens.shape[1], hd // 2), torch.outer(torch.arange(tokens.shape[1]).float(), freqs)
+    )
 
     def rope(x):  # consecutive pairs (2j, 2j+1) as complex numbers
         xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
@@ -101,7 +115,21 @@ def test_baby_llama2_import_gives_the_llama2c_logits(tmp_path, layout):
     torch.save(saved, tmp_path / "pretrain.pth")
     recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5)
     out = tmp_path / "imported.pt"
-    assert llm_main(["import", "--from", "baby-llama2", str(tmp_path / "pretrain.pth"), "--recipe", recipe, "--out", str(out)]) == 0
+    assert (
+        llm_main(
+            [
+                "import",
+                "--from",
+                "baby-llama2",
+                str(tmp_path / "pretrain.pth"),
+                "--recipe",
+                recipe,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     model = load_model(str(out))  # no recipe needed: the import records the shape
     tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -145,12 +173,20 @@ def baichuan_forward(sd, tokens, eps=1e-6, theta=10000.0):
     x = sd["model.embed_tokens.weight"][tokens]
     b, t = tokens.shape
     for i in range(LAYERS):
-        w = {k.removeprefix(f"model.layers.{i}."): v for k, v in sd.items() if k.startswith(f"model.layers.{i}.")}
+        w = {
+            k.removeprefix(f"model.layers.{i}."): v
+            for k, v in sd.items()
+            if k.startswith(f"model.layers.{i}.")
+        }
         h = rms(x, w["input_layernorm.weight"], eps)
         q, k, v = (h @ w["self_attn.W_pack.weight"].T).view(b, t, 3, HEADS, hd).unbind(2)
         x = x + attend(rope(q), rope(k), v) @ w["self_attn.o_proj.weight"].T
         h = rms(x, w["post_attention_layernorm.weight"], eps)
-        x = x + (F.silu(h @ w["mlp.gate_proj.weight"].T) * (h @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
+        x = (
+            x
+            + (F.silu(h @ w["mlp.gate_proj.weight"].T) * (h @ w["mlp.up_proj.weight"].T))
+            @ w["mlp.down_proj.weight"].T
+        )
     return rms(x, sd["model.norm.weight"], eps) @ sd["lm_head.weight"].T
 
 
@@ -162,7 +198,10 @@ def write_baichuan(folder, sd, layout):
     from safetensors.torch import save_file
 
     names = sorted(sd)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2], "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for file, keys in shards.items():
         save_file({k: sd[k].contiguous() for k in keys}, str(folder / file))
     weight_map = {k: file for file, keys in shards.items() for k in keys}
@@ -175,7 +214,21 @@ def test_baichuan_import_gives_the_baichuan_logits(tmp_path, layout):
     write_baichuan(tmp_path / "baichuan", sd, layout)
     recipe = write_recipe(tmp_path / "r.yaml", tied=False, eps=1e-6)
     out = tmp_path / "imported.pt"
-    assert llm_main(["import", "--from", "baichuan", str(tmp_path / "baichuan"), "--recipe", recipe, "--out", str(out)]) == 0
+    assert (
+        llm_main(
+            [
+                "import",
+                "--from",
+                "baichuan",
+                str(tmp_path / "baichuan"),
+                "--recipe",
+                recipe,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     model = load_model(str(out), recipe)
     tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -200,7 +253,57 @@ def test_a_checkpoint_of_another_shape_names_the_mismatching_tensors(tmp_path):
 
 def test_a_missing_source_is_one_clear_error(tmp_path, capsys):
     recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5)
-    rc = llm_main(["import", "--from", "baichuan", str(tmp_path / "nope"), "--recipe", recipe, "--out", str(tmp_path / "o.pt")])
+    rc = llm_main(
+        [
+            "import",
+            "--from",
+            "baichuan",
+            str(tmp_path / "nope"),
+            "--recipe",
+            recipe,
+            "--out",
+            str(tmp_path / "o.pt"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "nope does not exist" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("source", ["baby-llama2", "baichuan"])
+def test_training_starts_from_the_imported_weights(tmp_path, source):
+    """Composer loads the import with load_weights_only (as checkpoint.load_path does) and trains."""
+    from composer import Trainer
+    from torch.utils.data import DataLoader
+
+    from llm.composer_model import LanguageModel
+    from llm.config import load_config
+
+    if source == "baby-llama2":
+        torch.save(llama2c_weights(), tmp_path / "src.pth")
+        src, recipe = tmp_path / "src.pth", write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5)
+    else:
+        write_baichuan(tmp_path / "src", baichuan_weights(), "bin")
+        src, recipe = tmp_path / "src", write_recipe(tmp_path / "r.yaml", tied=False, eps=1e-6)
+    out = tmp_path / "imported.pt"
+    assert llm_main(["import", "--from", source, str(src), "--recipe", recipe, "--out", str(out)]) == 0
+    expected = load_model(str(out)).state_dict()
+
+    model = LanguageModel.from_config(load_config(recipe).model, seed=99)
+    data = [{"input_ids": torch.randint(0, VOCAB, (SEQ + 1,))} for _ in range(4)]
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(data, batch_size=2),
+        optimizers=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        max_duration="2ba",
+        device="cpu",
+        load_path=str(out),
+        load_weights_only=True,
+        progress_bar=False,
+    )
+    loaded = trainer.state.model.model.state_dict()
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+    trainer.fit()
+    assert int(trainer.state.timestamp.batch) == 2
+    assert not torch.equal(trainer.state.model.model.norm.weight, expected["norm.weight"])
+    trainer.close()

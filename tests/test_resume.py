@@ -53,7 +53,7 @@ def test_a_finished_run_started_again_trains_nothing_more(tmp_path, shards):
     assert run(recipe, "first", cwd=tmp_path).returncode == 0
     again = run(recipe, "again", cwd=tmp_path)
     assert again.returncode == 0, again.output[-4000:]
-    assert f"resuming run 'rs' from the checkpoint at batch {MAX_BATCHES}" in again.output
+    assert f"run 'rs' already finished: its checkpoint at batch {MAX_BATCHES} reached" in again.output
     assert again.batches() == []
 
 

@@ -80,24 +80,24 @@ def train_data(tmp_path_factory, chinese_documents) -> TrainData:
     return build_train_data(tmp_path_factory.mktemp("train-data"), chinese_documents)
 
 
-def recipe_dict(data: TrainData, run_dir: Path, **sections) -> dict:
+def recipe_dict(shards: TrainData, run_dir: Path, **sections) -> dict:
     """A CPU-sized recipe (2 layers, dim 64) over `data`; `sections` replace whole top-level keys."""
     recipe = {
         "run_name": "test",
         "run_dir": str(run_dir),
         "seed": 17,
         "model": {
-            "vocab_size": data.vocab_size,
+            "vocab_size": shards.vocab_size,
             "dim": 64,
             "n_layers": 2,
             "n_heads": 4,
-            "max_seq_len": data.seq_len,
+            "max_seq_len": shards.seq_len,
             "tie_embeddings": True,
         },
-        "tokenizer": {"path": str(data.tokenizer)},
+        "tokenizer": {"path": str(shards.tokenizer)},
         "data": {
-            "train": [{"remote": str(data.train)}],
-            "eval": [{"remote": str(data.val)}],
+            "train": [{"remote": str(shards.train)}],
+            "eval": [{"remote": str(shards.val)}],
             "cache_root": str(run_dir / "cache"),
         },
         "optimizer": {"lr": 3.0e-3},
@@ -117,10 +117,10 @@ def recipe_dict(data: TrainData, run_dir: Path, **sections) -> dict:
     return recipe
 
 
-def write_recipe(path: Path, data: TrainData, **sections) -> Path:
+def write_recipe(path: Path, shards: TrainData, **sections) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     run_dir = sections.pop("run_dir", path.parent / "run")
-    path.write_text(yaml.safe_dump(recipe_dict(data, Path(run_dir), **sections), allow_unicode=True))
+    path.write_text(yaml.safe_dump(recipe_dict(shards, Path(run_dir), **sections), allow_unicode=True))
     return path
 
 

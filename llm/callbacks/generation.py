@@ -47,7 +47,9 @@ class GenerationCallback(Callback):
         self.samples_path = Path(run_dir) / "samples.jsonl"
         self.sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         self.seed = seed
-        self._should_run = create_interval_scheduler(interval, include_end_of_training=False, checkpoint_events=False)
+        self._should_run = create_interval_scheduler(
+            interval, include_end_of_training=False, checkpoint_events=False
+        )
         self._tokenizer: Tokenizer | None = None
         self._prompt_ids: list[list[int]] = []
         self._model_config: dict | None = None
@@ -123,7 +125,7 @@ class GenerationCallback(Callback):
         return texts
 
     def _write(self, step: int, texts: list[str], logger: Logger) -> None:
-        rows = [{"step": step, "prompt": p, "text": t} for p, t in zip(self.prompts, texts)]
+        rows = [{"step": step, "prompt": p, "text": t} for p, t in zip(self.prompts, texts, strict=True)]
         print(f"[generate] step {step} ({self.last_seconds:.1f} s)", flush=True)
         for row in rows:
             print(f"  {row['prompt']} | {row['text']}", flush=True)
@@ -131,7 +133,12 @@ class GenerationCallback(Callback):
         with self.samples_path.open("a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        logger.log_table(["step", "prompt", "text"], [[step, p, t] for p, t in zip(self.prompts, texts)], name="samples", step=step)
+        logger.log_table(
+            ["step", "prompt", "text"],
+            [[step, p, t] for p, t in zip(self.prompts, texts, strict=True)],
+            name="samples",
+            step=step,
+        )
         logger.log_metrics({"generate/seconds": self.last_seconds}, step=step)
 
 

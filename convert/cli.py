@@ -1,0 +1,204 @@
+"""`python -m convert SUBCOMMAND ...`: tokenizer training, shard writing, .bin import, demo corpus.
+
+Heavy modules (sentencepiece, numpy, boto3) are imported inside the sub-commands, so `--help`
+and option errors answer at once. Problems a user can fix (ConvertError) print one line,
+`error: ...`, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from convert.errors import ConvertError
+
+FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl")
+
+EPILOG = """examples:
+  python -m convert tokenizer corpus.jsonl --format jsonl --vocab-size 64000 --out tok.model
+  python -m convert shards wiki/*.json --preset wiki-cn --tokenizer tok.model --out s3://bkt/wiki
+  python -m convert import-bin pretrain_data.bin --tokenizer chatglm2.model --out shards/
+  python -m convert demo-corpus --out data/demo/corpus.jsonl
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m convert",
+        description="Turn raw corpora into SentencePiece-tokenized MDS shards (local or s3://).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_tokenizer(commands)
+    _add_shards(commands)
+    _add_import_bin(commands)
+    _add_demo_corpus(commands)
+    return parser
+
+
+def _add_inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders, globs or s3:// prefixes")
+    parser.add_argument(
+        "--format", default="auto", choices=FORMAT_CHOICES, help="input format (default: auto)"
+    )
+    parser.add_argument(
+        "--field", "--text-field", dest="field", default=None, help="JSON text field (default: text)"
+    )
+    parser.add_argument(
+        "--preset", default=None, help="corpus layout: wiki-cn, baidubaike, c4-zh, wudao, medical"
+    )
+    parser.add_argument("--strict", action="store_true", help="stop at the first malformed record")
+    parser.add_argument("--normalization", default="NFKC", help="Unicode normalisation (NFKC, NFC, none)")
+    parser.add_argument("--min-chars", type=int, default=1, help="drop documents shorter than this (chars)")
+    parser.add_argument("--no-dedup", action="store_true", help="keep exact duplicate documents")
+
+
+def _add_tokenizer(commands) -> None:
+    parser = commands.add_parser("tokenizer", help="train a SentencePiece BPE model (Baichuan-7B settings)")
+    _add_inputs(parser)
+    parser.add_argument("--vocab-size", type=int, required=True, help="number of pieces, e.g. 64000")
+    parser.add_argument("--out", required=True, help="where to write the .model file")
+    parser.add_argument("--max-sentences", type=int, default=10_000_000, help="train on the first N lines")
+    parser.add_argument("--character-coverage", type=float, default=0.9995, help="share of characters kept")
+    parser.set_defaults(run=run_tokenizer)
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
+    parser.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
+    parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
+    parser.add_argument("--val-fraction", type=float, default=0.01, help="share of documents for val")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    parser.add_argument("--bos", action="store_true", help="prepend BOS to every document")
+    parser.add_argument("--min-tokens", type=int, default=20, help="drop documents under N tokens incl. EOS")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"), help="token dtype")
+    parser.add_argument("--shard-size-mb", type=float, default=64.0, help="shard size limit (default 64)")
+    parser.add_argument("--chunk-chars", type=int, default=1_000_000, help=argparse.SUPPRESS)
+    parser.add_argument("--overwrite", action="store_true", help="replace a complete existing output")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_shards(commands) -> None:
+    parser = commands.add_parser("shards", help="tokenize, pack and write MDS shards (train/ and val/)")
+    _add_inputs(parser)
+    _add_output(parser)
+    parser.set_defaults(run=run_shards)
+
+
+def _add_import_bin(commands) -> None:
+    parser = commands.add_parser("import-bin", help="import baby-llama2-chinese uint16 .bin token files")
+    parser.add_argument("inputs", nargs="+", metavar="FILE", help=".bin files, folders, globs or s3:// URLs")
+    _add_output(parser)
+    parser.set_defaults(run=run_import_bin)
+
+
+def _add_demo_corpus(commands) -> None:
+    from convert import demo_corpus
+
+    parser = commands.add_parser(
+        "demo-corpus", help="write the quickstart's real Chinese corpus (JSON lines)"
+    )
+    demo_corpus.add_arguments(parser)
+    parser.set_defaults(run=demo_corpus.run)
+
+
+# --- sub-commands ------------------------------------------------------------------------------
+
+
+def run_tokenizer(args: argparse.Namespace) -> int:
+    from convert.cleaning import Cleaner
+    from convert.readers import ReadStats, read_documents
+    from convert.sources import expand_inputs
+    from convert.tokenizer import train_tokenizer
+
+    cleaner = Cleaner(normalization=args.normalization, min_chars=args.min_chars, dedup=not args.no_dedup)
+    paths = expand_inputs(args.inputs)
+    stats = ReadStats()
+    docs = read_documents(
+        paths, args.format, text_field=args.field, preset=args.preset, strict=args.strict, stats=stats
+    )
+    texts = (text for text in (cleaner.clean(doc.text) for doc in docs) if text is not None)
+    info = train_tokenizer(
+        texts,
+        vocab_size=args.vocab_size,
+        out=args.out,
+        max_sentences=args.max_sentences,
+        character_coverage=args.character_coverage,
+    )
+    if stats.malformed:
+        source, line, reason = stats.malformed_examples[0]
+        print(
+            f"skipped {stats.malformed} malformed record(s), first at {source}:{line}: {reason}",
+            file=sys.stderr,
+        )
+    print(f"wrote {info.path}: vocab size {info.vocab_size}, sha256 {info.sha256}")
+    print(f"trained on {stats.documents} documents; dropped {cleaner.drops.as_dict() or 'none'}")
+    return 0
+
+
+def _shard_options(args: argparse.Namespace):
+    from convert.pipeline import ShardOptions
+
+    return ShardOptions(
+        seq_len=args.seq_len,
+        val_fraction=args.val_fraction,
+        workers=args.workers if args.workers is not None else (os.cpu_count() or 1),
+        add_bos=args.bos,
+        min_tokens=args.min_tokens,
+        dtype=args.dtype,
+        shard_size_mb=args.shard_size_mb,
+        overwrite=args.overwrite,
+        chunk_chars=args.chunk_chars,
+        progress=not args.no_progress,
+    )
+
+
+def _command_line() -> str:
+    return shlex.join(["python", "-m", "convert", *sys.argv[1:]])
+
+
+def run_shards(args: argparse.Namespace) -> int:
+    from convert.jobs import ReadOptions, convert_corpus
+
+    read = ReadOptions(
+        fmt=args.format,
+        text_field=args.field,
+        preset=args.preset,
+        strict=args.strict,
+        normalization=args.normalization,
+        min_chars=args.min_chars,
+        dedup=not args.no_dedup,
+    )
+    convert_corpus(
+        args.inputs, tokenizer=args.tokenizer, out=args.out, options=_shard_options(args), read=read,
+        command=_command_line(),
+    )  # fmt: skip
+    return 0
+
+
+def run_import_bin(args: argparse.Namespace) -> int:
+    from convert.bin_import import import_bin
+
+    import_bin(
+        args.inputs,
+        tokenizer=args.tokenizer,
+        out=args.out,
+        options=_shard_options(args),
+        command=_command_line(),
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConvertError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: re-run the same command to resume", file=sys.stderr)
+        return 130

@@ -1,0 +1,210 @@
+"""The data path: metadata checks, the streaming dataset, mixing, S3, stale shared memory."""
+
+# ruff: noqa: F811  (pytest injects the imported train_data fixture by argument name)
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from train_fixtures import REPO, load, train_data, write_recipe  # noqa: F401
+
+from llm.data import build_dataloader, build_dataset, check_streams, clean_stale_shared_memory, stream_local
+from llm.errors import ConfigError
+
+
+def _cfg(tmp_path, train_data, *overrides, name="r.yaml", **sections):
+    return load(write_recipe(tmp_path / name, train_data, **sections), *overrides)
+
+
+def test_batches_are_writable_long_tensors_of_whole_samples(tmp_path, train_data):
+    cfg = _cfg(tmp_path, train_data)
+    batch = next(iter(build_dataloader(cfg, "train", 8)))
+    ids = batch["input_ids"]
+    assert ids.dtype == torch.int64 and ids.shape == (8, train_data.seq_len)
+    assert int(ids.max()) < train_data.vocab_size and int(ids.min()) >= 0
+    ids[0, 0] = 0  # a read-only view into the shard would raise here
+
+
+def _order(cfg, n=40) -> list[str]:
+    samples = itertools.islice(iter(build_dataset(cfg, "train", 8)), n)  # iteration order = shuffled
+    return [hashlib.sha1(s.numpy().tobytes()).hexdigest() for s in samples]
+
+
+def test_shuffle_is_deterministic_per_seed(tmp_path, train_data):
+    clean_stale_shared_memory()
+    a = _order(_cfg(tmp_path / "a", train_data))
+    b = _order(_cfg(tmp_path / "b", train_data))
+    c = _order(_cfg(tmp_path / "c", train_data, "data.shuffle_seed=1"))
+    assert a == b
+    assert a != c
+
+
+def test_streams_mix_by_proportion(tmp_path, train_data):
+    clean_stale_shared_memory()
+    data = {
+        "train": [
+            {"remote": str(train_data.train), "proportion": 1.0},
+            {"remote": str(train_data.val), "proportion": 1.0},
+        ],
+        "cache_root": str(tmp_path / "cache"),
+    }
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data, data=data))
+    val_ids = {
+        s.numpy().tobytes()
+        for s in build_dataset(load(write_recipe(tmp_path / "v.yaml", train_data)), "eval", 8)
+    }
+    dataset = build_dataset(cfg, "train", 8)
+    epoch = [s.numpy().tobytes() for s in dataset]
+    from_val = sum(s in val_ids for s in epoch)
+    # Equal proportions: half of the epoch comes from the (ten times smaller) validation split.
+    assert len(epoch) == len(dataset)
+    assert from_val / len(epoch) == pytest.approx(0.5, abs=0.02)
+
+
+def test_each_dataset_gets_its_own_cache_folder(tmp_path, train_data):
+    cfg = _cfg(tmp_path, train_data)
+    stream = cfg.data.train[0]
+    locals_ = {
+        stream_local(cfg, "train", 0, stream),
+        stream_local(cfg, "eval", 0, stream),
+        stream_local(cfg, "train", 1, stream),
+        stream_local(cfg, "train", 0, type(stream)(remote=str(train_data.val))),
+    }
+    assert len(locals_) == 4
+    assert all(p.startswith(str(tmp_path / "run" / "cache" / "test")) for p in locals_)
+
+
+# --- metadata --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["model.vocab_size=1000"],
+            ["vocab_size=4096", "model.vocab_size=1000", "set model.vocab_size >= 4096"],
+        ),
+        (["model.max_seq_len=128"], ["seq_len=64", "model.max_seq_len=128", "--seq-len 128"]),
+    ],
+)
+def test_shards_contradicting_the_model_are_refused(tmp_path, train_data, overrides, expected):
+    expected = [e.replace("4096", str(train_data.vocab_size)) for e in expected]
+    cfg = _cfg(tmp_path, train_data, *overrides)
+    with pytest.raises(ConfigError) as err:
+        check_streams(cfg)
+    message = str(err.value)
+    assert "data.train.0" in message and str(train_data.train) in message
+    for part in expected:
+        assert part in message
+
+
+def test_shards_from_another_tokenizer_are_refused(tmp_path, train_data):
+    other = tmp_path / "other.model"
+    other.write_bytes(train_data.tokenizer.read_bytes() + b"\0")
+    cfg = _cfg(tmp_path, train_data, f"tokenizer.path={other}")
+    with pytest.raises(ConfigError, match="tokenized with a tokenizer of sha256") as err:
+        check_streams(cfg)
+    assert hashlib.sha256(other.read_bytes()).hexdigest() in str(err.value)
+    check_streams(_cfg(tmp_path, train_data, f"tokenizer.path={other}", "data.check_tokenizer_hash=false"))
+
+
+def test_shards_without_meta_json_are_refused(tmp_path, train_data):
+    bare = tmp_path / "bare"
+    shutil.copytree(train_data.train, bare)
+    (bare / "meta.json").unlink()
+    data = {"train": [{"remote": str(bare)}], "cache_root": str(tmp_path / "cache")}
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data, data=data))
+    with pytest.raises(
+        ConfigError, match=r"no meta\.json: it was not produced by `python -m convert shards`"
+    ):
+        check_streams(cfg)
+
+
+def test_metadata_is_checked_by_train_py_before_training(tmp_path, train_data):
+    recipe = write_recipe(tmp_path / "r.yaml", train_data)
+    proc = subprocess.run(
+        [sys.executable, "train.py", str(recipe), "model.max_seq_len=128"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: data.train.0") and "model.max_seq_len=128" in proc.stderr
+
+
+# --- S3 ----------------------------------------------------------------------------------------
+
+
+def _upload(s3_server, bucket: str, folder: Path, prefix: str) -> str:
+    client = s3_server.client()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+    return f"s3://{bucket}/{prefix}"
+
+
+@pytest.mark.s3
+def test_trains_from_s3_and_checks_s3_metadata(tmp_path, train_data, s3_server, s3_bucket):
+    from llm.callbacks.metrics_file import read_metrics
+    from llm.trainer import train
+
+    train_remote = _upload(s3_server, s3_bucket, train_data.train, "shards/train")
+    val_remote = _upload(s3_server, s3_bucket, train_data.val, "shards/val")
+    data = {
+        "train": [{"remote": train_remote}],
+        "eval": [{"remote": val_remote}],
+        "cache_root": str(tmp_path / "c"),
+    }
+    recipe = write_recipe(tmp_path / "r.yaml", train_data, data=data)
+
+    with pytest.raises(ConfigError, match=f"data.train.0 \\({train_remote}\\).*seq_len=64"):
+        check_streams(load(recipe, "model.max_seq_len=32"))
+    result = train(
+        load(recipe, "training.max_duration=4ba", "training.eval_interval=4ba", "scheduler.warmup=1ba")
+    )
+    assert result["step"] == 4 and result["eval_loss"] is not None
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [4]
+
+
+# --- a start after a crashed run -----------------------------------------------------------
+
+_CRASH = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from train_fixtures import load
+from llm.data import build_dataset
+cfg = load({recipe!r})
+dataset = build_dataset(cfg, "train", 8)
+dataset[0]
+os.kill(os.getpid(), signal.SIGKILL)  # die like an OOM-killed or preempted run: no cleanup
+"""
+
+
+def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_data):
+    from streaming import StreamingDataset
+
+    from llm.trainer import train
+
+    recipe = write_recipe(tmp_path / "r.yaml", train_data)
+    script = _CRASH.format(tests=str(REPO / "tests"), recipe=str(recipe))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+
+    cfg = load(recipe, "training.max_duration=2ba", "data.eval=[]")
+    local = stream_local(cfg, "train", 0, cfg.data.train[0])
+    with pytest.raises(ValueError, match="Reused local directory"):  # what a naive restart hits
+        StreamingDataset(remote=str(Path(train_data.train).resolve()), local=local, batch_size=8)
+    assert train(cfg)["step"] == 2
+
+
+def test_meta_json_records_match_the_fixture(train_data):
+    meta = json.loads((train_data.train / "meta.json").read_text())
+    assert meta["format"] == "llm-pretrain-tokens" and meta["seq_len"] == train_data.seq_len

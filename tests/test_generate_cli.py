@@ -1,0 +1,152 @@
+"""`llm generate`: prompts from arguments, a file or the terminal; one clear message per bad input."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+import torch
+
+from llm.checkpoint_io import save_composer_weights
+from llm.cli import main as llm_main
+from llm.hf_export import export
+from llm.model import ModelConfig, Transformer
+
+VOCAB = 2000
+CFG = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=64, tie_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory, chinese_documents) -> str:
+    from convert.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok") / "tok.model"
+    train_tokenizer(chinese_documents[:60], vocab_size=VOCAB, out=str(out), character_coverage=0.98)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ckpt") / "weights.pt"
+    return str(save_composer_weights(dict(Transformer(CFG, seed=1).state_dict()), CFG, path))
+
+
+def generate(*args: str) -> int:
+    return llm_main(["generate", *args, "--max-new-tokens", "5", "--seed", "0"])
+
+
+def test_prompts_from_arguments_and_a_file_are_continued_in_order(
+    tmp_path, checkpoint, tokenizer_path, capsys
+):
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("北京\n\n经济\n", encoding="utf-8")
+    assert (
+        generate(
+            checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--prompts-file", str(prompts_file)
+        )
+        == 0
+    )
+    blocks = [b for b in capsys.readouterr().out.split("\n\n") if b.strip()]
+    assert [b.strip()[:2] for b in blocks] == ["中国", "北京", "经济"]
+
+
+def test_an_exported_folder_generates_the_same_text(tmp_path, checkpoint, tokenizer_path, capsys):
+    from llm.checkpoint_io import load_model
+
+    out = export(load_model(checkpoint), tokenizer_path, tmp_path / "hf")
+    assert generate(checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
+    from_checkpoint = capsys.readouterr().out
+    assert (
+        generate(
+            str(out), "--tokenizer", str(out / "tokenizer.model"), "--prompt", "中国", "--temperature", "0"
+        )
+        == 0
+    )
+    assert capsys.readouterr().out == from_checkpoint
+
+
+def test_interactive_mode_reads_prompts_until_an_empty_line(monkeypatch, checkpoint, tokenizer_path, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("中国\n北京\n\n经济\n"))
+    assert generate(checkpoint, "--tokenizer", tokenizer_path, "--interactive") == 0
+    out = capsys.readouterr().out
+    assert "中国" in out and "北京" in out and "经济" not in out
+
+
+@pytest.mark.s3
+def test_a_checkpoint_from_s3_is_downloaded(s3_bucket, checkpoint, tokenizer_path, capsys):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    client.upload_file(checkpoint, s3_bucket, "ckpt/weights.pt")
+    client.upload_file(tokenizer_path, s3_bucket, "tok/tok.model")
+    args = ["--tokenizer", f"s3://{s3_bucket}/tok/tok.model", "--prompt", "中国", "--temperature", "0"]
+    assert generate(f"s3://{s3_bucket}/ckpt/weights.pt", *args) == 0
+    from_s3 = capsys.readouterr().out
+    assert generate(checkpoint, *args) == 0
+    assert capsys.readouterr().out == from_s3 and "中国" in from_s3
+
+
+def _recipe(tmp_path, **model) -> str:
+    fields = {
+        "vocab_size": VOCAB,
+        "dim": 32,
+        "n_layers": 1,
+        "n_heads": 2,
+        "max_seq_len": 64,
+        "tie_embeddings": True,
+        **model,
+    }
+    body = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in fields.items())
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"model: {{{body}}}\ntokenizer: {{path: t.model}}\ndata: {{train: [{{remote: x}}]}}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("empty prompt", "empty prompt"),
+        ("missing prompts file", "prompts file"),
+        ("missing checkpoint", "does not exist"),
+        ("missing tokenizer", "tokenizer"),
+        ("no prompts", "no prompts"),
+        ("tokenizer larger than the model", "2000 pieces but the model's vocabulary is 1000"),
+        ("shape mismatch", "layers.0.feed_forward.w1.weight: checkpoint (96, 32) vs model (64, 32)"),
+    ],
+)
+def test_bad_input_gives_one_clear_message(tmp_path, checkpoint, tokenizer_path, capsys, case, message):
+    args = [checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国"]
+    if case == "empty prompt":
+        args = [checkpoint, "--tokenizer", tokenizer_path, "--prompt", "  "]
+    elif case == "missing prompts file":
+        args += ["--prompts-file", str(tmp_path / "nope.txt")]
+    elif case == "missing checkpoint":
+        args[0] = str(tmp_path / "nope.pt")
+    elif case == "missing tokenizer":
+        args[2] = str(tmp_path / "nope.model")
+    elif case == "no prompts":
+        args = args[:3]
+    elif case == "tokenizer larger than the model":
+        small = ModelConfig(vocab_size=1000, dim=32, n_layers=1, n_heads=2, max_seq_len=64)
+        args[0] = str(save_composer_weights(dict(Transformer(small).state_dict()), small, tmp_path / "s.pt"))
+    elif case == "shape mismatch":
+        args += ["--recipe", _recipe(tmp_path, hidden_dim=64)]
+    assert generate(*args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_greedy_cli_output_matches_the_library(checkpoint, tokenizer_path, capsys):
+    from llm.checkpoint_io import load_model
+    from llm.generate import generate as lib_generate
+    from llm.tokenizer import Tokenizer
+
+    tok = Tokenizer(tokenizer_path)
+    model = load_model(checkpoint)
+    ids = lib_generate(
+        model, [tok.encode_prompt("中国")], max_new_tokens=5, temperature=0, eos_id=tok.eos_id
+    )[0]
+    assert generate(checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
+    assert capsys.readouterr().out.strip() == ("中国" + tok.decode(ids)).strip()
+    assert torch.is_grad_enabled()
