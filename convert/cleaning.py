@@ -15,6 +15,7 @@ their share of the corpus.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -25,15 +26,16 @@ from convert.errors import ConvertError
 NORMALIZATIONS = ("NFKC", "NFC", "NFKD", "NFD", "none")
 
 # ESC [ params intermediates final (CSI: colours, cursor moves), ESC ] ... BEL/ST (OSC: window
-# titles, links), ESC ( B style charset picks, and any other two-character ESC sequence.
-_ANSI_ESCAPES = re.compile(
+# titles, links), ESC ( B style charset picks, any other two-character ESC sequence; then single
+# C0 and C1 controls except \t and \n (\r is turned into \n first), DEL and the byte-order mark.
+# One pattern, one pass: the escape alternatives are tried first, so a sequence goes as a whole.
+_ESCAPES_AND_CONTROLS = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
     r"|\x1b[()*+][0-~]"
     r"|\x1b[ -~]?"
+    "|[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]"
 )
-# C0 and C1 controls except \t and \n (\r is turned into \n first), DEL, and the byte-order mark.
-_CONTROL_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]")
 _TRAILING_SPACE = re.compile(r"[ \t]+\n")
 # Two or more blank lines (possibly holding only spaces/tabs) become a single blank line.
 _BLANK_RUNS = re.compile(r"\n(?:[ \t]*\n){2,}")
@@ -89,15 +91,58 @@ class Cleaner:
         return text
 
     def normalize(self, text: str) -> str:
-        """Cleaning without the drop decisions: escapes, controls, Unicode form, whitespace."""
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-        text = _ANSI_ESCAPES.sub("", text)
+        """Cleaning without the drop decisions: escapes, controls, Unicode form, whitespace.
+
+        Each regex pass runs only when a cheap C-level check says it has something to do: most
+        documents have no \r, no escapes or controls, no trailing spaces and no blank runs.
+        """
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if not text.isprintable():  # \n and \t also make this False; then the regex decides
+            text = _ESCAPES_AND_CONTROLS.sub("", text)
         if self.normalization != "none":
-            text = unicodedata.normalize(self.normalization, text)
-        text = _CONTROL_CHARS.sub("", text)
-        text = _TRAILING_SPACE.sub("\n", text)
-        return _BLANK_RUNS.sub("\n\n", text).strip()
+            text = unicode_form(self.normalization, text)
+        # Trailing-space removal must follow NFKC, which turns U+3000 into a plain space.
+        if " \n" in text or "\t\n" in text:
+            text = _TRAILING_SPACE.sub("\n", text)
+        # With no trailing blanks left, a run of blank lines is three or more \n in a row.
+        if "\n\n\n" in text:
+            text = _BLANK_RUNS.sub("\n\n", text)
+        return text.strip()
 
     def _drop(self, reason: str) -> None:
         self.drops.add(reason)
         return None
+
+
+def unicode_form(form: str, text: str) -> str:
+    """`text` in Unicode normal form `form` (NFKC, NFC, NFKD or NFD).
+
+    NFKC, the default, goes through SentencePiece's compiled NFKC normaliser, about 4x faster than
+    `unicodedata` on Chinese text. Its result is accepted only when `unicodedata` agrees it is in
+    NFKC; otherwise (sequences of combining marks it does not reorder or compose, such as
+    U+0344, or text SentencePiece cannot take, like lone surrogates) `unicodedata` redoes it.
+    Known difference: characters newer than Python's Unicode database (14.0 on Python 3.11),
+    about 100 of them, e.g. U+A7F1 or U+1CCD6..U+1CCF9, get their compatibility mapping from SentencePiece
+    and pass unchanged through `unicodedata`.
+    """
+    if unicodedata.is_normalized(form, text):  # quick check in C; true for 1 in 6 documents here
+        return text
+    if form == "NFKC":
+        try:
+            fast = _sentencepiece_nfkc().normalize(text)
+        except (UnicodeError, RuntimeError, TypeError):
+            fast = None
+        if fast is not None and unicodedata.is_normalized("NFKC", fast):
+            return fast
+    return unicodedata.normalize(form, text)
+
+
+@functools.cache
+def _sentencepiece_nfkc():
+    import sentencepiece as spm
+
+    # Plain NFKC: no dummy prefix, whitespace kept as it is, no U+2581 escaping.
+    return spm.SentencePieceNormalizer(
+        rule_name="nfkc", add_dummy_prefix=False, remove_extra_whitespaces=False, escape_whitespaces=False
+    )

@@ -74,6 +74,8 @@ class LoadedWeights:
 def read_weights(path: str) -> LoadedWeights:
     """Our-named tensors (and the model config if recorded) from a checkpoint file or export folder."""
     local = local_path(path)
+    if local.is_dir() and (local / ".metadata").is_file():
+        return _weights_from_dict(_read_sharded(local), path)
     if local.is_dir():
         if (local / "config.json").is_file():
             from llm.hf_export import read_hf_folder
@@ -83,7 +85,10 @@ def read_weights(path: str) -> LoadedWeights:
             f"{path} is a folder without config.json: pass a checkpoint file (e.g. latest-rank0.pt) "
             f"or a folder written by `llm export`"
         )
-    obj = torch.load(local, map_location="cpu", weights_only=False)
+    return _weights_from_dict(torch.load(local, map_location="cpu", weights_only=False), path)
+
+
+def _weights_from_dict(obj: Any, path: str) -> LoadedWeights:
     if not isinstance(obj, dict):
         raise ConfigError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
     state = obj.get("state", {}).get("model") if isinstance(obj.get("state"), dict) else None
@@ -93,6 +98,16 @@ def read_weights(path: str) -> LoadedWeights:
             f"Baichuan weights run `llm import` first"
         )
     return LoadedWeights(strip_prefixes(state), _recorded_config(obj))
+
+
+def _read_sharded(folder: Path) -> dict[str, Any]:
+    """A sharded (FSDP, torch.distributed.checkpoint) save, gathered into one dict in memory."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "merged.pt"
+        dcp_to_torch_save(str(folder), str(merged))
+        return torch.load(merged, map_location="cpu", weights_only=False)
 
 
 def strip_prefixes(state: dict[str, Any]) -> dict[str, Tensor]:

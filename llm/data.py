@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,16 +155,54 @@ def stream_local(cfg: TrainConfig, split: str, index: int, stream: StreamConfig)
     return str(Path(cfg.data.cache_root) / str(cfg.run_name) / split / f"{index}-{digest}")
 
 
-def clean_stale_shared_memory() -> None:
-    """Remove shared memory left by a crashed run, so the next start does not fail.
+SHM_DIR = Path("/dev/shm")
+_LOCALS_SHM = re.compile(r"^(\d{6})_locals$")
 
-    Streaming registers each live dataset's local folders in shared memory; a SIGKILLed run never
-    unregisters them and a restart then sees its own folders as "Reused local directory". Call once
-    per process, before the first dataset (on several ranks, local rank 0 cleans, the others wait).
+
+def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
+    """Unlink streaming's shared memory still registered for our cache folders; return the prefixes.
+
+    Streaming registers each live dataset's local folders in shared memory, and a run killed with
+    its whole process group (container OOM, node preemption) never unregisters them. With a fresh
+    /tmp but the same /dev/shm (e.g. `docker --ipc=host`, per-job TMPDIR), the next start then
+    fails with "Reused local directory". Call once, before the first dataset, on one rank per node.
+
+    Unlike `streaming.base.util.clean_stale_shared_memory()`, this frees only registrations of
+    *our* folders: that function unlinks every dataset's memory on the machine (also those of other
+    live jobs) and stops at the first unused prefix, so it can miss the stale one.
     """
-    from streaming.base.util import clean_stale_shared_memory as clean
+    from streaming.base.constant import SHM_TO_CLEAN
 
-    clean()
+    wanted = {os.path.abspath(d) for d in local_dirs}
+    freed: list[int] = []
+    if not SHM_DIR.is_dir():  # not Linux: nothing we can inspect safely
+        return freed
+    for entry in sorted(SHM_DIR.iterdir()):
+        match = _LOCALS_SHM.match(entry.name)
+        if not match or wanted.isdisjoint(_registered_locals(entry)):
+            continue
+        prefix = match.group(1)
+        for name in SHM_TO_CLEAN:
+            (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
+        freed.append(int(prefix))
+    return freed
+
+
+def _registered_locals(path: Path) -> list[str]:
+    """The folders a streaming `*_locals` segment lists (int32 size, then NUL-separated paths)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    if len(data) < 4:
+        return []
+    size = int(np.frombuffer(data[:4], np.int32)[0])
+    return data[4:size].decode("utf-8", "replace").split("\0")[:-1]
+
+
+def all_stream_locals(cfg: TrainConfig) -> list[str]:
+    """Every cache folder this run's datasets will register."""
+    return [stream_local(cfg, split, i, s) for split in SPLITS for i, s in enumerate(_streams(cfg, split))]
 
 
 class TokenDataset(StreamingDataset):

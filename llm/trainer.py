@@ -29,7 +29,7 @@ from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.metrics_file import MetricsFile
 from llm.composer_model import LanguageModel
 from llm.config import TrainConfig, save_resolved, to_yaml
-from llm.data import build_dataloader, check_streams, clean_stale_shared_memory
+from llm.data import all_stream_locals, build_dataloader, check_streams, clean_stale_shared_memory
 from llm.errors import ConfigError
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 
@@ -231,7 +231,9 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     run_dir = Path(cfg.run_dir)
     announce(cfg, run_dir)
 
-    clean_stale_shared_memory()
+    if dist.get_local_rank() == 0:
+        clean_stale_shared_memory(all_stream_locals(cfg))
+    dist.barrier()
     train_loader = build_dataloader(cfg, "train", per_rank_batch)
     evaluator = None
     if cfg.data.eval:

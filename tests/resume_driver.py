@@ -11,12 +11,15 @@ it the way build_trainer is meant to (see docs/resume.md, "Integration").
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import sys
 import time
-from pathlib import Path
+
+STARTED = time.time()  # before the heavy imports: restart-to-first-step includes them
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,11 +37,17 @@ class Recorder(Callback):
         self.sleep = float(os.environ.get("LLM_TEST_BATCH_SLEEP", "0"))
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        ids = state.batch["input_ids"].cpu().contiguous().numpy().tobytes()
+        batch = state.batch["input_ids"].cpu().contiguous()
+        ids = batch.numpy().tobytes()
         row = {
             "batch": int(state.timestamp.batch),
             "loss": state.total_loss_dict.get("loss/train/total"),
             "ids": hashlib.sha256(ids).hexdigest(),
+            # Per sample, so runs at different world sizes can be compared batch by batch.
+            "samples": [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16] for row in batch],
+            "time": time.time(),
+            "process_started": STARTED,
+            "imported": IMPORTED,
         }
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -96,8 +105,9 @@ def _tolerate_drop_last() -> None:
     """TEMPORARY: llm.data passes drop_last=, which StreamingDataset 0.13 does not accept."""
     import inspect
 
-    import llm.data as data
     from streaming import StreamingDataset
+
+    import llm.data as data
 
     if "drop_last" in inspect.signature(StreamingDataset.__init__).parameters:
         return
@@ -109,9 +119,15 @@ def _tolerate_drop_last() -> None:
     data.TokenDataset.__init__ = init
 
 
+IMPORTED = STARTED
+
+
 def main() -> int:
+    global IMPORTED
+    import llm.trainer  # noqa: F401  (the import cost, measured apart from the restart itself)
     import train
 
+    IMPORTED = time.time()
     _tolerate_drop_last()
     integrate_resume_if_missing()
     return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -182,23 +183,36 @@ from llm.data import build_dataset
 cfg = load({recipe!r})
 dataset = build_dataset(cfg, "train", 8)
 dataset[0]
-os.kill(os.getpid(), signal.SIGKILL)  # die like an OOM-killed or preempted run: no cleanup
+# Die like a run whose container or process group is killed: the multiprocessing resource
+# tracker dies too, so nobody unlinks the dataset's shared memory.
+assert os.getpgid(0) == os.getpid(), "run me with start_new_session=True"
+os.killpg(os.getpgid(0), signal.SIGKILL)
 """
 
 
-def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_data):
+def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_data, monkeypatch):
+    import tempfile
+
     from streaming import StreamingDataset
 
     from llm.trainer import train
 
     recipe = write_recipe(tmp_path / "r.yaml", train_data)
     script = _CRASH.format(tests=str(REPO / "tests"), recipe=str(recipe))
+    crashed_tmp, restart_tmp = tmp_path / "tmp-crashed", tmp_path / "tmp-restart"
+    crashed_tmp.mkdir(), restart_tmp.mkdir()
+    # A session of its own, so that killing its process group cannot reach pytest; and a /tmp of
+    # its own, as in a container that shares the host's /dev/shm (docker --ipc=host).
+    env = {**os.environ, "TMPDIR": str(crashed_tmp)}
     proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        start_new_session=True,
+    )  # fmt: skip
     assert proc.returncode == -9, proc.stderr[-2000:]
 
-    cfg = load(recipe, "training.max_duration=2ba", "data.eval=[]")
+    # The restarted container: same /dev/shm, fresh /tmp.
+    monkeypatch.setattr(tempfile, "tempdir", str(restart_tmp))
+    cfg = load(recipe, "training.max_duration=2ba", "data.eval=[]", "scheduler.warmup=1ba")
     local = stream_local(cfg, "train", 0, cfg.data.train[0])
     with pytest.raises(ValueError, match="Reused local directory"):  # what a naive restart hits
         StreamingDataset(remote=str(Path(train_data.train).resolve()), local=local, batch_size=8)

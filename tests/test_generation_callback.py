@@ -131,3 +131,93 @@ def test_a_tokenizer_larger_than_the_model_vocab_is_refused_at_fit_start(tmp_pat
     with pytest.raises(ConfigError, match="2000 pieces but the model's vocabulary is 1000"):
         trainer.fit()
     trainer.close()
+
+
+# --- two ranks under FSDP2 (CPU, gloo) ----------------------------------------------------------
+
+
+class RecordingCallback(GenerationCallback):
+    """Keeps what each call returned on this rank."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.history: list[list[str]] = []
+
+    def run(self, state, logger):
+        texts = super().run(state, logger)
+        self.history.append(texts)
+        return texts
+
+
+def _fsdp2_driver(out_dir: str, tokenizer_path: str) -> None:
+    """Run by `composer -n 2` (see the test below): 4 FSDP2 steps with generation every 2."""
+    from pathlib import Path
+
+    from composer.utils import FSDP2Config, dist
+
+    out = Path(out_dir)
+    data = [{"input_ids": s} for s in torch.load(out / "samples.pt")]
+    model = LanguageModel.from_config(CFG, seed=5)
+    callback = RecordingCallback(
+        PROMPTS, "2ba", tokenizer_path, out / "run", max_new_tokens=8, temperature=1.0, top_k=0, seed=3
+    )
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(data, batch_size=2, sampler=dist.get_sampler(data, shuffle=False)),
+        optimizers=torch.optim.AdamW(model.parameters(), lr=3e-3),
+        max_duration="4ba",
+        device="cpu",
+        precision="fp32",
+        parallelism_config={"fsdp": FSDP2Config(activation_checkpointing=False, state_dict_type="sharded")},
+        callbacks=[callback],
+        progress_bar=False,
+        save_folder=str(out / "ckpt"),
+        save_interval="4ba",
+    )
+    from torch.distributed.tensor import DTensor
+
+    assert isinstance(model.model.tok_embeddings.weight, DTensor)  # really sharded
+    trainer.fit()
+    (out / f"rank{dist.get_global_rank()}.json").write_text(json.dumps(callback.history, ensure_ascii=False))
+    full = {k: v.full_tensor() for k, v in model.model.state_dict().items()}  # collective
+    if dist.get_global_rank() == 0:
+        torch.save(full, out / "final_weights.pt")
+    trainer.close()
+
+
+@pytest.mark.slow
+def test_under_fsdp2_every_rank_generates_in_lockstep_and_rank_zero_writes(tmp_path, tokenizer_path, samples):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    torch.save(samples, tmp_path / "samples.pt")
+    launcher = str(Path(sys.executable).parent / "composer")
+    result = subprocess.run(
+        [launcher, "-n", "2", __file__, str(tmp_path), tokenizer_path],
+        cwd=tmp_path,
+        env={**os.environ, "FSDP_VERSION": "2", "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert len(rank0) == 2 and rank0 == rank1  # both ranks took part in both calls, same tokens
+    lines = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in lines] == [2, 2, 4, 4]  # written once, by rank 0
+    assert [row["text"] for row in lines] == rank0[0] + rank0[1]
+
+    # The sharded checkpoint loads into one model (llm generate / export) with the final weights.
+    model = load_model(str(tmp_path / "ckpt" / "ep1-ba4"))
+    final = torch.load(tmp_path / "final_weights.pt")
+    assert all(torch.equal(p, final[n]) for n, p in model.state_dict().items())
+
+
+if __name__ == "__main__":
+    import sys
+
+    _fsdp2_driver(sys.argv[1], sys.argv[2])

@@ -32,7 +32,9 @@ def reference(tmp_path_factory, shards):
     return reference_run(tmp_path_factory.getbasetemp(), shards)
 
 
-def test_sigkill_then_rerun_resumes_from_the_last_periodic_checkpoint_bit_identically(tmp_path, shards, reference):
+def test_sigkill_then_rerun_resumes_from_the_last_periodic_checkpoint_bit_identically(
+    tmp_path, shards, reference
+):
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     first = interrupt(recipe, "first", cwd=tmp_path, at_batch=SAVE_EVERY + 2, sig=signal.SIGKILL)
     assert first.returncode == -signal.SIGKILL
@@ -73,7 +75,9 @@ def test_load_path_outside_save_folder_needs_the_untrusted_flag(tmp_path):
     with pytest.raises(ConfigError, match="outside checkpoint.save_folder"):
         check_load_path_allowed(_cfg(tmp_path, f"checkpoint.load_path={tmp_path}/ckpt/../x.pt"))
     with pytest.raises(ConfigError):
-        cfg = _cfg(tmp_path, "checkpoint.save_folder=s3://bkt/run", "checkpoint.load_path=s3://bkt/runner/a.pt")
+        cfg = _cfg(
+            tmp_path, "checkpoint.save_folder=s3://bkt/run", "checkpoint.load_path=s3://bkt/runner/a.pt"
+        )
         check_load_path_allowed(cfg)
     check_load_path_allowed(_cfg(tmp_path, f"checkpoint.load_path={tmp_path}/ckpt/ep0-ba4-rank0.pt"))
     check_load_path_allowed(

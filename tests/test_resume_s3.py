@@ -71,7 +71,9 @@ def test_a_stale_local_s3_copy_never_wins_over_the_newer_remote_checkpoint(
     # What Composer's autoresume leaves behind: ./s3:/<bucket>/<prefix>/latest-rank0.pt, an older save.
     stale = tmp_path / f"s3:/{s3_bucket}/ckpt"
     stale.mkdir(parents=True)
-    s3_server.client().download_file(s3_bucket, f"ckpt/ep0-ba{SAVE_EVERY}-rank0.pt", str(stale / "latest-rank0.pt"))
+    s3_server.client().download_file(
+        s3_bucket, f"ckpt/ep0-ba{SAVE_EVERY}-rank0.pt", str(stale / "latest-rank0.pt")
+    )
 
     second = run(recipe, "second", cwd=tmp_path)
     assert second.returncode == 0, second.output[-4000:]

@@ -72,11 +72,7 @@ def build_train_data(root: Path, documents: list[str]) -> TrainData:
 @pytest.fixture(scope="session")
 def train_data(tmp_path_factory, chinese_documents) -> TrainData:
     """Real token shards of real Chinese text, built once per test session."""
-    import os  # DEVHACK-REMOVE
 
-    if os.environ.get("DEVHACK_SHARDS"):  # DEVHACK-REMOVE
-        r = Path(os.environ["DEVHACK_SHARDS"])  # DEVHACK-REMOVE
-        return TrainData(r, r / "tok.model", r / "shards/train", r / "shards/val", 2048, 64)  # DEVHACK-REMOVE
     return build_train_data(tmp_path_factory.mktemp("train-data"), chinese_documents)
 
 

@@ -1,0 +1,153 @@
+"""Faults: a truncated or corrupt newest checkpoint is skipped for the previous one; S3 down at save time."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+
+import pytest
+from resume_support import (
+    SAVE_EVERY,
+    assert_continues,
+    assert_same_weights,
+    interrupt,
+    reference_run,
+    run,
+    start,
+    wait_for_batch,
+    write_recipe,
+    write_shards,
+)
+
+from llm import checkpoint_manifest as cm
+from llm.checkpoint_store import CheckpointStoreError, open_store
+from llm.resume import newest_usable_checkpoint
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.getbasetemp() / "resume-shards")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shards):
+    return reference_run(tmp_path_factory.getbasetemp(), shards)
+
+
+def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_resumes_bit_identically(
+    tmp_path, shards, reference
+):
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=2 * SAVE_EVERY + 1, sig=signal.SIGKILL)
+    newest = tmp_path / "ckpt" / f"ep0-ba{2 * SAVE_EVERY}-rank0.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+
+    second = run(recipe, "second", cwd=tmp_path)
+    assert second.returncode == 0, second.output[-4000:]
+    assert f"checkpoint at batch {2 * SAVE_EVERY}" in second.output and "truncated" in second.output
+    assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in second.output
+    assert_continues(reference, first, second, SAVE_EVERY)
+    assert_same_weights(reference.weights, second.weights)
+
+
+def _fake_checkpoint(store, batch: int, payload: bytes, tmp_path) -> None:
+    """A stored monolithic checkpoint with its manifest, as CheckpointPublisher writes it."""
+    local = tmp_path / f"ba{batch}.pt"
+    local.write_bytes(payload)
+    rel = f"ep0-ba{batch}-rank0.pt"
+    store.upload(local, rel)
+    manifest = {"batch": batch, "rank": 0, "writers": 1, "world_size": 1, "sharded": False}
+    manifest.update(load_path=rel, files={rel: cm.file_digest(local)}, timestamp={"batch": batch})
+    store.write_text(cm.manifest_name(batch, 0), cm.dumps(manifest))
+
+
+@pytest.mark.s3
+def test_a_corrupt_newest_s3_checkpoint_of_the_right_size_fails_its_sha256_and_is_skipped(
+    tmp_path, s3_server, s3_bucket, caplog
+):
+    store = open_store(f"s3://{s3_bucket}/run")
+    _fake_checkpoint(store, 4, b"older checkpoint", tmp_path)
+    _fake_checkpoint(store, 8, b"newer checkpoint", tmp_path)
+    s3_server.client().put_object(Bucket=s3_bucket, Key="run/ep0-ba8-rank0.pt", Body=b"newer checkpoinX")
+    # An interrupted save: files but only an incomplete manifest set never counts.
+    store.write_text(cm.manifest_name(12, 1), json.dumps({"batch": 12, "rank": 1, "writers": 2, "files": {}}))
+
+    point = newest_usable_checkpoint(store.uri)
+    assert point.batch == 4
+    assert open(point.load_path, "rb").read() == b"older checkpoint"
+    assert "checkpoint at batch 8" in caplog.text and "SHA-256" in caplog.text
+
+    s3_server.client().put_object(Bucket=s3_bucket, Key="run/ep0-ba4-rank0.pt", Body=b"x")
+    with pytest.raises(CheckpointStoreError, match="no usable checkpoint"):
+        newest_usable_checkpoint(store.uri)
+
+
+class _Proxy:
+    """A TCP forwarder to the S3 server that can be cut, like a network partition."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        self.listener.close()
+        for s in self.open:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+@pytest.mark.s3
+def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_from_the_previous_checkpoint(
+    tmp_path, shards, reference, s3_server, s3_bucket
+):
+    save = f"s3://{s3_bucket}/down"
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
+    proxy = _Proxy(s3_server.port)
+    env = {"S3_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "LLM_CKPT_S3_MAX_ATTEMPTS": "3"}
+    proc, record, weights = start(recipe, "first", cwd=tmp_path, sleep=0.25, env=env)
+    wait_for_batch(record, SAVE_EVERY + 1, proc)  # the checkpoint at SAVE_EVERY is stored
+    proxy.cut()
+    proc.wait(timeout=300)
+    output = proc.tag_log.read_text()
+    assert proc.returncode not in (0, 143), output[-4000:]
+    assert f"could not store checkpoint {save} (batch {2 * SAVE_EVERY})" in output
+    assert "The previous complete checkpoint remains the resume point" in output
+
+    second = run(recipe, "second", cwd=tmp_path)
+    assert second.returncode == 0, second.output[-4000:]
+    assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in second.output
+    assert_same_weights(reference.weights, second.weights)
+    ref = reference.batches()
+    assert [b["ids"] for b in second.batches()] == [b["ids"] for b in ref[SAVE_EVERY:]]
