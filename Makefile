@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast test-slow lint bench-convert bench-train soak-resume bench-gpu clean
+.PHONY: install demo test test-fast test-slow lint bench-convert bench-train bench-generate soak-resume bench-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -54,6 +54,9 @@ soak-resume: install
 
 bench-gpu: install
 	$(PY) -m bench.gpu
+
+bench-generate: install
+	$(PY) -m bench.generate
 
 clean:
 	rm -rf runs $(DEMO) .pytest_cache

@@ -120,9 +120,11 @@ def test_llm_generate_continues_prompts_from_a_composer_checkpoint(tmp_path, tok
 
 def test_a_tokenizer_larger_than_the_model_vocab_is_refused_at_fit_start(tmp_path, tokenizer_path, samples):
     small = ModelConfig(vocab_size=VOCAB // 2, dim=32, n_layers=1, n_heads=2, max_seq_len=SEQ + 16)
+    model = LanguageModel.from_config(small, seed=5)
     trainer = Trainer(
-        model=LanguageModel.from_config(small, seed=5),
+        model=model,
         train_dataloader=DataLoader([{"input_ids": s % (VOCAB // 2)} for s in samples], batch_size=2),
+        optimizers=torch.optim.AdamW(model.parameters()),
         max_duration="2ba",
         device="cpu",
         callbacks=[make_callback(tokenizer_path, tmp_path / "run")],

@@ -25,6 +25,7 @@ FSDP = [
     "fsdp.version=2",
     "fsdp.state_dict_type=sharded",
     "fsdp.activation_checkpointing=false",
+    "training.device_microbatch_size=2",
 ]
 ENV = {"FSDP_VERSION": "2"}
 
