@@ -24,6 +24,7 @@ import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -43,8 +44,9 @@ def build_corpus(root: Path, chars: int, copies: int) -> tuple[Path, list[str]]:
     return corpus, texts
 
 
-def raw_encode_rate(corpus: Path, tokenizer: str) -> tuple[float, int]:
-    """Tokens/s of one-thread batched encode over the cleaned documents (what a worker can reach)."""
+def raw_encode_rate(corpus: Path, tokenizer: str) -> tuple[float, int, float]:
+    """Tokens/s of one-thread batched encode over the cleaned documents (what a worker can reach),
+    the token count and the CPU seconds the encode took."""
     import sentencepiece as spm
 
     from convert.cleaning import Cleaner
@@ -53,25 +55,36 @@ def raw_encode_rate(corpus: Path, tokenizer: str) -> tuple[float, int]:
     lines = corpus.read_text(encoding="utf-8").splitlines()
     texts = [t for t in (cleaner.clean(json.loads(line)["text"]) for line in lines) if t]
     sp = spm.SentencePieceProcessor(model_file=tokenizer)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     tokens = sum(len(ids) for ids in sp.encode(texts, num_threads=1))
-    return tokens / (time.perf_counter() - start), tokens
+    return tokens / (time.perf_counter() - start), tokens, time.process_time() - cpu
 
 
-def convert_rate(corpus: Path, tokenizer: str, out: Path, workers: int, seq_len: int) -> float:
-    """End-to-end tokens/s of one conversion (see the module docstring for what it includes)."""
+@dataclass
+class Run:
+    tokens_per_s: float  # wall clock, end to end
+    main_cpu_s: float  # CPU seconds of this process during the run (reading, dedup, hand-out)
+    worker_cpu_s: float  # CPU seconds of all workers together
+
+
+def convert_rate(corpus: Path, tokenizer: str, out: Path, workers: int, seq_len: int) -> Run:
+    """One conversion: end-to-end tokens/s (see the module docstring) and CPU seconds by process."""
     from convert.jobs import convert_corpus
     from convert.pipeline import ShardOptions
 
     options = ShardOptions(
         seq_len=seq_len, val_fraction=0.01, workers=workers, overwrite=True, progress=False
     )
-    start = time.perf_counter()
+    before, start = os.times(), time.perf_counter()
     summary = convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options)
-    elapsed = time.perf_counter() - start
+    elapsed, after = time.perf_counter() - start, os.times()  # the pool's workers are reaped now
     # Every kept token was encoded, whether or not it ended in the last partial sample.
     encoded = sum(s["tokens"] + s["lost_tail_tokens"] for s in summary["splits"].values())
-    return encoded / elapsed
+    main_cpu = after.user - before.user + after.system - before.system
+    worker_cpu = (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
+    return Run(encoded / elapsed, main_cpu, worker_cpu)
 
 
 def worker_startup_s(tokenizer: str, out: Path, workers: int) -> float:
@@ -95,6 +108,38 @@ def best_and_spread(values: list[float]) -> str:
     return f"{best:,.0f} (runs: {', '.join(f'{v:,.0f}' for v in values)})"
 
 
+def report(raw: list[float], encode_cpu: float, runs: dict[int, list[Run]], startup: list[float]) -> None:
+    print(f"raw SentencePiece encode (1 thread): {best_and_spread(raw)} tokens/s, {encode_cpu:.2f} CPU s")
+    for workers, results in runs.items():
+        rates = [run.tokens_per_s for run in results]
+        best = min(results, key=lambda run: run.worker_cpu_s + run.main_cpu_s)
+        print(
+            f"end-to-end, {workers} worker(s): {best_and_spread(rates)} tokens/s, "
+            f"{max(rates) / workers:,.0f} per worker; CPU s: workers {best.worker_cpu_s:.2f}, "
+            f"main process {best.main_cpu_s:.2f}"
+        )
+    print(f"worker start-up (included above): best {min(startup):.2f} s, worst {max(startup):.2f} s")
+    ratios = [run.tokens_per_s / max(raw) for run in runs[1]]
+    cpu_ratio = encode_cpu / min(run.worker_cpu_s for run in runs[1])
+    print(
+        f"ratio end-to-end (1 worker) / raw encode: {max(ratios):.2f} "
+        f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8); "
+        f"by CPU time, encode / worker: {cpu_ratio:.2f}"
+    )
+    one, two = ([run.tokens_per_s for run in runs[w]] for w in (1, 2))
+    speedups = [b / a for a, b in zip(one, two, strict=True)]
+    # On 2 idle cores: 1 worker takes at least its worker CPU time (the main process runs beside
+    # it); 2 workers at least half the CPU time of all three processes.
+    ideal = min((run.worker_cpu_s + run.main_cpu_s) / 2 for run in runs[2])
+    bound = min(run.worker_cpu_s for run in runs[1]) / ideal
+    print(
+        f"speed-up 1 -> 2 workers: {max(two) / max(one):.2f} best-to-best "
+        f"(paired runs: {', '.join(f'{s:.2f}' for s in speedups)}; target >= 1.6 on 2 cores; "
+        f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}); "
+        f"bound from CPU time on 2 idle cores: {bound:.2f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.convert", description=__doc__.splitlines()[0])
     parser.add_argument("--chars", type=int, default=3_000_000, help="demo-corpus characters per copy")
@@ -114,35 +159,20 @@ def main(argv: list[str] | None = None) -> int:
         del base_texts
         raw_runs = [raw_encode_rate(corpus, tokenizer) for _ in range(args.repeat)]
         tokens = raw_runs[0][1]
-        raw = [rate for rate, _ in raw_runs]
+        raw = [rate for rate, _, _ in raw_runs]
+        encode_cpu = min(cpu for _, _, cpu in raw_runs)
         print(f"corpus: {corpus.stat().st_size / 1e6:,.1f} MB of JSON lines, {tokens:,} tokens")
         startup = [worker_startup_s(tokenizer, root / "out", 1) for _ in range(args.repeat)]
-        runs = {1: [], 2: []}
+        runs: dict[int, list[Run]] = {1: [], 2: []}
         for _ in range(args.repeat):  # interleaved, so a burst of load hits both alike
             for workers in runs:
                 runs[workers].append(convert_rate(corpus, tokenizer, root / "out", workers, args.seq_len))
-    print(f"raw SentencePiece encode (1 thread): {best_and_spread(raw)} tokens/s")
-    for workers, rates in runs.items():
-        per_worker = max(rates) / workers
-        print(
-            f"end-to-end, {workers} worker(s): {best_and_spread(rates)} tokens/s, "
-            f"{per_worker:,.0f} per worker"
-        )
-    print(f"worker start-up (included above): best {min(startup):.2f} s, worst {max(startup):.2f} s")
-    ratios = [rate / max(raw) for rate in runs[1]]
-    print(
-        f"ratio end-to-end (1 worker) / raw encode: {max(ratios):.2f} "
-        f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8)"
-    )
-    speedups = [two / one for one, two in zip(runs[1], runs[2], strict=True)]
-    print(
-        f"speed-up 1 -> 2 workers: {max(max(runs[2]) / max(runs[1]), 0):.2f} best-to-best "
-        f"(paired runs: {', '.join(f'{s:.2f}' for s in speedups)}; target >= 1.6 on 2 cores; "
-        f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f})"
-    )
+    report(raw, encode_cpu, runs, startup)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"peak memory: {own:,.0f} MB this process (holds the corpus too), {children:,.0f} MB largest worker")
+    print(
+        f"peak memory: {own:,.0f} MB this process (holds the corpus too), {children:,.0f} MB largest worker"
+    )
     return 0
 
 

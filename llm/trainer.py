@@ -244,8 +244,6 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, cfg.optimizer)
     ctx = BuildContext(cfg=cfg, device=device, run_dir=run_dir, world_size=world_size, model=model)
-    ck = cfg.checkpoint
-    autoresume = bool(ck.autoresume and ck.save_folder and cfg.run_name)
     return Trainer(
         run_name=cfg.run_name,
         model=model,
@@ -268,16 +266,24 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         progress_bar=cfg.loggers.progress_bar,
         log_to_console=not cfg.loggers.progress_bar,
         console_log_interval=f"{cfg.training.log_interval}ba",
-        save_folder=ck.save_folder,
-        save_interval=f"{schedule.save_batches}ba",
-        save_num_checkpoints_to_keep=ck.num_to_keep,
-        # Autoresume may re-save a name whose upload the previous run already started.
-        save_overwrite=True,
-        autoresume=autoresume,
-        load_path=ck.load_path,
-        load_weights_only=ck.load_weights_only,
+        **checkpoint_kwargs(cfg, schedule),
         compile_config={} if cfg.training.compile else None,
     )
+
+
+def checkpoint_kwargs(cfg: TrainConfig, schedule: Schedule) -> dict[str, Any]:
+    """Trainer arguments for saving, autoresume and loading (one place to swap the strategy)."""
+    ck = cfg.checkpoint
+    return {
+        "save_folder": ck.save_folder,
+        "save_interval": f"{schedule.save_batches}ba",
+        "save_num_checkpoints_to_keep": ck.num_to_keep,
+        # Autoresume may re-save a name whose upload the previous run already started.
+        "save_overwrite": True,
+        "autoresume": bool(ck.autoresume and ck.save_folder and cfg.run_name),
+        "load_path": ck.load_path,
+        "load_weights_only": ck.load_weights_only,
+    }
 
 
 def _algorithms(cfg: TrainConfig) -> list:

@@ -72,3 +72,31 @@ def test_bad_settings_are_refused():
         Cleaner(normalization="NFX")
     with pytest.raises(ConvertError, match="min_chars"):
         Cleaner(min_chars=-1)
+
+
+# Compatibility forms, combining sequences SentencePiece's table does not compose or reorder
+# (U+0344, marks out of canonical order), ligatures, circled and full-width forms, and a lone
+# surrogate (left by surrogateescape reading) that SentencePiece cannot take at all.
+TRICKY = [
+    "ﬁ ｶﾀｶﾅ ①②③ ㍿ ＡＢＣ１２３ ¼ ℌ \u3000全角空格",
+    "a\u0344b e\u0301\u0316 ｅ\u0316\u0301 Ａ\u0301 \u1e9b\u0323",
+    "한국어 \u1100\u1161\u11a8 가",
+    "bad byte \udc80 kept",
+]
+
+
+@pytest.mark.parametrize("form", ["NFKC", "NFC", "NFKD", "NFD"])
+def test_unicode_form_matches_unicodedata(chinese_documents, form):
+    import unicodedata
+
+    from convert.cleaning import unicode_form
+
+    for text in [*chinese_documents[:300], *TRICKY]:
+        assert unicode_form(form, text) == unicodedata.normalize(form, text), text[:40]
+
+
+def test_controls_go_before_nfkc_so_the_output_is_normalised():
+    import unicodedata
+
+    cleaned = Cleaner().clean("e\x00\u0301 ｔｅｓｔ")
+    assert cleaned == "é test" and unicodedata.is_normalized("NFKC", cleaned)
