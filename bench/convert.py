@@ -10,7 +10,8 @@ documents given a distinct suffix so de-duplication keeps them, and prints:
   * their ratio for 1 worker (target >= 0.8) and the 1 -> 2 worker speed-up (target >= 1.6 on
     2 cores); the worker start-up time, measured on its own, for reference;
   * peak memory of this process (which also holds the benchmark's corpus) and of the largest
-    worker.
+    child; Linux carries a process's RSS high-water mark across fork and exec, so the child
+    figure cannot read lower than this process's size when the worker was started.
 Each measurement is repeated `--repeat` times: the best is reported with the spread, because
 the machine may be shared. Figures, not a pass/fail test.
 """
@@ -141,7 +142,11 @@ def report(raw: list[float], encode_cpu: float, runs: dict[int, list[Run]], star
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.convert", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--chars", type=int, default=3_000_000, help="demo-corpus characters per copy")
     parser.add_argument("--copies", type=int, default=3, help="copies of it in the corpus")
     parser.add_argument("--vocab-size", type=int, default=8000)
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(
-        f"peak memory: {own:,.0f} MB this process (holds the corpus too), {children:,.0f} MB largest worker"
+        f"peak memory: {own:,.0f} MB this process (holds the corpus too), {children:,.0f} MB largest child (see --help)"
     )
     return 0
 
