@@ -76,7 +76,7 @@ def integrate_resume_if_missing() -> None:
     """Add checkpoint_kwargs to build_trainer, as the integration does, if it is not there yet."""
     import llm.trainer as trainer_mod
 
-    if "checkpoint_kwargs" in Path(trainer_mod.__file__).read_text():
+    if "llm.resume" in Path(trainer_mod.__file__).read_text():
         return
     original_build = trainer_mod.build_trainer
     real_trainer = trainer_mod.Trainer
