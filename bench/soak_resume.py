@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import resume_support as rs  # noqa: E402
 
-MAX_BATCHES = 30
 SAVE_EVERY = 3
 
 
@@ -43,22 +42,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def write_recipe(folder: Path, shards: Path) -> Path:
+def write_recipe(folder: Path, shards: Path, max_batches: int) -> Path:
     recipe = rs.write_recipe(folder / "recipe.yaml", shards, str(folder / "ckpt"), cache=folder / "cache")
-    text = recipe.read_text().replace(f"max_duration: {rs.MAX_BATCHES}ba", f"max_duration: {MAX_BATCHES}ba")
+    text = recipe.read_text().replace(f"max_duration: {rs.MAX_BATCHES}ba", f"max_duration: {max_batches}ba")
     recipe.write_text(text.replace(f"save_interval: {rs.SAVE_EVERY}ba", f"save_interval: {SAVE_EVERY}ba"))
     return recipe
 
 
-def attempt(recipe: Path, tag: str, rng: random.Random, interrupt: bool) -> tuple[rs.Run, int | None, float]:
-    """One process; interrupted at a random batch unless `interrupt` is False."""
-    if not interrupt:
-        return rs.run(recipe, tag, cwd=recipe.parent), None, time.monotonic()
+def attempt(recipe: Path, tag: str, rng: random.Random, target: int | None) -> tuple[rs.Run, int | None]:
+    """One process, interrupted once batch `target` is recorded (None: it runs to the end)."""
+    if target is None:
+        return rs.run(recipe, tag, cwd=recipe.parent), None
     sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
     proc, record, weights = rs.start(recipe, tag, cwd=recipe.parent, sleep=0.1)
     started = time.monotonic()
-    done = _last_batch(recipe.parent / "ckpt")
-    target = min(MAX_BATCHES - 3, done + rng.randint(1, 2 * SAVE_EVERY))
     try:
         rs.wait_for_batch(record, target, proc)
     except AssertionError:
@@ -66,7 +63,7 @@ def attempt(recipe: Path, tag: str, rng: random.Random, interrupt: bool) -> tupl
     time.sleep(rng.uniform(0, 0.15))  # sometimes mid-batch, sometimes mid-save
     if proc.poll() is None:
         os.killpg(proc.pid, sig)
-    return rs.finish(proc, record, weights, started), sig, started
+    return rs.finish(proc, record, weights, started), sig
 
 
 def _last_batch(ckpt: Path) -> int:
@@ -90,20 +87,25 @@ def main(argv=None) -> int:
     ref_dir, soak_dir = work / "reference", work / "soak"
     ref_dir.mkdir(parents=True, exist_ok=True)
     soak_dir.mkdir(parents=True, exist_ok=True)
+    # Long enough that the interruptions, a few batches apart, do not reach the end.
+    max_batches = 3 * args.interruptions + 12
     print(
-        f"soak: {args.interruptions} interruptions of a {MAX_BATCHES}-batch run, checkpoint every {SAVE_EVERY}"
+        f"soak: {args.interruptions} interruptions of a {max_batches}-batch run, checkpoint every {SAVE_EVERY}"
     )
-    reference = rs.run(write_recipe(ref_dir, shards), "reference", cwd=ref_dir)
+    reference = rs.run(write_recipe(ref_dir, shards, max_batches), "reference", cwd=ref_dir)
     if reference.returncode != 0:
         print(reference.output[-3000:])
         return 1
     ref_rows = reference.batches()
-    recipe = write_recipe(soak_dir, shards)
+    recipe = write_recipe(soak_dir, shards, max_batches)
 
     identical, restarts, restarts_after_import, saves = 0, [], [], []
     for i in range(args.interruptions + 1):
-        last = i == args.interruptions
-        run, sig, _ = attempt(recipe, f"attempt{i:02d}", rng, interrupt=not last)
+        done = _last_batch(soak_dir / "ckpt")
+        target = None if i == args.interruptions else done + rng.randint(1, 2 * SAVE_EVERY)
+        if target is not None and target > max_batches - 3:
+            target = None  # too close to the end to interrupt: finish instead
+        run, sig = attempt(recipe, f"attempt{i:02d}", rng, target)
         rows = run.batches()
         ok = same_as_reference(run, ref_rows)
         identical += ok
@@ -121,6 +123,8 @@ def main(argv=None) -> int:
             f"identical to reference: {ok}",
             flush=True,
         )
+        if sig is None:
+            break
     final_ok = False
     if reference.weights.exists() and run.weights.exists():
         try:
@@ -128,10 +132,9 @@ def main(argv=None) -> int:
             final_ok = True
         except AssertionError:
             pass
-    print(f"\nattempts whose batches equal the reference run: {identical}/{args.interruptions + 1}")
-    print(
-        f"final weights identical to the uninterrupted run: {final_ok} (after {args.interruptions} interruptions)"
-    )
+    interrupted = i if sig is None else i + 1
+    print(f"\nattempts whose batches equal the reference run: {identical}/{i + 1}")
+    print(f"final weights identical to the uninterrupted run: {final_ok} (after {interrupted} interruptions)")
     if restarts:
         print(
             f"restart to first new training step: median {statistics.median(restarts):.1f} s "
@@ -141,7 +144,7 @@ def main(argv=None) -> int:
         print(
             f"SIGTERM to stored checkpoint: median {statistics.median(saves):.2f} s, max {max(saves):.2f} s"
         )
-    return 0 if final_ok and identical == args.interruptions + 1 else 1
+    return 0 if final_ok and identical == i + 1 and interrupted >= args.interruptions else 1
 
 
 if __name__ == "__main__":

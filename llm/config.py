@@ -187,12 +187,18 @@ def load_config(path: str | os.PathLike, overrides: typing.Sequence[str] = ()) -
             _apply_override(raw, item)
         if OmegaConf.select(raw, "run_name") is None:
             raw.run_name = os.environ.get("RUN_NAME") or os.environ.get("COMPOSER_RUN_NAME") or path.stem
+        if OmegaConf.select(raw, "run_dir") is None:  # the dataclass default must interpolate too
+            raw.run_dir = _field_default(TrainConfig, "run_dir")
         resolved = OmegaConf.to_container(raw, resolve=True)
     except OmegaConfBaseException as err:
         raise ConfigError(f"recipe {path}: {str(err).splitlines()[0]}") from None
     cfg = _build(TrainConfig, resolved, "")
     validate(cfg)
     return cfg
+
+
+def _field_default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def _apply_override(raw, item: str) -> None:

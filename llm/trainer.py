@@ -25,6 +25,7 @@ from composer.core import Callback, Evaluator
 from composer.loggers import LoggerDestination
 from composer.utils import dist
 
+from llm.callbacks.generation import generation_callbacks
 from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.metrics_file import MetricsFile
 from llm.composer_model import LanguageModel
@@ -137,6 +138,7 @@ CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
     lr_callbacks,
     memory_callbacks,
     loss_plot_callbacks,
+    generation_callbacks,
 ]
 
 

@@ -137,6 +137,8 @@ def test_run_name_defaults_to_env_then_recipe_name(recipe, monkeypatch):
     monkeypatch.setenv("RUN_NAME", "from-env")
     cfg = load_config(recipe)
     assert cfg.run_name == "from-env" and cfg.run_dir == "/tmp/runs/from-env"
+    recipe.write_text(text.replace("run_dir: /tmp/runs/${run_name}\n", ""))
+    assert load_config(recipe).run_dir == "runs/from-env"  # the default interpolates as well
 
 
 def test_resolved_config_is_saved_with_credentials_redacted(recipe, tmp_path):

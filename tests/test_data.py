@@ -17,7 +17,7 @@ import pytest
 import torch
 from train_fixtures import REPO, load, train_data, write_recipe  # noqa: F401
 
-from llm.data import build_dataloader, build_dataset, check_streams, clean_stale_shared_memory, stream_local
+from llm.data import build_dataloader, build_dataset, check_streams, stream_local
 from llm.errors import ConfigError
 
 
@@ -40,7 +40,6 @@ def _order(cfg, n=40) -> list[str]:
 
 
 def test_shuffle_is_deterministic_per_seed(tmp_path, train_data):
-    clean_stale_shared_memory()
     a = _order(_cfg(tmp_path / "a", train_data))
     b = _order(_cfg(tmp_path / "b", train_data))
     c = _order(_cfg(tmp_path / "c", train_data, "data.shuffle_seed=1"))
@@ -49,7 +48,6 @@ def test_shuffle_is_deterministic_per_seed(tmp_path, train_data):
 
 
 def test_streams_mix_by_proportion(tmp_path, train_data):
-    clean_stale_shared_memory()
     data = {
         "train": [
             {"remote": str(train_data.train), "proportion": 1.0},
