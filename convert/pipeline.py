@@ -202,7 +202,26 @@ class Executor:
         self.pool = pool
 
     def submit(self, fn, arg):
-        return self.pool.apply_async(fn, (arg,))
+        return _Pending(self.pool.submit(fn, arg))
+
+
+class _Pending:
+    """A submitted task; `get()` returns its result or says clearly that a worker died."""
+
+    def __init__(self, future) -> None:
+        self.future = future
+
+    def get(self):
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self.future.result()
+        except BrokenProcessPool:
+            raise ConvertError(
+                "a conversion worker process died (killed, e.g. for lack of memory); nothing was "
+                "marked complete: re-run the same command to continue (finished parts are reused), "
+                "with fewer --workers if memory is short"
+            ) from None
 
 
 @contextmanager
@@ -211,13 +230,21 @@ def start_workers(workers: int, config: WorkerConfig) -> Iterator[Executor]:
 
     Even one worker is its own process: the main process reads, de-duplicates and hands out
     work on another core, so `--workers N` means N cores of cleaning and tokenizing.
-    Workers import only numpy, sentencepiece and this package's light modules.
+    Workers import only numpy, sentencepiece and this package's light modules. A worker that
+    dies breaks the pool at once (concurrent.futures), so the run stops with a clear error
+    instead of waiting forever.
     """
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("spawn")  # no inherited threads, locks or S3 clients
-    with context.Pool(workers, initializer=init_worker, initargs=(config,)) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(config,))
+    try:
         yield Executor(pool)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def ordered(executor: Executor, fn, items: Iterable, window: int, shortcut=None) -> Iterator:

@@ -230,3 +230,35 @@ def test_killed_run_leaves_no_index_and_resumes(tmp_path, reference, chinese_doc
     assert subprocess.run(fresh_args, cwd=REPO_ROOT, capture_output=True, timeout=120).returncode == 0
     for split in ("train", "val"):
         assert np.array_equal(local_samples(str(out), split), local_samples(str(fresh), split))
+
+
+@pytest.mark.slow
+def test_a_dead_worker_stops_the_run_with_a_clear_error(tmp_path, chinese_documents, small_tokenizer):  # noqa: F811
+    """A worker killed (e.g. by the OOM killer) must not leave the run waiting forever."""
+    import psutil
+    from corpus_fixtures import write_jsonl
+
+    corpus = tmp_path / "big.jsonl"
+    write_jsonl(corpus, chinese_documents)
+    out = tmp_path / "out"
+    args = [
+        sys.executable, "-m", "convert", "shards", str(corpus), "--tokenizer", small_tokenizer, "--out", str(out),
+        "--seq-len", str(SEQ), "--workers", "1", "--chunk-chars", "20000", "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    marker = out / "train" / "part-00001" / "part.json"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    workers = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if "resource_tracker" not in " ".join(p.cmdline())
+    ]
+    assert workers, "no worker process found"
+    for worker in workers:
+        worker.kill()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2, stderr
+    assert "worker process died" in stderr and "re-run the same command" in stderr
+    assert not (out / "train" / "index.json").exists()
