@@ -33,6 +33,7 @@ from llm.config import TrainConfig, save_resolved, to_yaml
 from llm.data import all_stream_locals, build_dataloader, check_streams, clean_stale_shared_memory
 from llm.errors import ConfigError
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
+from llm.resume import checkpoint_kwargs as checkpoint_plan
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -196,20 +197,6 @@ def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedul
     )
 
 
-def check_load_path(cfg: TrainConfig) -> None:
-    """Checkpoints are pickles: loading one from outside save_folder must be asked for."""
-    ck = cfg.checkpoint
-    if ck.load_path is None or ck.allow_untrusted_load_path:
-        return
-    if ck.save_folder and ck.load_path.startswith(ck.save_folder.rstrip("/") + "/"):
-        return
-    raise ConfigError(
-        f"checkpoint.load_path={ck.load_path} is outside checkpoint.save_folder; a checkpoint is a "
-        f"pickle that can run code when loaded, so set checkpoint.allow_untrusted_load_path=true "
-        f"if you trust it"
-    )
-
-
 def announce(cfg: TrainConfig, run_dir: Path) -> None:
     """Print the resolved config and save it with the run (rank 0; credentials redacted)."""
     if dist.get_global_rank() != 0:
@@ -223,13 +210,15 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
     parallelism = parallelism_config(cfg, device)
-    check_load_path(cfg)
     check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
     # Start the process group now: the per-rank batch and the datasets' partitioning need it.
     dist.initialize_dist(device)
     world_size = dist.get_world_size()
     per_rank_batch = cfg.check_world_size(world_size)
+    # Where to start (fresh, newest verified checkpoint, or an allowed load_path), and the
+    # callbacks that save, publish and handle preemption: see llm/resume.py and docs/resume.md.
+    resume_kwargs, resume_callbacks = checkpoint_plan(cfg, rank=dist.get_global_rank(), world_size=world_size)
     run_dir = Path(cfg.run_dir)
     announce(cfg, run_dir)
 
@@ -263,12 +252,12 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         algorithms=_algorithms(cfg),
         seed=cfg.seed,
         parallelism_config=parallelism,
-        callbacks=[*build_callbacks(ctx), *extra_callbacks],
+        callbacks=[*build_callbacks(ctx), *extra_callbacks, *resume_callbacks],  # resume's last, in order
         loggers=build_loggers(ctx),
         progress_bar=cfg.loggers.progress_bar,
         log_to_console=not cfg.loggers.progress_bar,
         console_log_interval=f"{cfg.training.log_interval}ba",
-        **checkpoint_kwargs(cfg, schedule),
+        **{**checkpoint_kwargs(cfg, schedule), **resume_kwargs},
         compile_config={} if cfg.training.compile else None,
     )
 
