@@ -67,10 +67,18 @@ def bench_config(args: argparse.Namespace, run_name: str = "bench-train"):
 class Segment:
     """One contender's timed steps in one round."""
 
-    steps: int = 0
-    seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
+    cpu_seconds: float = 0.0  # this process's CPU time: barely moved by other processes' load
     data_wait: float = 0.0
     peak_bytes: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_seconds)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.step_seconds)
 
 
 @dataclass
@@ -97,10 +105,9 @@ class PlainLoop:
 
     def run(self, steps: int) -> Segment:
         _reset_peak(self.device)
-        segment = Segment(steps=steps)
-        start = time.perf_counter()
+        segment = Segment()
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             ids = next(self.batches)["input_ids"].to(self.device)
             segment.data_wait += time.perf_counter() - t0
             for chunk in ids.split(self.micro):
@@ -111,9 +118,9 @@ class PlainLoop:
                 torch.nn.utils.clip_grad_norm_(self.wrapper.parameters(), self.clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            loss.item()  # Composer reads the loss every step too
-        _sync(self.device)
-        segment.seconds = time.perf_counter() - start
+            loss.item()  # Composer reads the loss every step too (and so syncs a GPU)
+            segment.step_seconds.append(time.perf_counter() - t0)
+            segment.cpu_seconds += time.process_time() - cpu0
         segment.peak_bytes = _peak(self.device)
         return segment
 
@@ -130,12 +137,12 @@ class Interleave(Callback):
         self.plain, self.warmup, self.steps, self.device = plain, warmup, steps, device
         self.results = Results()
         self._done = 0
-        self._resume = 0.0
+        self._resume = self._resume_cpu = 0.0
         self._before_data = 0.0
         self._segment = Segment()
 
     def fit_start(self, state, logger):
-        self._resume = time.perf_counter()
+        self._resume, self._resume_cpu = time.perf_counter(), time.process_time()
 
     def before_dataloader(self, state, logger):
         self._before_data = time.perf_counter()
@@ -145,11 +152,11 @@ class Interleave(Callback):
 
     def batch_end(self, state, logger):
         _sync(self.device)
-        now = time.perf_counter()
+        now, cpu_now = time.perf_counter(), time.process_time()
         self._done += 1
         if self._done > self.warmup:
-            self._segment.steps += 1
-            self._segment.seconds += now - self._resume
+            self._segment.step_seconds.append(now - self._resume)
+            self._segment.cpu_seconds += cpu_now - self._resume_cpu
         if self._done == self.warmup:
             self.plain.run(self.warmup)
             self._start_segment()
@@ -158,7 +165,7 @@ class Interleave(Callback):
             self.results.ours.append(self._segment)
             self.results.plain.append(self.plain.run(self.steps))
             self._start_segment()
-        self._resume = time.perf_counter()
+        self._resume, self._resume_cpu = time.perf_counter(), time.process_time()
 
     def _start_segment(self) -> None:
         self._segment = Segment()
@@ -215,17 +222,26 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results) -> str:
     def tps(s: Segment) -> float:
         return s.steps * tokens_per_step / s.seconds
 
+    def fastest_step(segments: list[Segment]) -> float:
+        return tokens_per_step / min(t for s in segments for t in s.step_seconds)
+
     def line(label: str, segments: list[Segment]) -> str:
         rates = [tps(s) for s in segments]
         best, worst = max(rates), min(rates)
         return (
-            f"  {label:<24} {best:>10,.0f} tokens/s best   spread {(best - worst) / best:>6.1%}   "
-            f"peak {peak_memory(device, segments)}"
+            f"  {label:<24} {best:>10,.0f} tokens/s best round   spread {(best - worst) / best:>6.1%}   "
+            f"fastest step {fastest_step(segments):>10,.0f}   peak {peak_memory(device, segments)}"
         )
 
     best_ours = max(tps(s) for s in results.ours)
     best_plain = max(tps(s) for s in results.plain)
-    pairs = [tps(a) / tps(b) for a, b in zip(results.ours, results.plain)]
+    step_ratio = fastest_step(results.ours) / fastest_step(results.plain)
+
+    def per_cpu_second(segments: list[Segment]) -> float:
+        return sum(s.steps for s in segments) * tokens_per_step / sum(s.cpu_seconds for s in segments)
+
+    cpu_ratio = per_cpu_second(results.ours) / per_cpu_second(results.plain)
+    pairs = [tps(a) / tps(b) for a, b in zip(results.ours, results.plain, strict=True)]
     wait = sum(s.data_wait for s in results.ours) / sum(s.seconds for s in results.ours)
     plain_wait = sum(s.data_wait for s in results.plain) / sum(s.seconds for s in results.plain)
     return (
@@ -237,6 +253,9 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results) -> str:
         f"{line('plain PyTorch loop', results.plain)}\n"
         f"  ratio ours / plain       {best_ours / best_plain:>10.3f}   best vs best (target >= 0.95); "
         f"per round: {', '.join(f'{r:.3f}' for r in pairs)}\n"
+        f"  ratio, fastest steps     {step_ratio:>10.3f}   (the least disturbed step of each)\n"
+        f"  ratio, CPU time          {cpu_ratio:>10.3f}   tokens per CPU-second of this process "
+        f"(ours {per_cpu_second(results.ours):,.0f}, plain {per_cpu_second(results.plain):,.0f})\n"
         f"  data wait, ours          {wait:>10.2%}   of step time (target <= 2%)\n"
         f"  data wait, plain         {plain_wait:>10.2%}"
     )

@@ -95,6 +95,36 @@ def test_gradient_accumulation_matches_one_full_batch(tmp_path, train_data):
         )
 
 
+def test_a_step_computes_the_cross_entropy_once_per_micro_batch(tmp_path, train_data, monkeypatch):
+    """The train loss is the only cross-entropy: no train metric recomputes it over the logits."""
+    import torch.nn.functional as F
+
+    from llm.trainer import build_trainer
+
+    calls = []
+    real = F.cross_entropy
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "cross_entropy", counting)
+    recipe = write_recipe(tmp_path / "r.yaml", train_data)
+    cfg = load(
+        recipe,
+        "training.device_microbatch_size=4",
+        "training.max_duration=2ba",
+        "scheduler.warmup=0ba",
+        "data.eval=[]",
+    )
+    trainer = build_trainer(cfg)
+    trainer.fit()
+    loss = trainer.state.total_loss_dict["loss/train/total"]
+    trainer.close()
+    assert len(calls) == 2 * 2, calls  # 2 steps x 2 micro-batches of 4
+    assert math.isfinite(float(loss))
+
+
 def test_recipe_errors_exit_2_with_one_line(tmp_path, train_data):
     recipe = write_recipe(tmp_path / "r.yaml", train_data)
     proc = subprocess.run(
