@@ -81,8 +81,11 @@ def read_weights(path: str) -> LoadedWeights:
             from llm.hf_export import read_hf_folder
 
             return read_hf_folder(local)
+        if (local / "latest.json").is_file():  # a run's save_folder: take its newest checkpoint
+            latest = json.loads((local / "latest.json").read_text(encoding="utf-8"))
+            return read_weights(str(local / latest["load_path"]))
         raise ConfigError(
-            f"{path} is a folder without config.json: pass a checkpoint file (e.g. latest-rank0.pt) "
+            f"{path} is a folder without config.json or latest.json: pass a checkpoint file (e.g. ep0-ba100-rank0.pt), a run's checkpoint folder "
             f"or a folder written by `llm export`"
         )
     return _weights_from_dict(torch.load(local, map_location="cpu", weights_only=False), path)

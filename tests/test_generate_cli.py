@@ -150,3 +150,18 @@ def test_greedy_cli_output_matches_the_library(checkpoint, tokenizer_path, capsy
     assert generate(checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
     assert capsys.readouterr().out.strip() == ("中国" + tok.decode(ids)).strip()
     assert torch.is_grad_enabled()
+
+
+def test_a_run_checkpoint_folder_means_its_newest_checkpoint(tmp_path, checkpoint, tokenizer_path, capsys):
+    import json
+    import shutil
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    shutil.copy(checkpoint, folder / "ep0-ba20-rank0.pt")
+    (folder / "ep0-ba10-rank0.pt").write_bytes(b"an older, unreadable checkpoint")
+    (folder / "latest.json").write_text(json.dumps({"batch": 20, "load_path": "ep0-ba20-rank0.pt"}))
+    assert generate(checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
+    from_file = capsys.readouterr().out
+    assert generate(str(folder), "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
+    assert capsys.readouterr().out == from_file
