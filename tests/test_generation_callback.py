@@ -54,7 +54,7 @@ class Recorder(LoggerDestination):
         self.tables.append((step, rows))
 
 
-def fit(samples, callbacks, save_folder=None):
+def fit(samples, callbacks, save_folder=None, extra_loggers=()):
     """10 batches of 2 over 10 samples: 2 epochs, shuffled from the global RNG each epoch."""
     loader = DataLoader([{"input_ids": s} for s in samples], batch_size=2, shuffle=True)
     recorder = Recorder()
@@ -68,7 +68,7 @@ def fit(samples, callbacks, save_folder=None):
         precision="fp32",
         seed=42,
         callbacks=callbacks,
-        loggers=[recorder],
+        loggers=[recorder, *extra_loggers],
         progress_bar=False,
         save_folder=save_folder,
         save_interval="10ba",
@@ -223,3 +223,14 @@ if __name__ == "__main__":
     import sys
 
     _fsdp2_driver(sys.argv[1], sys.argv[2])
+
+
+def test_console_logging_without_pandas_does_not_stop_training(tmp_path, tokenizer_path, samples):
+    """Composer's console logger needs pandas for tables; the samples are printed by us instead."""
+    from composer.loggers import ConsoleLogger
+
+    _, recorded = fit(
+        samples, [make_callback(tokenizer_path, tmp_path / "run")], extra_loggers=[ConsoleLogger()]
+    )
+    assert len(recorded.losses) == 10
+    assert [step for step, _ in recorded.tables] == [4, 8, 10]

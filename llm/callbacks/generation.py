@@ -133,13 +133,26 @@ class GenerationCallback(Callback):
         with self.samples_path.open("a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        logger.log_table(
-            ["step", "prompt", "text"],
-            [[step, p, t] for p, t in zip(self.prompts, texts, strict=True)],
-            name="samples",
-            step=step,
-        )
+        table = [[step, p, t] for p, t in zip(self.prompts, texts, strict=True)]
+        for destination in logger.destinations:
+            _log_table(destination, table, step)
         logger.log_metrics({"generate/seconds": self.last_seconds}, step=step)
+
+
+def _log_table(destination, table: list[list], step: int) -> None:
+    """Send the samples table to one logger; the console already has them (printed above).
+
+    Composer's console and several other destinations need pandas for tables, which this project
+    does not install: such a destination is skipped rather than failing the training run.
+    """
+    from composer.loggers import ConsoleLogger
+
+    if isinstance(destination, ConsoleLogger):
+        return
+    try:
+        destination.log_table(["step", "prompt", "text"], table, name="samples", step=step)
+    except ImportError:
+        pass
 
 
 def transformer_of(model: nn.Module) -> nn.Module:
