@@ -24,6 +24,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:
+    from llm.checkpoint_store import CheckpointStoreError
     from llm.errors import ConfigError
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -41,6 +42,9 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
     except ConfigError as err:  # a problem with the recipe or the data: say which, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except CheckpointStoreError as err:  # storage failed after retries; resumable from the last save
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -141,8 +141,8 @@ def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_fr
     proxy.cut()
     proc.wait(timeout=300)
     output = proc.tag_log.read_text()
-    assert proc.returncode not in (0, 143), output[-4000:]
-    assert f"could not store checkpoint {save} (batch {2 * SAVE_EVERY})" in output
+    assert proc.returncode == 1, output[-4000:]  # one line, no traceback (train.py)
+    assert f"error: could not store checkpoint {save} (batch {2 * SAVE_EVERY})" in output
     assert "The previous complete checkpoint remains the resume point" in output
 
     second = run(recipe, "second", cwd=tmp_path)
