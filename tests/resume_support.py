@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("resume_driver.py")
@@ -234,3 +235,17 @@ def reference_run(base: Path, shards: Path) -> Run:
         assert result.returncode == 0, result.output[-4000:]
         done.touch()
     return Run(0, "", folder / "reference.jsonl", folder / "reference.weights.pt", 0.0)
+
+
+# Fixtures shared by the resume test modules (import them by name). The expensive work is
+# cached on disk under the session's base temp folder, so each module reuses it.
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.getbasetemp() / "resume-shards")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shards):
+    return reference_run(tmp_path_factory.getbasetemp(), shards)

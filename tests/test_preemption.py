@@ -5,27 +5,16 @@ from __future__ import annotations
 import json
 import signal
 
-import pytest
 from resume_support import (
     MAX_BATCHES,
     assert_continues,
     assert_same_weights,
     interrupt,
-    reference_run,
+    reference,  # noqa: F401 (fixture)
     run,
+    shards,  # noqa: F401 (fixture)
     write_recipe,
-    write_shards,
 )
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_shards(tmp_path_factory.getbasetemp() / "resume-shards")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, shards):
-    return reference_run(tmp_path_factory.getbasetemp(), shards)
 
 
 def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_identically(

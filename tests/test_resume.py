@@ -12,24 +12,14 @@ from resume_support import (
     assert_continues,
     assert_same_weights,
     interrupt,
-    reference_run,
+    reference,  # noqa: F401 (fixture)
     run,
+    shards,  # noqa: F401 (fixture)
     write_recipe,
-    write_shards,
 )
 
 from llm.config import load_config
 from llm.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_shards(tmp_path_factory.getbasetemp() / "resume-shards")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, shards):
-    return reference_run(tmp_path_factory.getbasetemp(), shards)
 
 
 def test_sigkill_then_rerun_resumes_from_the_last_periodic_checkpoint_bit_identically(

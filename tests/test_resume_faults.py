@@ -13,27 +13,17 @@ from resume_support import (
     assert_continues,
     assert_same_weights,
     interrupt,
-    reference_run,
+    reference,  # noqa: F401 (fixture)
     run,
+    shards,  # noqa: F401 (fixture)
     start,
     wait_for_batch,
     write_recipe,
-    write_shards,
 )
 
 from llm import checkpoint_manifest as cm
 from llm.checkpoint_store import CheckpointStoreError, open_store
 from llm.resume import newest_usable_checkpoint
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_shards(tmp_path_factory.getbasetemp() / "resume-shards")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, shards):
-    return reference_run(tmp_path_factory.getbasetemp(), shards)
 
 
 def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_resumes_bit_identically(

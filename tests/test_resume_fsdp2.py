@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from resume_support import interrupt, load_weights, run, write_recipe, write_shards
+from resume_support import interrupt, load_weights, run, shards, write_recipe  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -30,11 +30,6 @@ FSDP = [
     "training.device_microbatch_size=2",
 ]
 ENV = {"FSDP_VERSION": "2"}
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_shards(tmp_path_factory.getbasetemp() / "resume-shards")
 
 
 def _global_batches(record: Path) -> dict[int, list[str]]:

@@ -12,23 +12,13 @@ from resume_support import (
     assert_continues,
     assert_same_weights,
     interrupt,
-    reference_run,
+    reference,  # noqa: F401 (fixture)
     run,
+    shards,  # noqa: F401 (fixture)
     write_recipe,
-    write_shards,
 )
 
 pytestmark = pytest.mark.s3
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_shards(tmp_path_factory.getbasetemp() / "resume-shards")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, shards):
-    return reference_run(tmp_path_factory.getbasetemp(), shards)
 
 
 def test_sigterm_on_s3_then_resume_on_an_empty_machine_with_only_the_bucket(
