@@ -7,8 +7,12 @@ documents given a distinct suffix so de-duplication keeps them, and prints:
   * end-to-end tokens/s of `convert_corpus` with 1 and with 2 workers: wall time from the call
     to the finished output, so it includes starting the worker processes, reading and parsing
     the JSON lines, cleaning, de-duplication, tokenizing, packing, zstd and writing the shards;
-  * their ratio for 1 worker (target >= 0.8) and the 1 -> 2 worker speed-up (target >= 1.6 on
-    2 cores); the worker start-up time, measured on its own, for reference;
+    1 worker runs twice: as by default (with a core to spare, the main process cleans the
+    texts and the worker only tokenizes and writes) and with the cleaning in the worker, as it
+    is with 2 workers on 2 cores;
+  * the ratio end-to-end / raw encode for 1 worker (target >= 0.8) for both placements, and
+    the 1 -> 2 worker speed-up (target >= 1.6 on 2 cores) against both; the worker start-up
+    time, measured on its own, for reference;
   * peak memory of this process (which also holds the benchmark's corpus) and of the largest
     child; Linux carries a process's RSS high-water mark across fork and exec, so the child
     figure cannot read lower than this process's size when the worker was started.
@@ -68,13 +72,28 @@ class Run:
     worker_cpu_s: float  # CPU seconds of all workers together
 
 
-def convert_rate(corpus: Path, tokenizer: str, out: Path, workers: int, seq_len: int) -> Run:
+# (label, workers, clean in the main process); None: the default for this machine
+SETUPS = {
+    "1 worker": (1, None),
+    "1 worker, cleaning in it": (1, False),
+    "2 workers": (2, None),
+}
+
+
+def convert_rate(
+    corpus: Path, tokenizer: str, out: Path, workers: int, seq_len: int, clean_in_main: bool | None
+) -> Run:
     """One conversion: end-to-end tokens/s (see the module docstring) and CPU seconds by process."""
     from convert.jobs import convert_corpus
     from convert.pipeline import ShardOptions
 
     options = ShardOptions(
-        seq_len=seq_len, val_fraction=0.01, workers=workers, overwrite=True, progress=False
+        seq_len=seq_len,
+        val_fraction=0.01,
+        workers=workers,
+        overwrite=True,
+        progress=False,
+        clean_in_main=clean_in_main,
     )
     before, start = os.times(), time.perf_counter()
     summary = convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options)
@@ -109,36 +128,47 @@ def best_and_spread(values: list[float]) -> str:
     return f"{best:,.0f} (runs: {', '.join(f'{v:,.0f}' for v in values)})"
 
 
-def report(raw: list[float], encode_cpu: float, runs: dict[int, list[Run]], startup: list[float]) -> None:
+def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], startup: list[float]) -> None:
+    from convert.pipeline import ShardOptions
+
     print(f"raw SentencePiece encode (1 thread): {best_and_spread(raw)} tokens/s, {encode_cpu:.2f} CPU s")
-    for workers, results in runs.items():
+    for label, results in runs.items():
+        workers, clean_in_main = SETUPS[label]
+        where = (
+            "main process"
+            if ShardOptions(workers=workers, clean_in_main=clean_in_main).cleans_in_main
+            else "workers"
+        )
         rates = [run.tokens_per_s for run in results]
         best = min(results, key=lambda run: run.worker_cpu_s + run.main_cpu_s)
         print(
-            f"end-to-end, {workers} worker(s): {best_and_spread(rates)} tokens/s, "
+            f"end-to-end, {label} (cleaning in the {where}): {best_and_spread(rates)} tokens/s, "
             f"{max(rates) / workers:,.0f} per worker; CPU s: workers {best.worker_cpu_s:.2f}, "
             f"main process {best.main_cpu_s:.2f}"
         )
     print(f"worker start-up (included above): best {min(startup):.2f} s, worst {max(startup):.2f} s")
-    ratios = [run.tokens_per_s / max(raw) for run in runs[1]]
-    cpu_ratio = encode_cpu / min(run.worker_cpu_s for run in runs[1])
-    print(
-        f"ratio end-to-end (1 worker) / raw encode: {max(ratios):.2f} "
-        f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8); "
-        f"by CPU time, encode / worker: {cpu_ratio:.2f}"
-    )
-    one, two = ([run.tokens_per_s for run in runs[w]] for w in (1, 2))
-    speedups = [b / a for a, b in zip(one, two, strict=True)]
-    # On 2 idle cores: 1 worker takes at least its worker CPU time (the main process runs beside
-    # it); 2 workers at least half the CPU time of all three processes.
-    ideal = min((run.worker_cpu_s + run.main_cpu_s) / 2 for run in runs[2])
-    bound = min(run.worker_cpu_s for run in runs[1]) / ideal
-    print(
-        f"speed-up 1 -> 2 workers: {max(two) / max(one):.2f} best-to-best "
-        f"(paired runs: {', '.join(f'{s:.2f}' for s in speedups)}; target >= 1.6 on 2 cores; "
-        f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}); "
-        f"bound from CPU time on 2 idle cores: {bound:.2f}"
-    )
+    two = [run.tokens_per_s for run in runs["2 workers"]]
+    ideal = min((run.worker_cpu_s + run.main_cpu_s) / 2 for run in runs["2 workers"])
+    for label in ("1 worker", "1 worker, cleaning in it"):
+        ratios = [run.tokens_per_s / max(raw) for run in runs[label]]
+        cpu_ratio = encode_cpu / min(run.worker_cpu_s for run in runs[label])
+        print(
+            f"ratio end-to-end ({label}) / raw encode: {max(ratios):.2f} "
+            f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8); "
+            f"by CPU time, encode / worker: {cpu_ratio:.2f}"
+        )
+    for label in ("1 worker", "1 worker, cleaning in it"):
+        one = [run.tokens_per_s for run in runs[label]]
+        speedups = [b / a for a, b in zip(one, two, strict=True)]
+        # On 2 idle cores: 1 worker takes at least its worker CPU time (the main process runs
+        # beside it); 2 workers at least half the CPU time of all three processes.
+        bound = min(max(run.worker_cpu_s, run.main_cpu_s) for run in runs[label]) / ideal
+        print(
+            f"speed-up ({label}) -> 2 workers: {max(two) / max(one):.2f} best-to-best "
+            f"(paired runs: {', '.join(f'{s:.2f}' for s in speedups)}; target >= 1.6 on 2 cores); "
+            f"bound from CPU time on 2 idle cores: {bound:.2f}"
+        )
+    print(f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         encode_cpu = min(cpu for _, _, cpu in raw_runs)
         print(f"corpus: {corpus.stat().st_size / 1e6:,.1f} MB of JSON lines, {tokens:,} tokens")
         startup = [worker_startup_s(tokenizer, root / "out", 1) for _ in range(args.repeat)]
-        runs: dict[int, list[Run]] = {1: [], 2: []}
-        for _ in range(args.repeat):  # interleaved, so a burst of load hits both alike
-            for workers in runs:
-                runs[workers].append(convert_rate(corpus, tokenizer, root / "out", workers, args.seq_len))
+        runs: dict[str, list[Run]] = {label: [] for label in SETUPS}
+        for _ in range(args.repeat):  # interleaved, so a burst of load hits all alike
+            for label, (workers, clean_in_main) in SETUPS.items():
+                run = convert_rate(corpus, tokenizer, root / "out", workers, args.seq_len, clean_in_main)
+                runs[label].append(run)
     report(raw, encode_cpu, runs, startup)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

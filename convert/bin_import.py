@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from convert.errors import ConvertError
-from convert.pipeline import Conversion, ShardOptions, digest_of, open_tokenizer, progress_bar
+from convert.pipeline import Conversion, Doc, ShardOptions, digest_of, open_tokenizer, progress_bar
 
 _BLOCK_BYTES = 16 << 20
 
@@ -70,13 +70,16 @@ def import_bin(
     counts = {"files": len(paths), "documents": 0}
     start = time.monotonic()
 
-    def documents(_executor) -> Iterator[tuple[np.ndarray, bytes]]:
+    eos = np.array([info.eos_id], dtype=np.uint32)
+    bos = np.array([info.bos_id] if options.add_bos else [], dtype=np.uint32)
+
+    def documents(_executor) -> Iterator[Doc]:
         with progress_bar(None, "doc", "importing", enabled=options.progress) as bar:
             for path in paths:
                 for doc in bin_documents(path, eos_id=info.eos_id, vocab_size=info.vocab_size):
                     counts["documents"] += 1
                     bar.update()
-                    yield doc, digest_of(doc)
+                    yield Doc(digest_of(doc), len(doc), np.concatenate([bos, doc, eos], dtype=np.uint32))
         if counts["documents"] == 0:
             raise ConvertError(f"no tokens found in {', '.join(paths[:3])}: the .bin files are empty")
 

@@ -8,7 +8,6 @@ and option errors answer at once. Problems a user can fix (ConvertError) print o
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 
@@ -71,7 +70,9 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
     parser.add_argument("--val-fraction", type=float, default=0.01, help="share of documents for val")
-    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: the CPUs this process may use)"
+    )
     parser.add_argument("--bos", action="store_true", help="prepend BOS to every document")
     parser.add_argument("--min-tokens", type=int, default=20, help="drop documents under N tokens incl. EOS")
     parser.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"), help="token dtype")
@@ -140,12 +141,12 @@ def run_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _shard_options(args: argparse.Namespace):
-    from convert.pipeline import ShardOptions
+    from convert.pipeline import ShardOptions, default_workers
 
     return ShardOptions(
         seq_len=args.seq_len,
         val_fraction=args.val_fraction,
-        workers=args.workers if args.workers is not None else (os.cpu_count() or 1),
+        workers=args.workers if args.workers is not None else default_workers(),
         add_bos=args.bos,
         min_tokens=args.min_tokens,
         dtype=args.dtype,

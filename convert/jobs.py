@@ -11,7 +11,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from convert.errors import ConvertError
-from convert.pipeline import SPLITS, Conversion, ShardOptions, clean_in_workers, open_tokenizer, progress_bar
+from convert.pipeline import (
+    SPLITS,
+    Conversion,
+    ShardOptions,
+    open_tokenizer,
+    progress_bar,
+    tokenize_in_workers,
+)
 from convert.report import build_summary, print_summary
 
 
@@ -36,7 +43,7 @@ def convert_corpus(
     command: str = "",
 ) -> dict:
     """Read, clean, tokenize, pack and write `inputs` to `out`; returns the summary."""
-    from convert.cleaning import Cleaner, DropCounts
+    from convert.cleaning import Cleaner
     from convert.readers import ReadStats, read_documents
     from convert.sources import expand_inputs
 
@@ -49,11 +56,10 @@ def convert_corpus(
         normalization=read.normalization,
         min_chars=read.min_chars,
     )
-    Cleaner(normalization=read.normalization, min_chars=read.min_chars)  # checks the options up front
+    cleaner = Cleaner(normalization=read.normalization, min_chars=read.min_chars, dedup=False)
     paths = expand_inputs(inputs)
     conversion.prepare_output()
     stats = ReadStats()
-    drops = DropCounts()
     start = time.monotonic()
     docs = read_documents(
         paths, read.fmt, text_field=read.text_field, preset=read.preset, strict=read.strict, stats=stats
@@ -61,17 +67,28 @@ def convert_corpus(
     with progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
         texts = _counted(docs, bar)
         conversion.run(
-            lambda executor: clean_in_workers(
-                executor, texts, dedup=read.dedup, drops=drops, window=2 * options.workers
+            lambda executor: tokenize_in_workers(
+                executor,
+                texts,
+                cleaner=cleaner,
+                dedup=read.dedup,
+                window=2 * options.workers,
+                clean_here=options.cleans_in_main,
             )
         )
-    return finish(conversion, read=stats.as_dict(), dropped=drops.as_dict(), start=start, command=command)
+    dropped = cleaner.drops.as_dict()
+    return finish(conversion, read=stats.as_dict(), dropped=dropped, start=start, command=command)
 
 
-def _counted(docs: Iterable, bar) -> Iterator[str]:
+def _counted(docs: Iterable, bar, every: int = 256) -> Iterator[str]:
+    """The documents' texts; the bar moves every `every` documents (one update per document costs)."""
+    count = 0
     for doc in docs:
-        bar.update()
+        count += 1
+        if count % every == 0:
+            bar.update(every)
         yield doc.text
+    bar.update(count % every)
 
 
 def finish(

@@ -1,18 +1,29 @@
-"""The conversion pipeline: chunks of documents -> workers (tokenize, pack, write a part) -> index.
+"""The conversion pipeline: texts -> workers (clean, tokenize) -> de-duplicate, split, chunk
+-> workers (pack, write a part) -> index.
 
-    main process                              worker processes (N)
-    read + clean + dedup (global)
-    split by hash of the text (train/val)
-    cut each split into chunks   ---------->  tokenize, pack into seq_len rows,
-    (boundaries independent of N)             write the rows as MDS part-NNNNN/, done marker
-                                 <----------  the chunk's tail (< seq_len tokens)
+    main process                                worker processes (N)
+    read documents, cut into batches  --------> clean* and digest each text, tokenize (EOS added)
+                                      <-------- digests, lengths and one token array per batch
+    global de-duplication by digest, in input order
+    (* here instead, with de-duplication before tokenizing, when there are more CPUs than workers)
+    split by digest (train/val), cut each split into chunks (boundaries independent of N)
+                                      --------> drop too-short documents, pack into seq_len rows,
+                                                write the rows as MDS part-NNNNN/, done marker
+                                      <-------- the chunk's tail (< seq_len tokens)
     pack the tails in chunk order into a final part (only the split's last partial row is lost)
     meta.json, summary.json, then each split's merged index.json LAST
 
-Chunk boundaries depend only on the input, so the samples (and their order) are identical for
-any worker count. Each part's `part.json` is written after its shards and names the chunk's
-fingerprint; a re-run after a kill reuses the parts whose marker matches and redoes the rest.
-Memory is bounded by a few chunks in flight, not the corpus.
+Where the cleaning runs: with fewer workers than CPUs the main process has a core to spare and
+cleans, de-duplicates and sends only kept, cleaned texts (the workers just tokenize); otherwise
+the workers clean too, and a duplicate is tokenized before the main process sees that it is
+one (a little waste on duplicate-heavy corpora). Either way text crosses to a worker once, what
+comes back is compact (16-byte digests, token arrays), and de-duplication is global and in
+input order, so the kept documents do not depend on the worker count or the placement. Chunk
+boundaries depend only on the input, so the samples (and their order) are identical for any
+worker count. Each part's `part.json` is written after its shards and names the chunk's
+fingerprint; a re-run after a kill reads and tokenizes the input again (to rebuild the
+de-duplication set and the chunks) but reuses the parts whose marker matches instead of
+writing them again. Memory is bounded by a few batches and chunks in flight, not the corpus.
 """
 
 from __future__ import annotations
@@ -25,20 +36,24 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from convert.errors import ConvertError
-from convert.packing import Packer, StreamPiece, join_documents
+from convert.packing import TOKEN_DTYPE, Packer, concat_documents, drop_short_documents
 from convert.tokenizer import TokenizerInfo, describe, load_processor
 from convert.writer import ShardWriter, Store, index_json, prefixed_entries
+
+if TYPE_CHECKING:
+    from convert.cleaning import Cleaner
 
 SPLITS = ("train", "val")
 FORMAT_NAME = "llm-pretrain-tokens"
 FORMAT_VERSION = 1
-_PIPELINE_VERSION = "1"  # part in every chunk fingerprint: bump when packing/writing changes
-_ENCODE_BATCH_CHARS = 1 << 18  # tokenize in batches this big: SentencePiece's C++ loop, bounded lists
-_CLEAN_BATCH_CHARS = 1 << 18  # texts per cleaning task: big enough to amortise the pickling
+_PIPELINE_VERSION = "2"  # part in every chunk fingerprint: bump when packing/writing changes
+_BATCH_CHARS = 1 << 18  # texts per tokenizing task: amortises the hand-off, bounds the lists
+DIGEST_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,13 @@ class ShardOptions:
     overwrite: bool = False
     chunk_chars: int = 1_000_000  # ~3 MB of Chinese UTF-8 per chunk
     progress: bool = True
+    clean_in_main: bool | None = None  # None: when there are more cores than workers
+
+    @property
+    def cleans_in_main(self) -> bool:
+        if self.clean_in_main is not None:
+            return self.clean_in_main
+        return self.workers < available_cpus()
 
     def validate(self) -> None:
         if self.seq_len < 2:
@@ -74,26 +96,66 @@ class ShardOptions:
 
 
 @dataclass
+class Doc:
+    """One kept document on its way into a chunk: its tokens end with EOS (BOS first if asked)."""
+
+    digest: bytes
+    size: int  # characters of cleaned text (token count for imported token files)
+    tokens: np.ndarray
+
+
+@dataclass
 class Chunk:
-    """A run of kept documents of one split: text to tokenize, or ids already tokenized."""
+    """A run of kept documents of one split, tokenized, on their way to becoming one part."""
 
     split: str
     index: int
-    texts: list[str] = field(default_factory=list)
-    token_docs: list[np.ndarray] = field(default_factory=list)
+    pieces: list[np.ndarray] = field(default_factory=list)
     digests: list[bytes] = field(default_factory=list, repr=False)
-    size: int = 0  # characters or tokens
+    size: int = 0  # characters (or tokens) of its documents
 
-    def add(self, doc: str | np.ndarray, digest: bytes) -> None:
-        (self.texts if isinstance(doc, str) else self.token_docs).append(doc)
-        self.digests.append(digest)
-        self.size += len(doc)
+    def add(self, doc: Doc) -> None:
+        self.pieces.append(doc.tokens)
+        self.digests.append(doc.digest)
+        self.size += doc.size
 
-    def seal(self, settings: str) -> str:
-        """The chunk's fingerprint: its documents (by digest) and the run's settings."""
+    def seal(self, settings: str) -> tuple[str, ChunkTokens]:
+        """The chunk's fingerprint (its documents by digest, and the run's settings) and the
+        compact form that a worker gets."""
         fingerprint = hashlib.blake2b(b"".join(self.digests) + settings.encode(), digest_size=16).hexdigest()
-        self.digests = []  # not needed by the worker
-        return fingerprint
+        lengths = np.fromiter(map(len, self.pieces), dtype=np.int64, count=len(self.pieces))
+        tokens = np.concatenate(self.pieces) if self.pieces else np.empty(0, dtype=TOKEN_DTYPE)
+        return fingerprint, ChunkTokens(self.split, self.index, tokens, lengths)
+
+
+@dataclass
+class ChunkTokens:
+    """A sealed chunk as a worker gets it: one token array and the documents' lengths."""
+
+    split: str
+    index: int
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+
+@dataclass
+class TokenizedBatch:
+    """What a worker returns for a batch of texts: the documents that survived cleaning."""
+
+    digests: bytes  # DIGEST_BYTES per document
+    chars: np.ndarray  # cleaned length in characters, per document
+    lengths: np.ndarray  # tokens per document, EOS (and BOS) included
+    tokens: np.ndarray  # all documents' tokens, one after another
+    drops: dict[str, int]
+
+    def documents(self) -> Iterator[tuple[bytes, int, np.ndarray]]:
+        """(digest, characters, tokens) per document; tokens are copies, so a kept one does not
+        hold the whole batch's array in memory."""
+        ends = np.cumsum(self.lengths).tolist()
+        starts = [0, *ends[:-1]]
+        tokens, digests = self.tokens, self.digests
+        for i, (start, end, chars) in enumerate(zip(starts, ends, self.chars.tolist(), strict=True)):
+            yield digests[i * DIGEST_BYTES : (i + 1) * DIGEST_BYTES], chars, tokens[start:end].copy()
 
 
 @dataclass
@@ -125,9 +187,15 @@ class WorkerConfig:
 
 
 def digest_of(doc: str | np.ndarray) -> bytes:
-    """16-byte BLAKE2b of a document: its identity for de-duplication, split and fingerprints."""
+    """16-byte XXH3-128 of a document: its identity for de-duplication, split and fingerprints.
+
+    Not a cryptographic hash: a collision (odds about n^2 / 2^129 for n documents) would drop a
+    document as a duplicate; XXH3 is about 2x faster than BLAKE2b here.
+    """
+    import xxhash
+
     data = doc.encode("utf-8", "surrogatepass") if isinstance(doc, str) else doc.tobytes()
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return xxhash.xxh3_128_digest(data)
 
 
 def split_of(digest: bytes, val_fraction: float) -> str:
@@ -135,14 +203,12 @@ def split_of(digest: bytes, val_fraction: float) -> str:
     return "val" if int.from_bytes(digest[8:], "little") / 2**64 < val_fraction else "train"
 
 
-def chunk_documents(
-    docs: Iterable[tuple[str | np.ndarray, bytes]], *, val_fraction: float, chunk_size: int
-) -> Iterator[Chunk]:
-    """Route (document, digest) pairs to their split; cut each split's stream into ~chunk_size chunks."""
+def chunk_documents(docs: Iterable[Doc], *, val_fraction: float, chunk_size: int) -> Iterator[Chunk]:
+    """Route documents to their split; cut each split's stream into ~chunk_size chunks."""
     open_chunks = {split: Chunk(split, 0) for split in SPLITS}
-    for doc, digest in docs:
-        chunk = open_chunks[split_of(digest, val_fraction)]
-        chunk.add(doc, digest)
+    for doc in docs:
+        chunk = open_chunks[split_of(doc.digest, val_fraction)]
+        chunk.add(doc)
         if chunk.size >= chunk_size:
             yield chunk
             open_chunks[chunk.split] = Chunk(chunk.split, chunk.index + 1)
@@ -151,22 +217,66 @@ def chunk_documents(
             yield chunk
 
 
-def clean_in_workers(
-    executor: Executor, texts: Iterable[str], *, dedup: bool, drops, window: int
-) -> Iterator[tuple[str, bytes]]:
-    """Workers clean batches of texts (Unicode normalisation is costly); de-duplication stays here,
-    global and in input order, so the kept documents do not depend on the worker count."""
+@dataclass
+class TextBatch:
+    """Texts for a worker to tokenize. With digests, they are cleaned and de-duplicated already."""
+
+    texts: list[str]
+    digests: bytes | None = None
+
+
+def tokenize_in_workers(
+    executor: Executor,
+    texts: Iterable[str],
+    *,
+    cleaner: Cleaner,
+    dedup: bool,
+    window: int,
+    clean_here: bool,
+) -> Iterator[Doc]:
+    """Tokenized documents, in input order, without duplicates; drops are counted in `cleaner.drops`.
+
+    Cleaning (Unicode normalisation is the costly part) runs in the workers, or here when
+    `clean_here`: with fewer workers than cores this process has a core of its own, and
+    cleaning here leaves the workers only the tokenizing. Either way de-duplication is global
+    and in input order, so the kept documents do not depend on the worker count or placement.
+    """
     seen: set[bytes] = set()
-    for kept, batch_drops in ordered(executor, clean_batch, _batches(texts, _CLEAN_BATCH_CHARS), window):
-        for reason, count in batch_drops.items():
+    drops = cleaner.drops
+    batches: Iterable[TextBatch]
+    if clean_here:
+        batches = (_clean(batch, cleaner, seen if dedup else None) for batch in _batches(texts, _BATCH_CHARS))
+    else:
+        batches = map(TextBatch, _batches(texts, _BATCH_CHARS))
+    check = dedup and not clean_here
+    for batch in ordered(executor, tokenize_batch, batches, window):
+        for reason, count in batch.drops.items():
             drops.add(reason, count)
-        for text, digest in kept:
-            if dedup:
+        for digest, chars, tokens in batch.documents():
+            if check:
                 if digest in seen:
                     drops.add("duplicate")
                     continue
                 seen.add(digest)
-            yield text, digest
+            yield Doc(digest, chars, tokens)
+
+
+def _clean(texts: list[str], cleaner: Cleaner, seen: set[bytes] | None) -> TextBatch:
+    kept: list[str] = []
+    digests: list[bytes] = []
+    for text in texts:
+        cleaned = cleaner.clean(text)
+        if cleaned is None:
+            continue
+        digest = digest_of(cleaned)
+        if seen is not None:
+            if digest in seen:
+                cleaner.drops.add("duplicate")
+                continue
+            seen.add(digest)
+        kept.append(cleaned)
+        digests.append(digest)
+    return TextBatch(kept, b"".join(digests))
 
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
@@ -224,20 +334,27 @@ class _Pending:
             ) from None
 
 
+# fork: a worker is ready in milliseconds with numpy, SentencePiece and this package already
+# imported (spawn takes ~0.4 s per worker). The main process starts no threads before the pool
+# (progress bars run without tqdm's monitor thread) and S3 clients are per process id. Where
+# fork is not the safe default (macOS, Windows) workers are spawned.
+_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
+
+
 @contextmanager
 def start_workers(workers: int, config: WorkerConfig) -> Iterator[Executor]:
-    """A pool of `workers` processes, started once for the whole run (start-up costs ~0.3-1 s).
+    """A pool of `workers` processes, started once for the whole run.
 
     Even one worker is its own process: the main process reads, de-duplicates and hands out
-    work on another core, so `--workers N` means N cores of cleaning and tokenizing.
-    Workers import only numpy, sentencepiece and this package's light modules. A worker that
-    dies breaks the pool at once (concurrent.futures), so the run stops with a clear error
-    instead of waiting forever.
+    work on another core, so `--workers N` means N cores of tokenizing (and cleaning, unless
+    the main process has a core to spare for it). Spawned workers import only numpy,
+    sentencepiece and this package's light modules. A worker that dies breaks the pool at once
+    (concurrent.futures), so the run stops with a clear error instead of waiting forever.
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    context = multiprocessing.get_context("spawn")  # no inherited threads, locks or S3 clients
+    context = multiprocessing.get_context(_START_METHOD)
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(config,))
     try:
         yield Executor(pool)
@@ -276,59 +393,44 @@ def init_worker(config: WorkerConfig) -> None:
     _worker["cleaner"] = Cleaner(normalization=config.normalization, min_chars=config.min_chars, dedup=False)
 
 
-def clean_batch(texts: list[str]) -> tuple[list[tuple[str, bytes]], dict[str, int]]:
-    """Cleaned (text, digest) of the kept texts, and the drop counts of this batch."""
+def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
+    """Clean the texts (unless done already), then tokenize them into one array, each document
+    ended by EOS."""
     from convert.cleaning import DropCounts
 
+    config: WorkerConfig = _worker["config"]
     cleaner = _worker["cleaner"]
     cleaner.drops = DropCounts()
-    kept = []
-    for text in texts:
-        cleaned = cleaner.clean(text)
-        if cleaned is not None:
-            kept.append((cleaned, digest_of(cleaned)))
-    return kept, cleaner.drops.as_dict()
+    if batch.digests is None:
+        kept = [cleaned for cleaned in map(cleaner.clean, batch.texts) if cleaned is not None]
+        digests = b"".join(map(digest_of, kept))
+    else:
+        kept, digests = batch.texts, batch.digests
+    # One core per worker (N workers = N cores); SentencePiece adds EOS (and BOS) in C++.
+    ids = _worker["processor"].encode(kept, add_bos=config.bos_id is not None, add_eos=True, num_threads=1)
+    tokens, lengths = concat_documents(ids)
+    chars = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
+    return TokenizedBatch(digests, chars, lengths, tokens, cleaner.drops.as_dict())
 
 
-def process_chunk(task: tuple[Chunk, str]) -> PartResult:
-    """Tokenize and pack one chunk, write its full rows as a part; return the tail."""
+def process_chunk(task: tuple[ChunkTokens, str]) -> PartResult:
+    """Drop too-short documents, pack the chunk into rows, write them as a part; return the tail."""
     chunk, fingerprint = task
     config: WorkerConfig = _worker["config"]
     store: Store = _worker["store"]
     folder = f"{chunk.split}/{part_name(chunk.index)}"
     store.delete_tree(folder)  # leftovers of a killed run must not mix with the new shards
+    tokens, kept = drop_short_documents(chunk.tokens, chunk.lengths, config.min_tokens)
     writer = ShardWriter(
         store, folder, seq_len=config.seq_len, dtype=config.dtype, size_limit=config.size_limit
     )
     packer = Packer(config.seq_len)
-    kept = too_short = 0
-    for piece in _stream_pieces(chunk, config):
-        kept, too_short = kept + piece.kept, too_short + piece.too_short
-        writer.write(packer.add(piece.tokens))
+    writer.write(packer.add(tokens))
     shards = writer.finish()
+    too_short = len(chunk.lengths) - kept
     result = PartResult(chunk.split, chunk.index, shards, writer.samples, kept, too_short, packer.tail)
     store.write_json(f"{folder}/part.json", _marker(result, fingerprint))  # last: the part is done
     return result
-
-
-def _stream_pieces(chunk: Chunk, config: WorkerConfig) -> Iterator[StreamPiece]:
-    if chunk.token_docs:
-        yield _join_arrays(chunk.token_docs, config)
-        return
-    processor = _worker["processor"]
-    for batch in _batches(chunk.texts, _ENCODE_BATCH_CHARS):
-        ids = processor.encode(batch, num_threads=1)  # one core per worker: N workers = N cores
-        yield join_documents(ids, eos_id=config.eos_id, bos_id=config.bos_id, min_tokens=config.min_tokens)
-
-
-def _join_arrays(docs: list[np.ndarray], config: WorkerConfig) -> StreamPiece:
-    extra = 1 if config.bos_id is None else 2
-    kept = [doc for doc in docs if len(doc) + extra >= config.min_tokens]
-    eos = np.array([config.eos_id], dtype=np.uint32)
-    bos = [] if config.bos_id is None else [np.array([config.bos_id], dtype=np.uint32)]
-    parts = [part for doc in kept for part in (*bos, doc.astype(np.uint32), eos)]
-    tokens = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
-    return StreamPiece(tokens=tokens, kept=len(kept), too_short=len(docs) - len(kept))
 
 
 def part_name(index: int) -> str:
@@ -346,7 +448,7 @@ def _marker(result: PartResult, fingerprint: str) -> dict:
     }
 
 
-def reuse_part(store: Store, chunk: Chunk, fingerprint: str) -> PartResult | None:
+def reuse_part(store: Store, chunk: ChunkTokens, fingerprint: str) -> PartResult | None:
     """The finished part of an earlier run for this exact chunk, if all its shards are stored."""
     folder = f"{chunk.split}/{part_name(chunk.index)}"
     marker = store.read_json(f"{folder}/part.json")
@@ -360,6 +462,11 @@ def reuse_part(store: Store, chunk: Chunk, fingerprint: str) -> PartResult | Non
         chunk.split, chunk.index, marker["shards"], marker["samples"], marker["documents"],
         marker["too_short"], tail, reused=True,
     )  # fmt: skip
+
+
+def _task(chunk: Chunk, settings: str) -> tuple[ChunkTokens, str]:
+    fingerprint, tokens = chunk.seal(settings)
+    return tokens, fingerprint
 
 
 # --- main process ------------------------------------------------------------------------------
@@ -424,8 +531,8 @@ class Conversion:
             # An interrupted run may have finished one split; it is redone with the other.
             store.delete_tree(f"{split}/index.json")
 
-    def run(self, documents: Callable[[Executor], Iterable[tuple[str | np.ndarray, bytes]]]) -> None:
-        """Convert the (document, digest) pairs that `documents(executor)` yields."""
+    def run(self, documents: Callable[[Executor], Iterable[Doc]]) -> None:
+        """Convert the documents that `documents(executor)` yields, in order."""
         window = 2 * self.options.workers
         with start_workers(self.options.workers, self.config) as executor:
             chunks = chunk_documents(
@@ -433,14 +540,14 @@ class Conversion:
                 val_fraction=self.options.val_fraction,
                 chunk_size=self.options.chunk_chars,
             )
-            tasks = ((chunk, chunk.seal(self.settings)) for chunk in chunks)
+            tasks = (_task(chunk, self.settings) for chunk in chunks)
             for result in ordered(executor, process_chunk, tasks, window, shortcut=self._reusable):
                 self.totals[result.split].parts.append(result)
                 self.reused_parts += result.reused
         for split in SPLITS:
             self._finish_split(split)
 
-    def _reusable(self, task: tuple[Chunk, str]) -> PartResult | None:
+    def _reusable(self, task: tuple[ChunkTokens, str]) -> PartResult | None:
         return reuse_part(self.store, *task)
 
     def _finish_split(self, split: str) -> None:
@@ -513,13 +620,22 @@ def open_tokenizer(path: str) -> tuple[bytes, TokenizerInfo]:
     return model_bytes, describe(model_bytes, path)
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (a container's or taskset's limit, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers() -> int:
-    return os.cpu_count() or 1
+    return available_cpus()
 
 
 def progress_bar(total: int | None, unit: str, desc: str, *, enabled: bool = True):
     from tqdm import tqdm
 
+    tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked after this
     return tqdm(
         total=total,
         unit=unit,

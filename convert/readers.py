@@ -262,19 +262,46 @@ def _read_txt_blank(
 def _read_jsonl(
     stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter
 ) -> Iterator[Document]:
-    for number, line in _decoded_lines(stream, report):
-        if not line.strip():
-            continue
+    import orjson
+
+    # orjson parses the raw bytes (checking the UTF-8 too) about 3x faster than decoding and
+    # json.loads; whatever it refuses (blank lines, a byte order mark, NaN, lone surrogate
+    # escapes, bad lines) takes the standard path, which accepts what json accepts and words
+    # the report.
+    fast_loads, fast_error = orjson.loads, orjson.JSONDecodeError
+    for number, raw in enumerate(stream, start=1):
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            report(number, f"invalid JSON ({err.msg} at column {err.colno})")
-            continue
+            obj = fast_loads(raw)
+        except fast_error:
+            obj = _parse_line(raw, number, report)
+            if obj is _SKIP:
+                continue
         text, problem = extractor.extract(obj)
         if text is None:
             report(number, problem)
         else:
             yield Document(text, source, number)
+
+
+_SKIP = object()
+
+
+def _parse_line(raw: bytes, number: int, report: _MalformedReporter) -> object:
+    """One JSON line the slow way: the value, or _SKIP for a blank line or a reported bad one."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        report(number, f"invalid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)")
+        return _SKIP
+    if number == 1:
+        line = line.removeprefix("\ufeff")
+    if not line.strip():
+        return _SKIP
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        report(number, f"invalid JSON ({err.msg} at column {err.colno})")
+        return _SKIP
 
 
 # --- JSON lists --------------------------------------------------------------------------------

@@ -28,6 +28,14 @@ def test_fortune_style_ansi_colour_codes_and_controls_are_removed():
     assert Cleaner(normalization="none").clean(raw) == "静夜思\n李白\n床前明月光，疑是地上霜。"
 
 
+def test_lone_surrogates_are_removed_so_the_tokenizer_can_take_the_text():
+    import sentencepiece as spm
+
+    cleaned = Cleaner().clean("半个\ud83d表情 and \udc80 a stray byte")
+    assert cleaned == "半个表情 and  a stray byte"
+    spm.SentencePieceNormalizer(rule_name="identity").normalize(cleaned)  # raised TypeError before
+
+
 def test_tabs_survive_line_endings_are_normalised_and_blank_runs_collapse():
     raw = "\ufeff  第一段\t甲  \r\n乙\r\r\n\n \n\t\n第二段\n\n第三段  \n"
     assert Cleaner().clean(raw) == "第一段\t甲\n乙\n\n第二段\n\n第三段"

@@ -175,6 +175,31 @@ def test_duplicates_dropped_globally(tmp_path, small_corpus_docs, small_tokenize
     assert summary["dropped"]["duplicate"] == 30
 
 
+def test_cleaning_in_the_main_process_or_in_the_workers_gives_the_same_output(
+    tmp_path, small_corpus_docs, small_tokenizer
+):  # noqa: F811
+    from corpus_fixtures import write_jsonl
+
+    docs = small_corpus_docs[:80]
+    write_jsonl(tmp_path / "a.jsonl", [*docs, "  ", "\x1b[31m\t", docs[3] + "\r\n", *docs[:20]])
+    outputs = {}
+    for clean_in_main in (True, False):
+        out = tmp_path / f"main-{clean_in_main}"
+        summary = convert_corpus(
+            [str(tmp_path / "a.jsonl")],
+            tokenizer=small_tokenizer,
+            out=str(out),
+            options=options(chunk_chars=3_000, clean_in_main=clean_in_main),
+        )
+        outputs[clean_in_main] = summary, out
+    (main, main_out), (workers, workers_out) = outputs[True], outputs[False]
+    assert main["dropped"] == workers["dropped"]
+    assert main["dropped"]["duplicate"] == 21 and main["dropped"]["empty"] == 2
+    assert main["splits"] == workers["splits"]
+    for split in ("train", "val"):
+        assert np.array_equal(local_samples(str(main_out), split), local_samples(str(workers_out), split))
+
+
 def test_existing_complete_output_is_refused(tmp_path, reference, small_corpus, small_tokenizer):  # noqa: F811
     out, _ = reference
     with pytest.raises(ConvertError, match=rf"{out}.*--overwrite"):

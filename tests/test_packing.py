@@ -5,22 +5,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convert.packing import Packer, join_documents
+from convert.packing import Packer, concat_documents, drop_short_documents
 
 
-def test_eos_after_each_document_and_optional_bos():
-    docs = [[10, 11], [12], [13, 14, 15]]
-    piece = join_documents(docs, eos_id=2, bos_id=None, min_tokens=0)
-    assert piece.tokens.tolist() == [10, 11, 2, 12, 2, 13, 14, 15, 2]
-    with_bos = join_documents(docs, eos_id=2, bos_id=1, min_tokens=0)
-    assert with_bos.tokens.tolist() == [1, 10, 11, 2, 1, 12, 2, 1, 13, 14, 15, 2]
+def test_documents_are_concatenated_in_order_with_their_lengths():
+    tokens, lengths = concat_documents([[10, 11, 2], [12, 2], [13, 14, 15, 2]])
+    assert tokens.tolist() == [10, 11, 2, 12, 2, 13, 14, 15, 2] and tokens.dtype == np.uint32
+    assert lengths.tolist() == [3, 2, 4]
+    empty, none = concat_documents([])
+    assert empty.size == 0 and none.size == 0
 
 
-def test_min_tokens_counts_the_eos():
-    docs = [list(range(3, 22)), list(range(3, 21))]  # 19 ids + EOS = 20 (kept); 18 + EOS = 19 (dropped)
-    piece = join_documents(docs, eos_id=2, bos_id=None, min_tokens=20)
-    assert (piece.kept, piece.too_short) == (1, 1)
-    assert len(piece.tokens) == 20 and piece.tokens[-1] == 2
+def test_min_tokens_counts_the_eos_and_drops_whole_documents():
+    # 19 ids + EOS = 20 (kept); 18 + EOS = 19 (dropped); 20 + EOS = 21 (kept)
+    docs = [[*range(3, 22), 2], [*range(3, 21), 2], [*range(100, 120), 2]]
+    tokens, lengths = concat_documents(docs)
+    kept_tokens, kept = drop_short_documents(tokens, lengths, 20)
+    assert kept == 2
+    assert kept_tokens.tolist() == docs[0] + docs[2]
+    same, all_kept = drop_short_documents(tokens, lengths, 0)
+    assert all_kept == 3 and same is tokens
 
 
 def test_no_token_lost_between_pieces():

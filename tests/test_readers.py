@@ -183,6 +183,26 @@ def test_malformed_json_lines_are_counted_with_file_and_line(tmp_path, docs):
     assert "not a string" in reasons[3]
 
 
+def test_json_lines_the_fast_parser_refuses_read_as_json_reads_them(tmp_path):
+    """A byte order mark, NaN, a lone surrogate escape, a huge integer, CRLF and blank lines:
+    what Python's json accepts is a document, whichever parser took the line."""
+    path = tmp_path / "edge.jsonl"
+    lines = [
+        b'\xef\xbb\xbf{"text": "bom"}',
+        b'{"text": "nan", "score": NaN}',
+        b'{"text": "lone \\ud800 surrogate"}',
+        b'{"text": "big", "id": 123456789012345678901234567890}',
+        b'{"text": "crlf"}\r',
+        b"   ",
+        b'{"text": "plain \xe4\xb8\xad"}',
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out, stats = read([path], "jsonl")
+    assert [d.text for d in out] == ["bom", "nan", "lone \ud800 surrogate", "big", "crlf", "plain 中"]
+    assert [d.line for d in out] == [1, 2, 3, 4, 5, 7]
+    assert stats.malformed == 0
+
+
 def test_strict_mode_raises_naming_file_and_line(tmp_path, docs):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"text": docs[0]}, ensure_ascii=False) + "\n{oops\n", encoding="utf-8")
