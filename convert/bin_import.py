@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from convert.errors import ConvertError
-from convert.pipeline import Conversion, Doc, ShardOptions, digest_of, open_tokenizer, progress_bar
+from convert.pipeline import Conversion, Doc, ShardOptions, digest_of, open_tokenizer, progress_bar, split_of
 
 _BLOCK_BYTES = 16 << 20
 
@@ -79,7 +79,9 @@ def import_bin(
                 for doc in bin_documents(path, eos_id=info.eos_id, vocab_size=info.vocab_size):
                     counts["documents"] += 1
                     bar.update()
-                    yield Doc(digest_of(doc), len(doc), np.concatenate([bos, doc, eos], dtype=np.uint32))
+                    digest = digest_of(doc)
+                    tokens = np.concatenate([bos, doc, eos], dtype=np.uint32)
+                    yield Doc(digest, len(doc), tokens, split_of(digest, options.val_fraction))
         if counts["documents"] == 0:
             raise ConvertError(f"no tokens found in {', '.join(paths[:3])}: the .bin files are empty")
 

@@ -72,6 +72,7 @@ def convert_corpus(
                 texts,
                 cleaner=cleaner,
                 dedup=read.dedup,
+                val_fraction=options.val_fraction,
                 window=2 * options.workers,
                 clean_here=options.cleans_in_main,
             )

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -95,13 +95,13 @@ class ShardOptions:
         return int(self.shard_size_mb * (1 << 20))
 
 
-@dataclass
-class Doc:
+class Doc(NamedTuple):
     """One kept document on its way into a chunk: its tokens end with EOS (BOS first if asked)."""
 
     digest: bytes
     size: int  # characters of cleaned text (token count for imported token files)
     tokens: np.ndarray
+    split: str
 
 
 @dataclass
@@ -148,14 +148,21 @@ class TokenizedBatch:
     tokens: np.ndarray  # all documents' tokens, one after another
     drops: dict[str, int]
 
-    def documents(self) -> Iterator[tuple[bytes, int, np.ndarray]]:
-        """(digest, characters, tokens) per document; tokens are copies, so a kept one does not
-        hold the whole batch's array in memory."""
+    def documents(self, val_fraction: float) -> Iterator[Doc]:
+        """The documents, in order, with their split. A val document's tokens are a copy: val
+        chunks fill slowly, and a view would keep the whole batch's array in memory."""
         ends = np.cumsum(self.lengths).tolist()
         starts = [0, *ends[:-1]]
-        tokens, digests = self.tokens, self.digests
-        for i, (start, end, chars) in enumerate(zip(starts, ends, self.chars.tolist(), strict=True)):
-            yield digests[i * DIGEST_BYTES : (i + 1) * DIGEST_BYTES], chars, tokens[start:end].copy()
+        digests = [self.digests[i : i + DIGEST_BYTES] for i in range(0, len(self.digests), DIGEST_BYTES)]
+        # split_of for the whole batch at once: the digest's upper 8 bytes as a fraction of 2**64
+        upper = np.frombuffer(self.digests, dtype="<u8")[1::2]
+        is_val = (upper / 2.0**64 < val_fraction).tolist()
+        tokens = self.tokens
+        for digest, start, end, chars, val in zip(
+            digests, starts, ends, self.chars.tolist(), is_val, strict=True
+        ):
+            piece = tokens[start:end]
+            yield Doc(digest, chars, piece.copy() if val else piece, "val" if val else "train")
 
 
 @dataclass
@@ -203,11 +210,11 @@ def split_of(digest: bytes, val_fraction: float) -> str:
     return "val" if int.from_bytes(digest[8:], "little") / 2**64 < val_fraction else "train"
 
 
-def chunk_documents(docs: Iterable[Doc], *, val_fraction: float, chunk_size: int) -> Iterator[Chunk]:
+def chunk_documents(docs: Iterable[Doc], *, chunk_size: int) -> Iterator[Chunk]:
     """Route documents to their split; cut each split's stream into ~chunk_size chunks."""
     open_chunks = {split: Chunk(split, 0) for split in SPLITS}
     for doc in docs:
-        chunk = open_chunks[split_of(doc.digest, val_fraction)]
+        chunk = open_chunks[doc.split]
         chunk.add(doc)
         if chunk.size >= chunk_size:
             yield chunk
@@ -231,6 +238,7 @@ def tokenize_in_workers(
     *,
     cleaner: Cleaner,
     dedup: bool,
+    val_fraction: float,
     window: int,
     clean_here: bool,
 ) -> Iterator[Doc]:
@@ -252,13 +260,13 @@ def tokenize_in_workers(
     for batch in ordered(executor, tokenize_batch, batches, window):
         for reason, count in batch.drops.items():
             drops.add(reason, count)
-        for digest, chars, tokens in batch.documents():
+        for doc in batch.documents(val_fraction):
             if check:
-                if digest in seen:
+                if doc.digest in seen:
                     drops.add("duplicate")
                     continue
-                seen.add(digest)
-            yield Doc(digest, chars, tokens)
+                seen.add(doc.digest)
+            yield doc
 
 
 def _clean(texts: list[str], cleaner: Cleaner, seen: set[bytes] | None) -> TextBatch:
@@ -535,11 +543,7 @@ class Conversion:
         """Convert the documents that `documents(executor)` yields, in order."""
         window = 2 * self.options.workers
         with start_workers(self.options.workers, self.config) as executor:
-            chunks = chunk_documents(
-                documents(executor),
-                val_fraction=self.options.val_fraction,
-                chunk_size=self.options.chunk_chars,
-            )
+            chunks = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
             tasks = (_task(chunk, self.settings) for chunk in chunks)
             for result in ordered(executor, process_chunk, tasks, window, shortcut=self._reusable):
                 self.totals[result.split].parts.append(result)

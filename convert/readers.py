@@ -29,7 +29,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, ClassVar
+from typing import BinaryIO, ClassVar, NamedTuple
 
 from convert.errors import ConvertError
 from convert.presets import Preset, get_preset
@@ -53,8 +53,7 @@ _WHITESPACE = re.compile(r"\s*")
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]")
 
 
-@dataclass(frozen=True)
-class Document:
+class Document(NamedTuple):  # a tuple: built once per document, 5x cheaper than a frozen dataclass
     text: str
     source: str  # path or s3:// URL
     line: int  # 1-based line number (txt/jsonl) or 1-based item index (json list)

@@ -26,7 +26,7 @@ from convert_fixtures import (  # noqa: F401
 from convert.cleaning import Cleaner
 from convert.errors import ConvertError
 from convert.jobs import ReadOptions, convert_corpus
-from convert.pipeline import ShardOptions, digest_of, split_of
+from convert.pipeline import ShardOptions, TokenizedBatch, digest_of, split_of
 
 SEQ = 64
 FORMAT_KEYS = {
@@ -95,6 +95,22 @@ def test_one_chunk_is_the_plain_document_stream(tmp_path, small_corpus, small_co
     samples = local_samples(str(out))
     assert np.array_equal(samples.ravel(), stream[: samples.size])
     assert local_samples(str(out), "val").size == 0
+
+
+def test_a_batch_splits_its_documents_exactly_as_split_of_does():
+    rng = np.random.default_rng(0)
+    digests = [rng.bytes(16) for _ in range(2000)]
+    # Upper halves right at and around the 10 % boundary, where float rounding would show.
+    edge = int(0.1 * 2**64)
+    digests += [bytes(8) + (edge + d).to_bytes(8, "little") for d in (-2048, -1, 0, 1, 2048)]
+    n = len(digests)
+    batch = TokenizedBatch(
+        b"".join(digests), np.ones(n, np.int64), np.ones(n, np.int64), np.arange(n, dtype=np.uint32), {}
+    )
+    docs = list(batch.documents(0.1))
+    assert [doc.split for doc in docs] == [split_of(d, 0.1) for d in digests]
+    assert [doc.digest for doc in docs] == digests and [int(doc.tokens[0]) for doc in docs] == list(range(n))
+    assert 100 < sum(doc.split == "val" for doc in docs) < 300
 
 
 def test_split_is_by_document_and_stable(tmp_path, reference, small_corpus, small_tokenizer):  # noqa: F811
