@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast test-slow lint bench-convert bench-train bench-generate soak-resume bench-gpu clean
+.PHONY: install demo test test-fast test-slow lint bench-convert bench-train bench-generate soak-resume bench-restart bench-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-train: install
 
 soak-resume: install
 	$(PY) -m bench.soak_resume
+
+bench-restart: $(DEMO)/shards/train/index.json
+	$(PY) -m bench.restart
 
 bench-gpu: install
 	$(PY) -m bench.gpu

@@ -7,9 +7,9 @@ documents given a distinct suffix so de-duplication keeps them, and prints:
   * end-to-end tokens/s of `convert_corpus` with 1 and with 2 workers: wall time from the call
     to the finished output, so it includes starting the worker processes, reading and parsing
     the JSON lines, cleaning, de-duplication, tokenizing, packing, zstd and writing the shards;
-    1 worker runs twice: as by default (with a core to spare, the main process cleans the
-    texts and the worker only tokenizes and writes) and with the cleaning in the worker, as it
-    is with 2 workers on 2 cores;
+    1 worker runs twice: as by default (with a core to spare, the main process cleans the texts
+    and writes the parts, and the worker only tokenizes) and with the worker doing all of it, as
+    each worker does with 2 workers on 2 cores;
   * the ratio end-to-end / raw encode for 1 worker (target >= 0.8) for both placements, and
     the 1 -> 2 worker speed-up (target >= 1.6 on 2 cores) against both; the worker start-up
     time, measured on its own, for reference;
@@ -75,13 +75,13 @@ class Run:
 # (label, workers, clean in the main process); None: the default for this machine
 SETUPS = {
     "1 worker": (1, None),
-    "1 worker, cleaning in it": (1, False),
+    "1 worker doing all": (1, False),
     "2 workers": (2, None),
 }
 
 
 def convert_rate(
-    corpus: Path, tokenizer: str, out: Path, workers: int, seq_len: int, clean_in_main: bool | None
+    corpus: Path, tokenizer: str, out: Path, workers: int, seq_len: int, main_works: bool | None
 ) -> Run:
     """One conversion: end-to-end tokens/s (see the module docstring) and CPU seconds by process."""
     from convert.jobs import convert_corpus
@@ -93,7 +93,7 @@ def convert_rate(
         workers=workers,
         overwrite=True,
         progress=False,
-        clean_in_main=clean_in_main,
+        main_works=main_works,
     )
     before, start = os.times(), time.perf_counter()
     summary = convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options)
@@ -133,23 +133,20 @@ def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], star
 
     print(f"raw SentencePiece encode (1 thread): {best_and_spread(raw)} tokens/s, {encode_cpu:.2f} CPU s")
     for label, results in runs.items():
-        workers, clean_in_main = SETUPS[label]
-        where = (
-            "main process"
-            if ShardOptions(workers=workers, clean_in_main=clean_in_main).cleans_in_main
-            else "workers"
-        )
+        workers, main_works = SETUPS[label]
+        helps = ShardOptions(workers=workers, main_works=main_works).main_helps
+        where = "main process cleans and writes" if helps else "workers clean and write"
         rates = [run.tokens_per_s for run in results]
         best = min(results, key=lambda run: run.worker_cpu_s + run.main_cpu_s)
         print(
-            f"end-to-end, {label} (cleaning in the {where}): {best_and_spread(rates)} tokens/s, "
+            f"end-to-end, {label} ({where}): {best_and_spread(rates)} tokens/s, "
             f"{max(rates) / workers:,.0f} per worker; CPU s: workers {best.worker_cpu_s:.2f}, "
             f"main process {best.main_cpu_s:.2f}"
         )
     print(f"worker start-up (included above): best {min(startup):.2f} s, worst {max(startup):.2f} s")
     two = [run.tokens_per_s for run in runs["2 workers"]]
     ideal = min((run.worker_cpu_s + run.main_cpu_s) / 2 for run in runs["2 workers"])
-    for label in ("1 worker", "1 worker, cleaning in it"):
+    for label in ("1 worker", "1 worker doing all"):
         ratios = [run.tokens_per_s / max(raw) for run in runs[label]]
         cpu_ratio = encode_cpu / min(run.worker_cpu_s for run in runs[label])
         print(
@@ -157,7 +154,7 @@ def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], star
             f"(runs: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8); "
             f"by CPU time, encode / worker: {cpu_ratio:.2f}"
         )
-    for label in ("1 worker", "1 worker, cleaning in it"):
+    for label in ("1 worker", "1 worker doing all"):
         one = [run.tokens_per_s for run in runs[label]]
         speedups = [b / a for a, b in zip(one, two, strict=True)]
         # On 2 idle cores: 1 worker takes at least its worker CPU time (the main process runs
@@ -200,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         startup = [worker_startup_s(tokenizer, root / "out", 1) for _ in range(args.repeat)]
         runs: dict[str, list[Run]] = {label: [] for label in SETUPS}
         for _ in range(args.repeat):  # interleaved, so a burst of load hits all alike
-            for label, (workers, clean_in_main) in SETUPS.items():
-                run = convert_rate(corpus, tokenizer, root / "out", workers, args.seq_len, clean_in_main)
+            for label, (workers, main_works) in SETUPS.items():
+                run = convert_rate(corpus, tokenizer, root / "out", workers, args.seq_len, main_works)
                 runs[label].append(run)
     report(raw, encode_cpu, runs, startup)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

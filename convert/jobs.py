@@ -74,8 +74,9 @@ def convert_corpus(
                 dedup=read.dedup,
                 val_fraction=options.val_fraction,
                 window=2 * options.workers,
-                clean_here=options.cleans_in_main,
-            )
+                clean_here=options.main_helps,
+            ),
+            write_here=options.main_helps,
         )
     dropped = cleaner.drops.as_dict()
     return finish(conversion, read=stats.as_dict(), dropped=dropped, start=start, command=command)

@@ -5,17 +5,17 @@
     read documents, cut into batches  --------> clean* and digest each text, tokenize (EOS added)
                                       <-------- digests, lengths and one token array per batch
     global de-duplication by digest, in input order
-    (* here instead, with de-duplication before tokenizing, when there are more CPUs than workers)
+    (* here instead, de-duplicating before tokenizing, and ** too, when there are more CPUs than workers)
     split by digest (train/val), cut each split into chunks (boundaries independent of N)
-                                      --------> drop too-short documents, pack into seq_len rows,
+                                      --------> drop too-short documents, pack into seq_len rows,**
                                                 write the rows as MDS part-NNNNN/, done marker
                                       <-------- the chunk's tail (< seq_len tokens)
     pack the tails in chunk order into a final part (only the split's last partial row is lost)
     meta.json, summary.json, then each split's merged index.json LAST
 
-Where the cleaning runs: with fewer workers than CPUs the main process has a core to spare and
-cleans, de-duplicates and sends only kept, cleaned texts (the workers just tokenize); otherwise
-the workers clean too, and a duplicate is tokenized before the main process sees that it is
+Where the work runs: with fewer workers than CPUs the main process has a core to spare: it
+cleans, de-duplicates and sends only kept, cleaned texts, and packs and writes the parts itself
+(the workers just tokenize); otherwise the workers clean and write too, and a duplicate is tokenized before the main process sees that it is
 one (a little waste on duplicate-heavy corpora). Either way text crosses to a worker once, what
 comes back is compact (16-byte digests, token arrays), and de-duplication is global and in
 input order, so the kept documents do not depend on the worker count or the placement. Chunk
@@ -68,12 +68,14 @@ class ShardOptions:
     overwrite: bool = False
     chunk_chars: int = 1_000_000  # ~3 MB of Chinese UTF-8 per chunk
     progress: bool = True
-    clean_in_main: bool | None = None  # None: when there are more cores than workers
+    # The main process cleans the texts and writes the parts itself (the workers only tokenize)
+    # when it has a core to spare; None: when there are more CPUs than workers.
+    main_works: bool | None = None
 
     @property
-    def cleans_in_main(self) -> bool:
-        if self.clean_in_main is not None:
-            return self.clean_in_main
+    def main_helps(self) -> bool:
+        if self.main_works is not None:
+            return self.main_works
         return self.workers < available_cpus()
 
     def validate(self) -> None:
@@ -314,13 +316,18 @@ class _Done:
 
 
 class Executor:
-    """Runs tasks in a pool of spawned worker processes."""
+    """Runs tasks in a pool of worker processes; a dead worker becomes one clear ConvertError."""
 
     def __init__(self, pool) -> None:
         self.pool = pool
 
     def submit(self, fn, arg):
-        return _Pending(self.pool.submit(fn, arg))
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return _Pending(self.pool.submit(fn, arg))
+        except BrokenProcessPool:  # a worker died while this process was busy elsewhere
+            raise _worker_died() from None
 
 
 class _Pending:
@@ -335,11 +342,15 @@ class _Pending:
         try:
             return self.future.result()
         except BrokenProcessPool:
-            raise ConvertError(
-                "a conversion worker process died (killed, e.g. for lack of memory); nothing was "
-                "marked complete: re-run the same command to continue (finished parts are reused), "
-                "with fewer --workers if memory is short"
-            ) from None
+            raise _worker_died() from None
+
+
+def _worker_died() -> ConvertError:
+    return ConvertError(
+        "a conversion worker process died (killed, e.g. for lack of memory); nothing was "
+        "marked complete: re-run the same command to continue (finished parts are reused), "
+        "with fewer --workers if memory is short"
+    )
 
 
 # fork: a worker is ready in milliseconds with numpy, SentencePiece and this package already
@@ -372,14 +383,17 @@ def start_workers(workers: int, config: WorkerConfig) -> Iterator[Executor]:
     pool.shutdown(wait=True)
 
 
-def ordered(executor: Executor, fn, items: Iterable, window: int, shortcut=None) -> Iterator:
+def ordered(executor: Executor | None, fn, items: Iterable, window: int, shortcut=None) -> Iterator:
     """fn(item) for each item, results in input order, at most `window` in flight (bounded memory).
 
-    `shortcut(item)` may return a ready result, skipping the task (resumed parts).
+    `shortcut(item)` may return a ready result, skipping the task (resumed parts). Without an
+    executor each task runs here, at once.
     """
     pending: deque = deque()
     for item in items:
         ready = shortcut(item) if shortcut else None
+        if ready is None and executor is None:
+            ready = fn(item)
         pending.append(_Done(ready) if ready is not None else executor.submit(fn, item))
         while len(pending) >= window:
             yield pending.popleft().get()
@@ -395,10 +409,15 @@ _worker: dict = {}
 def init_worker(config: WorkerConfig) -> None:
     from convert.cleaning import Cleaner
 
-    _worker["config"] = config
+    init_writer(config)
     _worker["processor"] = load_processor(config.model_bytes)
-    _worker["store"] = Store.open(config.out)
     _worker["cleaner"] = Cleaner(normalization=config.normalization, min_chars=config.min_chars, dedup=False)
+
+
+def init_writer(config: WorkerConfig) -> None:
+    """What `process_chunk` needs; the main process calls this when it writes parts itself."""
+    _worker["config"] = config
+    _worker["store"] = Store.open(config.out)
 
 
 def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
@@ -539,13 +558,18 @@ class Conversion:
             # An interrupted run may have finished one split; it is redone with the other.
             store.delete_tree(f"{split}/index.json")
 
-    def run(self, documents: Callable[[Executor], Iterable[Doc]]) -> None:
-        """Convert the documents that `documents(executor)` yields, in order."""
+    def run(self, documents: Callable[[Executor], Iterable[Doc]], *, write_here: bool = False) -> None:
+        """Convert the documents that `documents(executor)` yields, in order; with `write_here`
+        this process packs and writes the parts, not the workers."""
         window = 2 * self.options.workers
+        here = write_here
+        if here:
+            init_writer(self.config)  # before the workers are forked: they replace it with their own
         with start_workers(self.options.workers, self.config) as executor:
             chunks = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
             tasks = (_task(chunk, self.settings) for chunk in chunks)
-            for result in ordered(executor, process_chunk, tasks, window, shortcut=self._reusable):
+            parts = executor if not here else None
+            for result in ordered(parts, process_chunk, tasks, window, shortcut=self._reusable):
                 self.totals[result.split].parts.append(result)
                 self.reused_parts += result.reused
         for split in SPLITS:

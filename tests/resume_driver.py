@@ -3,7 +3,9 @@
 The recorder writes one JSON line per batch to $LLM_TEST_RECORD (rank 0; other ranks append
 `.rank<N>`): batch number, the all-rank mean loss, and the SHA-256 of this rank's input_ids, then
 sleeps $LLM_TEST_BATCH_SLEEP seconds so a test can interrupt at a chosen batch. At the end of a
-complete run it saves the full model weights to $LLM_TEST_WEIGHTS.
+complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for elastic resume:
+$LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
+$LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
 
 Until `llm.trainer.build_trainer` calls `llm.resume.checkpoint_kwargs` itself, this driver adds
 it the way build_trainer is meant to (see docs/resume.md, "Integration").
@@ -35,6 +37,7 @@ class Recorder(Callback):
         path = os.environ["LLM_TEST_RECORD"]
         self.path = path if rank == 0 else f"{path}.rank{rank}"
         self.sleep = float(os.environ.get("LLM_TEST_BATCH_SLEEP", "0"))
+        self.planned = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = state.batch["input_ids"].cpu().contiguous()
@@ -48,18 +51,34 @@ class Recorder(Callback):
             "time": time.time(),
             "process_started": STARTED,
             "imported": IMPORTED,
+            # Trainer construction began (Event.INIT), a checkpoint (if any) was loaded
+            # (Event.AFTER_LOAD), fit started: where a restart's time goes.
+            **MILESTONES,
         }
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         if self.sleep:
             time.sleep(self.sleep)
 
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self.planned = state.max_duration  # a preemption's stop_training() lowers max_duration
+        _save_full_weights(state, os.environ.get("LLM_TEST_LOADED_WEIGHTS"))
+
     def fit_end(self, state: State, logger: Logger) -> None:
-        if state.timestamp < state.max_duration or int(state.timestamp.batch) == 0:
+        if int(state.timestamp.batch) == 0:
             return
-        weights = full_weights(state)
-        if dist.get_global_rank() == 0:
-            torch.save(weights, os.environ["LLM_TEST_WEIGHTS"])
+        if state.timestamp < self.planned:
+            _save_full_weights(state, os.environ.get("LLM_TEST_STOP_WEIGHTS"))
+        else:
+            _save_full_weights(state, os.environ["LLM_TEST_WEIGHTS"])
+
+
+def _save_full_weights(state: State, path: str | None) -> None:
+    if not path:
+        return
+    weights = full_weights(state)  # every rank takes part (FSDP gathers the shards)
+    if dist.get_global_rank() == 0:
+        torch.save(weights, path)
 
 
 def full_weights(state: State) -> dict:
@@ -120,6 +139,7 @@ def _tolerate_drop_last() -> None:
 
 
 IMPORTED = STARTED
+MILESTONES: dict[str, float] = {}
 
 
 def main() -> int:
@@ -140,7 +160,15 @@ class _LazyRecorder(Callback):
         self.inner: Recorder | None = None
 
     def init(self, state: State, logger: Logger) -> None:
+        MILESTONES["trainer_init"] = time.time()
         self.inner = Recorder()
+
+    def after_load(self, state: State, logger: Logger) -> None:
+        MILESTONES["loaded"] = time.time()
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        MILESTONES["fit_start"] = time.time()
+        self.inner.fit_start(state, logger)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.inner.batch_end(state, logger)

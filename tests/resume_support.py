@@ -122,14 +122,20 @@ def driver_env(record: Path, weights: Path, sleep: float = 0.0, extra: dict | No
     return env
 
 
-def start(recipe: Path, tag: str, *, cwd: Path, overrides=(), sleep=0.0, env=None, launcher=None):
-    """Start a training process; returns (Popen, record path, weights path)."""
-    record = recipe.parent / f"{tag}.jsonl"
-    weights = recipe.parent / f"{tag}.weights.pt"
+def start(
+    recipe: Path, tag: str, *, cwd: Path, overrides=(), sleep=0.0, env=None, launcher=None, folder=None
+):
+    """Start a training process; returns (Popen, record path, weights path).
+
+    The record, weights and log go to `folder` (default: the recipe's folder) as `<tag>.*`.
+    """
+    folder = Path(folder or recipe.parent)
+    record = folder / f"{tag}.jsonl"
+    weights = folder / f"{tag}.weights.pt"
     for p in (record, weights):
         p.unlink(missing_ok=True)
     cmd = [*(launcher or [sys.executable]), str(DRIVER), str(recipe), *overrides]
-    log = open(recipe.parent / f"{tag}.log", "w")
+    log = open(folder / f"{tag}.log", "w")
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -138,7 +144,7 @@ def start(recipe: Path, tag: str, *, cwd: Path, overrides=(), sleep=0.0, env=Non
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    proc.tag_log = recipe.parent / f"{tag}.log"  # type: ignore[attr-defined]
+    proc.tag_log = folder / f"{tag}.log"  # type: ignore[attr-defined]
     return proc, record, weights
 
 

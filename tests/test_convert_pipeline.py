@@ -191,7 +191,7 @@ def test_duplicates_dropped_globally(tmp_path, small_corpus_docs, small_tokenize
     assert summary["dropped"]["duplicate"] == 30
 
 
-def test_cleaning_in_the_main_process_or_in_the_workers_gives_the_same_output(
+def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_same_output(
     tmp_path, small_corpus_docs, small_tokenizer
 ):  # noqa: F811
     from corpus_fixtures import write_jsonl
@@ -199,15 +199,15 @@ def test_cleaning_in_the_main_process_or_in_the_workers_gives_the_same_output(
     docs = small_corpus_docs[:80]
     write_jsonl(tmp_path / "a.jsonl", [*docs, "  ", "\x1b[31m\t", docs[3] + "\r\n", *docs[:20]])
     outputs = {}
-    for clean_in_main in (True, False):
-        out = tmp_path / f"main-{clean_in_main}"
+    for main_works in (True, False):
+        out = tmp_path / f"main-{main_works}"
         summary = convert_corpus(
             [str(tmp_path / "a.jsonl")],
             tokenizer=small_tokenizer,
             out=str(out),
-            options=options(chunk_chars=3_000, clean_in_main=clean_in_main),
+            options=options(chunk_chars=3_000, main_works=main_works),
         )
-        outputs[clean_in_main] = summary, out
+        outputs[main_works] = summary, out
     (main, main_out), (workers, workers_out) = outputs[True], outputs[False]
     assert main["dropped"] == workers["dropped"]
     assert main["dropped"]["duplicate"] == 21 and main["dropped"]["empty"] == 2

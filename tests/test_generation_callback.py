@@ -106,6 +106,30 @@ def test_callback_writes_samples_and_does_not_change_training(tmp_path, tokenize
     assert all(torch.equal(p, trained[n]) for n, p in model.state_dict().items())
 
 
+def test_a_run_stopping_on_sigterm_skips_the_end_samples_so_its_checkpoint_comes_first(
+    tmp_path, tokenizer_path, samples
+):
+    import os
+    import signal
+
+    from composer.core import Callback
+
+    from llm.callbacks.preemption import PreemptionCallback
+
+    class SigtermAt(Callback):
+        def batch_end(self, state, logger):
+            if int(state.timestamp.batch) == 5:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    callback = make_callback(tokenizer_path, tmp_path / "run")
+    with pytest.raises(SystemExit) as stopped:
+        fit(samples, [callback, SigtermAt(), PreemptionCallback()], save_folder=str(tmp_path / "ckpt"))
+    assert stopped.value.code == 143
+    assert (tmp_path / "ckpt" / "ep0-ba5-rank0.pt").exists()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in lines] == [4, 4]  # none at the stop (batch 5)
+
+
 def test_llm_generate_continues_prompts_from_a_composer_checkpoint(tmp_path, tokenizer_path, samples, capsys):
     fit(samples, [make_callback(tokenizer_path, tmp_path / "run")], save_folder=str(tmp_path / "ckpt"))
     ckpt = str(tmp_path / "ckpt" / "latest-rank0.pt")

@@ -8,13 +8,15 @@ and to the Composer loggers (a table, plus the seconds the call took).
 
 Training is not changed: sampling draws from its own generator (the global RNG is untouched), the
 model's train mode is restored, and nothing runs with gradients. Each call reuses the same seed,
-so the samples of different steps differ only because the weights did.
+so the samples of different steps differ only because the weights did. A run stopping on
+SIGTERM/SIGINT skips the end-of-training samples: its checkpoint comes first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from torch import Tensor, nn
 from llm.checkpoint_io import MODEL_CONFIG_KEY
 from llm.generate import generate
 from llm.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class GenerationCallback(Callback):
@@ -90,8 +94,16 @@ class GenerationCallback(Callback):
             self.run(state, logger)
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        if self._prompt_ids and self._last_step != int(state.timestamp.batch):
-            self.run(state, logger)
+        if not self._prompt_ids or self._last_step == int(state.timestamp.batch):
+            return
+        if _stopping_on_signal(state):
+            # Seconds of sampling would delay the preemption checkpoint (saved after fit_end
+            # callbacks) inside the launcher's grace period; the resumed run samples later.
+            log.info(
+                "generation: skipped at batch %d, the run is stopping on a signal", int(state.timestamp.batch)
+            )
+            return
+        self.run(state, logger)
 
     def state_dict(self) -> dict:
         # Recorded in every checkpoint so `llm generate`/`llm export` can rebuild the model alone.
@@ -165,6 +177,13 @@ def transformer_of(model: nn.Module) -> nn.Module:
         model = model.module
     inner = model.model if hasattr(model, "model") else model
     return getattr(inner, "_orig_mod", inner)  # torch.compile: decode steps must not recompile
+
+
+def _stopping_on_signal(state: State) -> bool:
+    """Whether every rank agreed to stop early on SIGTERM/SIGINT (see callbacks.preemption)."""
+    from llm.callbacks.preemption import PreemptionCallback
+
+    return any(isinstance(cb, PreemptionCallback) and cb.stop_signal is not None for cb in state.callbacks)
 
 
 def _from_rank_zero(tokens: Tensor) -> Tensor:

@@ -1,0 +1,153 @@
+"""Restart-to-first-training-step time on the demo recipe: SIGTERM, restart, repeat.
+
+    python -m bench.restart [--restarts 3] [--save-every 5] [--workdir DIR] [key=value ...]
+
+Trains recipes/demo.yaml (the demo shards and tokenizer from `make demo`) in its own temp folder
+and run name, with a checkpoint every `--save-every` batches: the first process runs until a
+periodic checkpoint is stored, then gets SIGTERM (it stores a checkpoint at the interrupted batch
+and exits 143). The same command is then restarted `--restarts` times; each restart is stopped
+with SIGTERM as soon as it has trained its first new step. Printed per restart and as medians:
+- start->step: from process start (before any import) to the end of the first new training step;
+- imports, and import->step: the same from the moment `llm.trainer` and `train` are imported;
+- import->loaded: until the checkpoint is loaded (Composer's AFTER_LOAD event), split into our
+  set-up before the Trainer exists (config, process group, checkpoint scan and verification,
+  datasets, model) and Composer's Trainer init including the load; loaded->step: the first step.
+The issue's target is under 10 s after the imports. Each process is a real `train.py` (through
+tests/resume_driver.py, which records the timestamps), as in `python -m bench.soak_resume`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+import resume_support as rs  # noqa: E402
+
+RECIPE = REPO / "recipes" / "demo.yaml"
+DEMO_INPUTS = [REPO / "data/demo/shards/train/index.json", REPO / "data/demo/tokenizer.model"]
+RUN_NAME = "bench-restart"
+COLUMNS = [  # (label, start key, end key) of one restart's timestamps (tests/resume_driver.py)
+    ("start->step", "process_started", "time"),
+    ("imports", "process_started", "imported"),
+    ("import->step", "imported", "time"),
+    ("import->loaded", "imported", "loaded"),
+    ("  ours", "imported", "trainer_init"),  # config, process group, checkpoint scan, data, model
+    ("  Trainer", "trainer_init", "loaded"),  # Composer's Trainer init, checkpoint load included
+    ("loaded->step", "loaded", "time"),
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.restart", description=__doc__.splitlines()[0])
+    parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument("--save-every", type=int, default=5, help="checkpoint interval in batches")
+    parser.add_argument("--workdir", default=None, help="default: a new temp folder, deleted at the end")
+    parser.add_argument(
+        "overrides", nargs="*", help="more recipe overrides, e.g. callbacks.generate.enabled=false"
+    )
+    args = parser.parse_args(argv)
+    if args.restarts < 1 or args.save_every < 1:
+        parser.error("--restarts and --save-every must each be at least 1")
+    return args
+
+
+def overrides(work: Path, save_every: int, extra: list[str]) -> list[str]:
+    return [
+        f"run_name={RUN_NAME}",
+        f"run_dir={work / 'run'}",
+        f"checkpoint.save_folder={work / 'checkpoints'}",
+        f"checkpoint.save_interval={save_every}ba",
+        f"data.cache_root={work / 'cache'}",
+        "loggers.progress_bar=false",  # plain console lines in the logs
+        *extra,
+    ]
+
+
+def run_once(args, work: Path, tag: str, until_batch: int | None) -> tuple[rs.Run, str | None]:
+    """One process, SIGTERM once batch `until_batch` (None: its first new batch) is recorded."""
+    proc, record, weights = rs.start(
+        RECIPE, tag, cwd=REPO, overrides=overrides(work, args.save_every, args.overrides), folder=work
+    )
+    try:
+        rs.wait_for_batch(record, until_batch or 0, proc, timeout=300)
+        os.killpg(proc.pid, signal.SIGTERM)  # stores a checkpoint at the batch it is in, exits 143
+        result = rs.finish(proc, record, weights, 0.0, timeout=120)
+    finally:
+        rs.kill_group(proc)
+    resumed = re.search(r"from the checkpoint at batch (\d+)", result.output)
+    return result, resumed.group(1) if resumed else None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    missing = [str(p.relative_to(REPO)) for p in DEMO_INPUTS if not p.exists()]
+    if missing:
+        print(
+            f"missing {', '.join(missing)}: run `make demo` first, or only its inputs: "
+            "`make data/demo/shards/train/index.json`",
+            file=sys.stderr,
+        )
+        return 2
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-restart-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    status = _bench(args, work)
+    if status == 0 and not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return status
+
+
+def _bench(args, work: Path) -> int:
+    print(
+        f"restart benchmark: {RECIPE.relative_to(REPO)}, checkpoint every {args.save_every} batches, in {work}"
+    )
+    header = "".join(f"{label:>16s}" for label, _, _ in COLUMNS)
+    print(f"{'':28s}{header}   (seconds)")
+    rows: list[dict] = []
+    # The first process trains past its first periodic checkpoint, then is stopped.
+    for i in range(args.restarts + 1):
+        tag = "first" if i == 0 else f"restart{i}"
+        run, resumed = run_once(args, work, tag, args.save_every + 1 if i == 0 else None)
+        batches = run.batches()
+        if run.returncode != 128 + signal.SIGTERM or not batches or (i > 0 and resumed is None):
+            print(
+                f"{tag}: exit {run.returncode}, resumed at {resumed}; its log, {work / (tag + '.log')}, ends:"
+            )
+            print(run.output[-4000:])
+            return 1
+        first = batches[0]
+        label = "fresh start" if i == 0 else f"restart {i} (from batch {resumed})"
+        print(f"{label:28s}" + "".join(f"{_span(first, a, b):>16s}" for _, a, b in COLUMNS), flush=True)
+        if i > 0:
+            rows.append(first)
+    medians = [
+        statistics.median(r[b] - r[a] for r in rows) if all(a in r and b in r for r in rows) else None
+        for _, a, b in COLUMNS
+    ]
+    print(
+        f"{'median of the restarts':28s}"
+        + "".join(f"{'-' if m is None else f'{m:.2f}':>16s}" for m in medians)
+    )
+    total, after = medians[0], medians[2]
+    print(
+        f"\nrestart to first new training step: median {total:.1f} s, {after:.1f} s after imports "
+        f"(target: under 10 s after imports)"
+    )
+    return 0
+
+
+def _span(row: dict, a: str, b: str) -> str:
+    return f"{row[b] - row[a]:.2f}" if a in row and b in row else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
