@@ -73,7 +73,7 @@ def convert_corpus(
                 cleaner=cleaner,
                 dedup=read.dedup,
                 val_fraction=options.val_fraction,
-                window=2 * options.workers,
+                window=4 * options.workers + 4,
                 clean_here=options.main_helps,
             ),
             write_here=options.main_helps,
