@@ -154,7 +154,7 @@ class TokenizedBatch:
         """The documents, in order, with their split. A val document's tokens are a copy: val
         chunks fill slowly, and a view would keep the whole batch's array in memory."""
         ends = np.cumsum(self.lengths).tolist()
-        starts = [0, *ends[:-1]]
+        starts = [0, *ends[:-1]] if ends else []  # a batch may keep no document at all
         digests = [self.digests[i : i + DIGEST_BYTES] for i in range(0, len(self.digests), DIGEST_BYTES)]
         # split_of for the whole batch at once: the digest's upper 8 bytes as a fraction of 2**64
         upper = np.frombuffer(self.digests, dtype="<u8")[1::2]

@@ -192,12 +192,16 @@ def test_duplicates_dropped_globally(tmp_path, small_corpus_docs, small_tokenize
 
 
 def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_same_output(
-    tmp_path, small_corpus_docs, small_tokenizer
+    tmp_path, small_corpus_docs, small_tokenizer, monkeypatch
 ):  # noqa: F811
     from corpus_fixtures import write_jsonl
 
+    from convert import pipeline
+
+    # Small batches, so that some hold only duplicates or only empty documents.
+    monkeypatch.setattr(pipeline, "_BATCH_CHARS", 1_000)
     docs = small_corpus_docs[:80]
-    write_jsonl(tmp_path / "a.jsonl", [*docs, "  ", "\x1b[31m\t", docs[3] + "\r\n", *docs[:20]])
+    write_jsonl(tmp_path / "a.jsonl", [*docs, *["  "] * 600, "\x1b[31m\t", docs[3] + "\r\n", *docs[:40]])
     outputs = {}
     for main_works in (True, False):
         out = tmp_path / f"main-{main_works}"
@@ -210,7 +214,7 @@ def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_sam
         outputs[main_works] = summary, out
     (main, main_out), (workers, workers_out) = outputs[True], outputs[False]
     assert main["dropped"] == workers["dropped"]
-    assert main["dropped"]["duplicate"] == 21 and main["dropped"]["empty"] == 2
+    assert main["dropped"]["duplicate"] == 41 and main["dropped"]["empty"] == 601
     assert main["splits"] == workers["splits"]
     for split in ("train", "val"):
         assert np.array_equal(local_samples(str(main_out), split), local_samples(str(workers_out), split))
