@@ -57,6 +57,29 @@ def _losses(record: Path) -> dict[int, float]:
     return {r["batch"]: r["loss"] for r in map(json.loads, record.read_text().splitlines())}
 
 
+def _assert_loaded_exactly(stop_weights: Path, loaded_weights: Path) -> None:
+    """The full weights right after the load equal those the stopped run saved, bit for bit."""
+    stopped, loaded = load_weights(stop_weights), load_weights(loaded_weights)
+    assert stopped.keys() == loaded.keys()
+    assert all(torch.equal(stopped[k], loaded[k]) for k in stopped)
+
+
+def _assert_within_tolerance(reference, resumed, stop: int) -> None:
+    """Losses and final weights after a world-size change, against the run at the old size."""
+    ref_loss, losses = _losses(reference.record), _losses(resumed.record)
+    # The first step sees the same weights and samples, but paired differently into micro-batches
+    # (world size 1: samples 0+1 and 2+3; world size 2: 0+2 on rank 0, 1+3 on rank 1), so the
+    # mean loss may round differently: equal within float32 rounding, not bit for bit.
+    assert losses[stop + 1] == pytest.approx(ref_loss[stop + 1], rel=1e-6, abs=0)
+    # Later steps drift: a rounding difference in a near-zero gradient can flip an Adam update of size ~lr.
+    for batch, loss in losses.items():
+        assert loss == pytest.approx(ref_loss[batch], abs=5e-3)
+    wa, wb = load_weights(reference.weights), load_weights(resumed.weights)
+    for k in wa:
+        assert (wa[k] - wb[k]).abs().max() <= 5 * 1e-2, k
+        assert (wa[k] - wb[k]).norm() <= 0.1 * wa[k].norm(), k
+
+
 @pytest.fixture(scope="module")
 def reference_ws2(tmp_path_factory, shards, s3_server):
     folder = tmp_path_factory.mktemp("fsdp-ref")
@@ -125,24 +148,10 @@ def test_elastic_resume_2_to_1_continues_the_sample_order_with_weights_within_to
     )
     assert second.returncode == 0, second.output[-6000:]
     assert "world size 2 -> 1" in second.output
-    # The two-rank checkpoint is loaded into one rank exactly.
-    stopped, loaded = load_weights(stop_weights), load_weights(loaded_weights)
-    assert stopped.keys() == loaded.keys()
-    assert all(torch.equal(stopped[k], loaded[k]) for k in stopped)
+    _assert_loaded_exactly(stop_weights, loaded_weights)  # two ranks' shards into one rank
     ref = _global_batches(reference_ws2.record)
     assert _global_batches(second.record) == {b: s for b, s in ref.items() if b > stop}
-    # The first step after the resume sees the same weights and samples, but pairs the samples
-    # into micro-batches differently, so its mean loss may round differently (equal on this
-    # data and CPU, one ulp off in the 1 -> 2 test): within float32 rounding, not bit for bit.
-    ref_loss, losses = _losses(reference_ws2.record), _losses(second.record)
-    assert losses[stop + 1] == pytest.approx(ref_loss[stop + 1], rel=1e-6, abs=0)
-    # Later steps drift: a rounding difference in a near-zero gradient can flip an Adam update of size ~lr.
-    for batch, loss in losses.items():
-        assert loss == pytest.approx(ref_loss[batch], abs=5e-3)
-    wa, wb = load_weights(reference_ws2.weights), load_weights(second.weights)
-    for k in wa:
-        assert (wa[k] - wb[k]).abs().max() <= 5 * 1e-2, k
-        assert (wa[k] - wb[k]).norm() <= 0.1 * wa[k].norm(), k
+    _assert_within_tolerance(reference_ws2, second, stop)
 
 
 @pytest.fixture(scope="module")
@@ -187,12 +196,9 @@ def test_elastic_resume_1_to_2_reshards_exactly_continues_the_sample_order_and_s
     assert f"from the checkpoint at batch {stop}: {save}/ep0-ba{stop}; world size 1 -> 2" in second.output
 
     # Up to the stop this is an ordinary world-size-1 run: bit-identical to its reference.
-    ref_loss, losses = _losses(reference_ws1.record), _losses(second.record)
+    ref_loss = _losses(reference_ws1.record)
     assert _losses(first.record) == {b: ref_loss[b] for b in range(1, stop + 1)}
-    # The one-rank checkpoint is resharded over two ranks exactly.
-    stopped, loaded = load_weights(stop_weights), load_weights(loaded_weights)
-    assert stopped.keys() == loaded.keys()
-    assert all(torch.equal(stopped[k], loaded[k]) for k in stopped)
+    _assert_loaded_exactly(stop_weights, loaded_weights)  # one rank's checkpoint over two ranks
     # Streaming partitions the samples over canonical nodes, not ranks: the global order is the
     # same at both world sizes, and after the resume every rank gets exactly the samples it gets
     # in the uninterrupted world-size-2 run.
@@ -205,14 +211,4 @@ def test_elastic_resume_1_to_2_reshards_exactly_continues_the_sample_order_and_s
         }
         rank = {r["batch"]: r["ids"] for r in map(json.loads, Path(f"{second.record}{suffix}").open())}
         assert rank == {b: ids for b, ids in ref_rank.items() if b > stop}, suffix
-    # The first step sees the same weights and samples, but paired differently into micro-batches
-    # (world size 1: samples 0+1 and 2+3; world size 2: 0+2 on rank 0, 1+3 on rank 1), so the
-    # mean loss is rounded differently: equal to a few float32 ulps, not bit for bit.
-    assert losses[stop + 1] == pytest.approx(ref_loss[stop + 1], rel=1e-6, abs=0)
-    # Later steps drift: a rounding difference in a near-zero gradient can flip an Adam update of size ~lr.
-    for batch, loss in losses.items():
-        assert loss == pytest.approx(ref_loss[batch], abs=5e-3)
-    wa, wb = load_weights(reference_ws1.weights), load_weights(second.weights)
-    for k in wa:
-        assert (wa[k] - wb[k]).abs().max() <= 5 * 1e-2, k
-        assert (wa[k] - wb[k]).norm() <= 0.1 * wa[k].norm(), k
+    _assert_within_tolerance(reference_ws1, second, stop)
