@@ -374,7 +374,9 @@ def start_workers(workers: int, config: WorkerConfig) -> Iterator[Executor]:
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context(_START_METHOD)
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(config,))
+    pool = ProcessPoolExecutor(
+        workers, mp_context=context, initializer=init_worker, initargs=(config, os.getpid())
+    )
     try:
         yield Executor(pool)
     except BaseException:
@@ -406,12 +408,35 @@ def ordered(executor: Executor | None, fn, items: Iterable, window: int, shortcu
 _worker: dict = {}
 
 
-def init_worker(config: WorkerConfig) -> None:
+def init_worker(config: WorkerConfig, parent: int | None = None) -> None:
     from convert.cleaning import Cleaner
 
+    if parent is not None and _START_METHOD == "fork":
+        _die_with(parent)
     init_writer(config)
     _worker["processor"] = load_processor(config.model_bytes)
     _worker["cleaner"] = Cleaner(normalization=config.normalization, min_chars=config.min_chars, dedup=False)
+
+
+def _die_with(parent: int) -> None:
+    """Make this forked worker end when the main process does, even by SIGKILL.
+
+    A forked worker holds copies of the pool's pipe ends, so it never reads end-of-file when
+    its parent is killed and would wait forever; Linux's parent-death signal ends it instead.
+    """
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux after all
+        return
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def init_writer(config: WorkerConfig) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import sentencepiece as spm
 from convert_fixtures import (  # noqa: F401
@@ -262,9 +263,14 @@ def test_killed_run_leaves_no_index_and_resumes(tmp_path, reference, chinese_doc
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.01)
+    workers = _workers_of(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert marker.exists(), proc.stderr.read()
+    # Its worker processes go with it instead of waiting forever on the pool's pipes.
+    assert workers, "no worker process found"
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"worker processes outlived the killed conversion: {alive}"
     assert not (out / "train" / "index.json").exists() and not (out / "val" / "index.json").exists()
 
     resumed = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
@@ -280,7 +286,6 @@ def test_killed_run_leaves_no_index_and_resumes(tmp_path, reference, chinese_doc
 @pytest.mark.slow
 def test_a_dead_worker_stops_the_run_with_a_clear_error(tmp_path, chinese_documents, small_tokenizer):  # noqa: F811
     """A worker killed (e.g. by the OOM killer) must not leave the run waiting forever."""
-    import psutil
     from corpus_fixtures import write_jsonl
 
     corpus = tmp_path / "big.jsonl"
@@ -295,11 +300,7 @@ def test_a_dead_worker_stops_the_run_with_a_clear_error(tmp_path, chinese_docume
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.01)
-    workers = [
-        p
-        for p in psutil.Process(proc.pid).children(recursive=True)
-        if "resource_tracker" not in " ".join(p.cmdline())
-    ]
+    workers = _workers_of(proc.pid)
     assert workers, "no worker process found"
     for worker in workers:
         worker.kill()
@@ -307,3 +308,12 @@ def test_a_dead_worker_stops_the_run_with_a_clear_error(tmp_path, chinese_docume
     assert proc.returncode == 2, stderr
     assert "worker process died" in stderr and "re-run the same command" in stderr
     assert not (out / "train" / "index.json").exists()
+
+
+def _workers_of(pid: int) -> list:
+    """The conversion's worker processes (not multiprocessing's resource tracker)."""
+    return [
+        p
+        for p in psutil.Process(pid).children(recursive=True)
+        if "resource_tracker" not in " ".join(p.cmdline())
+    ]
