@@ -4,22 +4,25 @@
   "empty"            nothing left after cleaning
   "too_short_chars"  fewer than `min_chars` characters left
   "duplicate"        exactly the same cleaned text as an earlier document
-(The pipeline adds "too_short_tokens" after tokenization, in its own DropCounts.)
+(The pipeline counts "too_short_tokens" after tokenization.) `clean_with_digest` also returns
+the text's digest (`text_digest`), and `first_seen(digest)` is the de-duplication on its own,
+for digests computed elsewhere (the pipeline's workers clean without de-duplicating and the
+main process de-duplicates their digests, in input order).
 
-Exact de-duplication keeps a set of 16-byte BLAKE2b digests of the cleaned texts: the only
+Exact de-duplication keeps a set of 16-byte XXH3-128 digests of the cleaned texts: the only
 memory that grows with the corpus. That is 16 bytes of hash per distinct document, about
 90 bytes once CPython's bytes-object and set-slot overhead are counted (roughly 0.9 GB per
-10 M documents). Each Cleaner sees only its own documents: parallel workers de-duplicate within
-their share of the corpus.
+10 M documents).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass, field
+
+import xxhash
 
 from convert.errors import ConvertError
 
@@ -82,17 +85,28 @@ class Cleaner:
 
     def clean(self, text: str) -> str | None:
         """The cleaned text, or None (and the reason counted in `drops`) if it is dropped."""
+        kept = self.clean_with_digest(text)
+        return None if kept is None else kept[0]
+
+    def clean_with_digest(self, text: str) -> tuple[str, bytes] | None:
+        """(cleaned text, its digest), or None (and the reason counted) if it is dropped."""
         text = self.normalize(text)
         if not text:
             return self._drop("empty")
         if len(text) < self.min_chars:
             return self._drop("too_short_chars")
-        if self.dedup:
-            digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-            if digest in self._seen:
-                return self._drop("duplicate")
-            self._seen.add(digest)
-        return text
+        digest = text_digest(text)
+        return (text, digest) if self.first_seen(digest) else None
+
+    def first_seen(self, digest: bytes) -> bool:
+        """False, counted as a "duplicate", when de-duplicating and the digest came before."""
+        if not self.dedup:
+            return True
+        if digest in self._seen:
+            self._drop("duplicate")
+            return False
+        self._seen.add(digest)
+        return True
 
     def normalize(self, text: str) -> str:
         """Cleaning without the drop decisions: escapes, controls, Unicode form, whitespace.
@@ -118,6 +132,15 @@ class Cleaner:
     def _drop(self, reason: str) -> None:
         self.drops.add(reason)
         return None
+
+
+def text_digest(text: str) -> bytes:
+    """16-byte XXH3-128 of the text's UTF-8: its identity for de-duplication, split and resume.
+
+    Not a cryptographic hash: a collision (odds about n^2 / 2^129 for n documents) would drop a
+    document as a duplicate; XXH3 is about 2x faster than BLAKE2b here.
+    """
+    return xxhash.xxh3_128_digest(text.encode("utf-8", "surrogatepass"))
 
 
 def unicode_form(form: str, text: str) -> str:

@@ -56,7 +56,7 @@ def convert_corpus(
         normalization=read.normalization,
         min_chars=read.min_chars,
     )
-    cleaner = Cleaner(normalization=read.normalization, min_chars=read.min_chars, dedup=False)
+    cleaner = Cleaner(normalization=read.normalization, min_chars=read.min_chars, dedup=read.dedup)
     paths = expand_inputs(inputs)
     conversion.prepare_output()
     stats = ReadStats()
@@ -71,7 +71,6 @@ def convert_corpus(
                 executor,
                 texts,
                 cleaner=cleaner,
-                dedup=read.dedup,
                 val_fraction=options.val_fraction,
                 window=4 * options.workers + 4,
                 clean_here=options.main_helps,

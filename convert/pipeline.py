@@ -36,17 +36,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
+import xxhash
 
+from convert.cleaning import Cleaner, text_digest
 from convert.errors import ConvertError
 from convert.packing import TOKEN_DTYPE, Packer, concat_documents, drop_short_documents
 from convert.tokenizer import TokenizerInfo, describe, load_processor
 from convert.writer import ShardWriter, Store, index_json, prefixed_entries
-
-if TYPE_CHECKING:
-    from convert.cleaning import Cleaner
 
 SPLITS = ("train", "val")
 FORMAT_NAME = "llm-pretrain-tokens"
@@ -196,15 +195,8 @@ class WorkerConfig:
 
 
 def digest_of(doc: str | np.ndarray) -> bytes:
-    """16-byte XXH3-128 of a document: its identity for de-duplication, split and fingerprints.
-
-    Not a cryptographic hash: a collision (odds about n^2 / 2^129 for n documents) would drop a
-    document as a duplicate; XXH3 is about 2x faster than BLAKE2b here.
-    """
-    import xxhash
-
-    data = doc.encode("utf-8", "surrogatepass") if isinstance(doc, str) else doc.tobytes()
-    return xxhash.xxh3_128_digest(data)
+    """A document's 16-byte identity: `text_digest` of a text, XXH3-128 of a token array's bytes."""
+    return text_digest(doc) if isinstance(doc, str) else xxhash.xxh3_128_digest(doc.tobytes())
 
 
 def split_of(digest: bytes, val_fraction: float) -> str:
@@ -239,7 +231,6 @@ def tokenize_in_workers(
     texts: Iterable[str],
     *,
     cleaner: Cleaner,
-    dedup: bool,
     val_fraction: float,
     window: int,
     clean_here: bool,
@@ -248,45 +239,26 @@ def tokenize_in_workers(
 
     Cleaning (Unicode normalisation is the costly part) runs in the workers, or here when
     `clean_here`: with fewer workers than cores this process has a core of its own, and
-    cleaning here leaves the workers only the tokenizing. Either way de-duplication is global
-    and in input order, so the kept documents do not depend on the worker count or placement.
+    cleaning here leaves the workers only the tokenizing. Either way `cleaner` de-duplicates
+    (if it is set to), globally and in input order, so the kept documents do not depend on the
+    worker count or placement.
     """
-    seen: set[bytes] = set()
-    drops = cleaner.drops
     batches: Iterable[TextBatch]
     if clean_here:
-        batches = (_clean(batch, cleaner, seen if dedup else None) for batch in _batches(texts, _BATCH_CHARS))
+        batches = (_clean(batch, cleaner) for batch in _batches(texts, _BATCH_CHARS))
     else:
         batches = map(TextBatch, _batches(texts, _BATCH_CHARS))
-    check = dedup and not clean_here
     for batch in ordered(executor, tokenize_batch, batches, window):
         for reason, count in batch.drops.items():
-            drops.add(reason, count)
+            cleaner.drops.add(reason, count)
         for doc in batch.documents(val_fraction):
-            if check:
-                if doc.digest in seen:
-                    drops.add("duplicate")
-                    continue
-                seen.add(doc.digest)
-            yield doc
+            if clean_here or cleaner.first_seen(doc.digest):  # cleaned here: de-duplicated already
+                yield doc
 
 
-def _clean(texts: list[str], cleaner: Cleaner, seen: set[bytes] | None) -> TextBatch:
-    kept: list[str] = []
-    digests: list[bytes] = []
-    for text in texts:
-        cleaned = cleaner.clean(text)
-        if cleaned is None:
-            continue
-        digest = digest_of(cleaned)
-        if seen is not None:
-            if digest in seen:
-                cleaner.drops.add("duplicate")
-                continue
-            seen.add(digest)
-        kept.append(cleaned)
-        digests.append(digest)
-    return TextBatch(kept, b"".join(digests))
+def _clean(texts: list[str], cleaner: Cleaner) -> TextBatch:
+    kept = [k for k in map(cleaner.clean_with_digest, texts) if k is not None]
+    return TextBatch([text for text, _ in kept], b"".join(digest for _, digest in kept))
 
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
@@ -409,8 +381,6 @@ _worker: dict = {}
 
 
 def init_worker(config: WorkerConfig, parent: int | None = None) -> None:
-    from convert.cleaning import Cleaner
-
     if parent is not None and _START_METHOD == "fork":
         _die_with(parent)
     init_writer(config)
@@ -454,8 +424,8 @@ def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
     cleaner = _worker["cleaner"]
     cleaner.drops = DropCounts()
     if batch.digests is None:
-        kept = [cleaned for cleaned in map(cleaner.clean, batch.texts) if cleaned is not None]
-        digests = b"".join(map(digest_of, kept))
+        cleaned = [k for k in map(cleaner.clean_with_digest, batch.texts) if k is not None]
+        kept, digests = [text for text, _ in cleaned], b"".join(digest for _, digest in cleaned)
     else:
         kept, digests = batch.texts, batch.digests
     # One core per worker (N workers = N cores); SentencePiece adds EOS (and BOS) in C++.
@@ -587,13 +557,12 @@ class Conversion:
         """Convert the documents that `documents(executor)` yields, in order; with `write_here`
         this process packs and writes the parts, not the workers."""
         window = 2 * self.options.workers
-        here = write_here
-        if here:
+        if write_here:
             init_writer(self.config)  # before the workers are forked: they replace it with their own
         with start_workers(self.options.workers, self.config) as executor:
             chunks = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
             tasks = (_task(chunk, self.settings) for chunk in chunks)
-            parts = executor if not here else None
+            parts = None if write_here else executor
             for result in ordered(parts, process_chunk, tasks, window, shortcut=self._reusable):
                 self.totals[result.split].parts.append(result)
                 self.reused_parts += result.reused
