@@ -193,6 +193,8 @@ def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedul
         max_batches=steps(cfg.training.max_duration),
         warmup_batches=steps(cfg.scheduler.warmup),
         eval_batches=max(1, steps(cfg.training.eval_interval)),
+        # Not passed on (llm/resume.py's saver takes checkpoint.save_interval as written): computed
+        # so that an interval in a unit the schedule cannot convert is refused before training.
         save_batches=max(1, steps(cfg.checkpoint.save_interval)),
     )
 
@@ -257,24 +259,9 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         progress_bar=cfg.loggers.progress_bar,
         log_to_console=not cfg.loggers.progress_bar,
         console_log_interval=f"{cfg.training.log_interval}ba",
-        **{**checkpoint_kwargs(cfg, schedule), **resume_kwargs},
+        **resume_kwargs,  # saving, autoresume and loading: all decided in llm/resume.py
         compile_config={} if cfg.training.compile else None,
     )
-
-
-def checkpoint_kwargs(cfg: TrainConfig, schedule: Schedule) -> dict[str, Any]:
-    """Trainer arguments for saving, autoresume and loading (one place to swap the strategy)."""
-    ck = cfg.checkpoint
-    return {
-        "save_folder": ck.save_folder,
-        "save_interval": f"{schedule.save_batches}ba",
-        "save_num_checkpoints_to_keep": ck.num_to_keep,
-        # Autoresume may re-save a name whose upload the previous run already started.
-        "save_overwrite": True,
-        "autoresume": bool(ck.autoresume and ck.save_folder and cfg.run_name),
-        "load_path": ck.load_path,
-        "load_weights_only": ck.load_weights_only,
-    }
 
 
 def _algorithms(cfg: TrainConfig) -> list:

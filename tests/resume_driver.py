@@ -6,9 +6,6 @@ sleeps $LLM_TEST_BATCH_SLEEP seconds so a test can interrupt at a chosen batch. 
 complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for elastic resume:
 $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
-
-Until `llm.trainer.build_trainer` calls `llm.resume.checkpoint_kwargs` itself, this driver adds
-it the way build_trainer is meant to (see docs/resume.md, "Integration").
 """
 
 from __future__ import annotations
@@ -91,53 +88,6 @@ def full_weights(state: State) -> dict:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def integrate_resume_if_missing() -> None:
-    """Add checkpoint_kwargs to build_trainer, as the integration does, if it is not there yet."""
-    import llm.trainer as trainer_mod
-
-    if "llm.resume" in Path(trainer_mod.__file__).read_text():
-        return
-    original_build = trainer_mod.build_trainer
-    real_trainer = trainer_mod.Trainer
-
-    def build_trainer(cfg, extra_callbacks=()):
-        from llm.resume import checkpoint_kwargs
-
-        def make(**kwargs):
-            ck_kwargs, ck_callbacks = checkpoint_kwargs(
-                cfg, rank=dist.get_global_rank(), world_size=dist.get_world_size()
-            )
-            kwargs.update(ck_kwargs)
-            kwargs["callbacks"] = [*kwargs["callbacks"], *ck_callbacks]
-            return real_trainer(**kwargs)
-
-        trainer_mod.Trainer = make
-        try:
-            return original_build(cfg, extra_callbacks)
-        finally:
-            trainer_mod.Trainer = real_trainer
-
-    trainer_mod.build_trainer = build_trainer
-
-
-def _tolerate_drop_last() -> None:
-    """TEMPORARY: llm.data passes drop_last=, which StreamingDataset 0.13 does not accept."""
-    import inspect
-
-    from streaming import StreamingDataset
-
-    import llm.data as data
-
-    if "drop_last" in inspect.signature(StreamingDataset.__init__).parameters:
-        return
-    original = data.TokenDataset.__init__
-
-    def init(self, *args, drop_last=None, **kwargs):
-        original(self, *args, **kwargs)
-
-    data.TokenDataset.__init__ = init
-
-
 IMPORTED = STARTED
 MILESTONES: dict[str, float] = {}
 
@@ -148,8 +98,6 @@ def main() -> int:
     import train
 
     IMPORTED = time.time()
-    _tolerate_drop_last()
-    integrate_resume_if_missing()
     return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])
 
 

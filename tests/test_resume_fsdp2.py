@@ -80,20 +80,29 @@ def _assert_within_tolerance(reference, resumed, stop: int) -> None:
         assert (wa[k] - wb[k]).norm() <= 0.1 * wa[k].norm(), k
 
 
-@pytest.fixture(scope="module")
-def reference_ws2(tmp_path_factory, shards, s3_server):
-    folder = tmp_path_factory.mktemp("fsdp-ref")
-    s3_server.create_bucket("fsdp-reference")
-    recipe = write_recipe(folder / "recipe.yaml", shards, "s3://fsdp-reference/ref", cache=folder / "cache")
-    result = run(recipe, "ref", cwd=folder, overrides=FSDP, env=ENV, launcher=LAUNCH_2)
+def _reference(tmp_path_factory, shards, s3_server, name: str, launcher=None):
+    """An uninterrupted FSDP2 run with its checkpoints in bucket `name`."""
+    folder = tmp_path_factory.mktemp(name)
+    s3_server.create_bucket(name)
+    recipe = write_recipe(folder / "recipe.yaml", shards, f"s3://{name}/ref", cache=folder / "cache")
+    result = run(recipe, "ref", cwd=folder, overrides=FSDP, env=ENV, launcher=launcher)
     assert result.returncode == 0, result.output[-6000:]
     return result
 
 
-def test_fsdp2_sharded_checkpoint_on_s3_sigterm_and_resume_at_world_size_2_is_bit_identical(
-    tmp_path, shards, reference_ws2, s3_server, s3_bucket
-):
-    save = f"s3://{s3_bucket}/fsdp"
+@pytest.fixture(scope="module")
+def reference_ws2(tmp_path_factory, shards, s3_server):
+    return _reference(tmp_path_factory, shards, s3_server, "fsdp-reference", LAUNCH_2)
+
+
+@pytest.fixture(scope="module")
+def reference_ws1(tmp_path_factory, shards, s3_server):
+    return _reference(tmp_path_factory, shards, s3_server, "fsdp-reference-ws1")
+
+
+def _stop(tmp_path: Path, shards, save: str, launcher):
+    """SIGTERM an FSDP2 run at batch ~5; the full weights at the stop go to stop.weights.pt.
+    Returns (recipe, the run, the batch it stopped after)."""
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
     first = interrupt(
         recipe,
@@ -102,10 +111,32 @@ def test_fsdp2_sharded_checkpoint_on_s3_sigterm_and_resume_at_world_size_2_is_bi
         at_batch=5,
         sig=signal.SIGTERM,
         overrides=FSDP,
-        env=ENV,
-        launcher=LAUNCH_2,
+        env={**ENV, "LLM_TEST_STOP_WEIGHTS": str(tmp_path / "stop.weights.pt")},
+        launcher=launcher,
     )
-    stop = first.batches()[-1]["batch"]
+    return recipe, first, first.batches()[-1]["batch"]
+
+
+def _resume(recipe: Path, tmp_path: Path, launcher):
+    """The same command again, to the end; the full weights right after the load go to
+    loaded.weights.pt."""
+    second = run(
+        recipe,
+        "second",
+        cwd=tmp_path,
+        overrides=FSDP,
+        env={**ENV, "LLM_TEST_LOADED_WEIGHTS": str(tmp_path / "loaded.weights.pt")},
+        launcher=launcher,
+    )
+    assert second.returncode == 0, second.output[-6000:]
+    return second
+
+
+def test_fsdp2_sharded_checkpoint_on_s3_sigterm_and_resume_at_world_size_2_is_bit_identical(
+    tmp_path, shards, reference_ws2, s3_server, s3_bucket
+):
+    save = f"s3://{s3_bucket}/fsdp"
+    recipe, first, stop = _stop(tmp_path, shards, save, LAUNCH_2)
     keys = s3_server.keys(s3_bucket, "fsdp/")
     assert f"fsdp/ep0-ba{stop}/__0_0.distcp" in keys and f"fsdp/ep0-ba{stop}/__1_0.distcp" in keys
     assert f"fsdp/manifests/ba{stop:010d}-rank00001.json" in keys, first.output[-6000:]
@@ -125,80 +156,31 @@ def test_fsdp2_sharded_checkpoint_on_s3_sigterm_and_resume_at_world_size_2_is_bi
 def test_elastic_resume_2_to_1_continues_the_sample_order_with_weights_within_tolerance(
     tmp_path, shards, reference_ws2, s3_server, s3_bucket
 ):
-    save = f"s3://{s3_bucket}/elastic"
-    recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
-    stop_weights, loaded_weights = tmp_path / "stop.weights.pt", tmp_path / "loaded.weights.pt"
-    first = interrupt(
-        recipe,
-        "first",
-        cwd=tmp_path,
-        at_batch=5,
-        sig=signal.SIGTERM,
-        overrides=FSDP,
-        env={**ENV, "LLM_TEST_STOP_WEIGHTS": str(stop_weights)},
-        launcher=LAUNCH_2,
-    )
-    stop = first.batches()[-1]["batch"]
-    second = run(
-        recipe,
-        "second",
-        cwd=tmp_path,
-        overrides=FSDP,
-        env={**ENV, "LLM_TEST_LOADED_WEIGHTS": str(loaded_weights)},
-    )
-    assert second.returncode == 0, second.output[-6000:]
+    recipe, _, stop = _stop(tmp_path, shards, f"s3://{s3_bucket}/elastic", LAUNCH_2)
+    second = _resume(recipe, tmp_path, launcher=None)
     assert "world size 2 -> 1" in second.output
-    _assert_loaded_exactly(stop_weights, loaded_weights)  # two ranks' shards into one rank
+    # Two ranks' shards are loaded into one rank exactly.
+    _assert_loaded_exactly(tmp_path / "stop.weights.pt", tmp_path / "loaded.weights.pt")
     ref = _global_batches(reference_ws2.record)
     assert _global_batches(second.record) == {b: s for b, s in ref.items() if b > stop}
     _assert_within_tolerance(reference_ws2, second, stop)
-
-
-@pytest.fixture(scope="module")
-def reference_ws1(tmp_path_factory, shards, s3_server):
-    folder = tmp_path_factory.mktemp("fsdp-ref-ws1")
-    s3_server.create_bucket("fsdp-reference-ws1")
-    recipe = write_recipe(
-        folder / "recipe.yaml", shards, "s3://fsdp-reference-ws1/ref", cache=folder / "cache"
-    )
-    result = run(recipe, "ref", cwd=folder, overrides=FSDP, env=ENV)
-    assert result.returncode == 0, result.output[-6000:]
-    return result
 
 
 def test_elastic_resume_1_to_2_reshards_exactly_continues_the_sample_order_and_stays_within_tolerance(
     tmp_path, shards, reference_ws1, reference_ws2, s3_server, s3_bucket
 ):
     save = f"s3://{s3_bucket}/elastic12"
-    recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
-    stop_weights, loaded_weights = tmp_path / "stop.weights.pt", tmp_path / "loaded.weights.pt"
-    first = interrupt(
-        recipe,
-        "first",
-        cwd=tmp_path,
-        at_batch=5,
-        sig=signal.SIGTERM,
-        overrides=FSDP,
-        env={**ENV, "LLM_TEST_STOP_WEIGHTS": str(stop_weights)},
-    )
-    stop = first.batches()[-1]["batch"]
+    recipe, first, stop = _stop(tmp_path, shards, save, launcher=None)
     keys = s3_server.keys(s3_bucket, "elastic12/")
     assert f"elastic12/ep0-ba{stop}/__0_0.distcp" in keys, first.output[-6000:]
-    second = run(
-        recipe,
-        "second",
-        cwd=tmp_path,
-        overrides=FSDP,
-        env={**ENV, "LLM_TEST_LOADED_WEIGHTS": str(loaded_weights)},
-        launcher=LAUNCH_2,
-    )
-    assert second.returncode == 0, second.output[-6000:]
+    second = _resume(recipe, tmp_path, LAUNCH_2)
     assert f"from the checkpoint at batch {stop}: {save}/ep0-ba{stop}; world size 1 -> 2" in second.output
 
     # Up to the stop this is an ordinary world-size-1 run: bit-identical to its reference.
     ref_loss = _losses(reference_ws1.record)
     assert _losses(first.record) == {b: ref_loss[b] for b in range(1, stop + 1)}
-    _assert_loaded_exactly(stop_weights, loaded_weights)  # one rank's checkpoint over two ranks
+    # One rank's checkpoint is resharded over two ranks exactly.
+    _assert_loaded_exactly(tmp_path / "stop.weights.pt", tmp_path / "loaded.weights.pt")
     # Streaming partitions the samples over canonical nodes, not ranks: the global order is the
     # same at both world sizes, and after the resume every rank gets exactly the samples it gets
     # in the uninterrupted world-size-2 run.
