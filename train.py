@@ -20,29 +20,35 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--dry-run", action="store_true", help="print sizes and the memory plan, do not train"
     )
     parser.add_argument("--gpus", type=int, default=8, help="GPU count for the dry run's memory plan")
+    parser.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU in GB for the dry run")
     return parser.parse_args(list(argv))
 
 
 def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:
-    from llm.checkpoint_store import CheckpointStoreError
+    from llm.checkpoint.resume import RunAlreadyComplete
     from llm.errors import ConfigError
+    from storage import StorageError
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if args.dry_run:
-            from llm import inspect
-
-            return inspect.run(args)
         from llm.config import load_config
 
         cfg = load_config(args.recipe, args.overrides)
+        if args.dry_run:
+            from llm.memory_plan import describe_run
+
+            print(describe_run(cfg, args.gpus, args.gpu_gb))
+            return 0
         from llm.trainer import train
 
         train(cfg, extra_callbacks)
     except ConfigError as err:  # a problem with the recipe or the data: say which, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except CheckpointStoreError as err:  # storage failed after retries; resumable from the last save
+    except RunAlreadyComplete as done:  # a restarted job whose run already finished: success
+        print(f"[resume] {done}", file=sys.stderr, flush=True)
+        return 0
+    except StorageError as err:  # storage failed after retries; resumable from the last save
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -87,7 +87,7 @@ def convert_rate(
 ) -> Run:
     """One conversion: end-to-end tokens/s (see the module docstring) and CPU seconds by process."""
     from convert.jobs import convert_corpus
-    from convert.pipeline import ShardOptions
+    from convert.options import ShardOptions
 
     options = ShardOptions(
         seq_len=seq_len,
@@ -111,12 +111,15 @@ def convert_rate(
 
 def worker_startup_s(tokenizer: str, out: Path, workers: int) -> float:
     """Seconds to start `workers` worker processes and have each answer one task."""
-    from convert.pipeline import WorkerConfig, start_workers
+    from convert.cleaning import Cleaner
+    from convert.executor import start_workers
+    from convert.options import ShardOptions
     from convert.tokenizer import read_model_bytes
+    from convert.worker import init_worker
 
-    config = WorkerConfig(read_model_bytes(tokenizer), str(out), 512, "uint16", 1 << 26, 2, None, 20)
+    setup = (ShardOptions(dtype="uint16"), str(out), read_model_bytes(tokenizer), Cleaner(dedup=False))
     start = time.perf_counter()
-    with start_workers(workers, config) as executor:
+    with start_workers(workers, init_worker, *setup) as executor:
         [executor.submit(_worker_ready, i).get() for i in range(workers)]
     return time.perf_counter() - start
 
@@ -131,7 +134,7 @@ def best_and_spread(values: list[float]) -> str:
 
 
 def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], startup: list[float]) -> None:
-    from convert.pipeline import ShardOptions
+    from convert.options import ShardOptions
 
     print(f"raw SentencePiece encode (1 thread): {best_and_spread(raw)} tokens/s, {encode_cpu:.2f} CPU s")
     for label, results in runs.items():

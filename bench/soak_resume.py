@@ -10,7 +10,7 @@ requested number of interruptions is reached; a last attempt runs to the end. Pr
   imports), and for SIGTERM the time from the signal to the stored checkpoint;
 - how many attempts continued identically, and whether the final weights equal the reference.
 
-Each attempt is a real `train.py` process (tests/resume_driver.py adds a recorder), so a run of
+Each attempt is a real `train.py` process (bench/resume_driver.py adds a recorder), so a run of
 20 interruptions takes several minutes, mostly Python imports.
 """
 
@@ -27,9 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import resume_support as rs  # noqa: E402
+from bench import resume_harness as rs
 
 SAVE_EVERY = 3
 

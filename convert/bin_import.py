@@ -14,8 +14,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from convert.conversion import Conversion, Doc, digest_of, split_of
 from convert.errors import ConvertError
-from convert.pipeline import Conversion, Doc, ShardOptions, digest_of, open_tokenizer, progress_bar, split_of
+from convert.options import ShardOptions
+from convert.report import progress_bar
 
 _BLOCK_BYTES = 16 << 20
 
@@ -60,11 +62,10 @@ def import_bin(
     files: list[str], *, tokenizer: str, out: str, options: ShardOptions = ShardOptions(), command: str = ""
 ) -> dict:
     """Split .bin token files into documents and write them as shards; returns the summary."""
-    from convert.jobs import finish
     from convert.sources import expand_inputs
 
-    model_bytes, info = open_tokenizer(tokenizer)
-    conversion = Conversion(model_bytes=model_bytes, tokenizer=info, out=out, options=options)
+    conversion = Conversion(tokenizer=tokenizer, out=out, options=options)
+    info = conversion.tokenizer
     paths = expand_inputs(files)
     conversion.prepare_output()
     counts = {"files": len(paths), "documents": 0}
@@ -86,4 +87,4 @@ def import_bin(
             raise ConvertError(f"no tokens found in {', '.join(paths[:3])}: the .bin files are empty")
 
     conversion.run(documents)
-    return finish(conversion, read=counts, dropped={}, start=start, command=command)
+    return conversion.finish(read=counts, dropped={}, start=start, command=command)

@@ -4,9 +4,9 @@
   "empty"            nothing left after cleaning
   "too_short_chars"  fewer than `min_chars` characters left
   "duplicate"        exactly the same cleaned text as an earlier document
-(The pipeline counts "too_short_tokens" after tokenization.) `clean_with_digest` also returns
+(The conversion counts "too_short_tokens" after tokenization.) `clean_with_digest` also returns
 the text's digest (`text_digest`), and `first_seen(digest)` is the de-duplication on its own,
-for digests computed elsewhere (the pipeline's workers clean without de-duplicating and the
+for digests computed elsewhere (a conversion's workers clean without de-duplicating and the
 main process de-duplicates their digests, in input order).
 
 Exact de-duplication keeps a set of 16-byte XXH3-128 digests of the cleaned texts: the only

@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from convert.errors import ConvertError
+from storage import StorageError
 
 FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl")
 
@@ -141,12 +142,12 @@ def run_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _shard_options(args: argparse.Namespace):
-    from convert.pipeline import ShardOptions, default_workers
+    from convert.options import ShardOptions, available_cpus
 
     return ShardOptions(
         seq_len=args.seq_len,
         val_fraction=args.val_fraction,
-        workers=args.workers if args.workers is not None else default_workers(),
+        workers=args.workers if args.workers is not None else available_cpus(),
         add_bos=args.bos,
         min_tokens=args.min_tokens,
         dtype=args.dtype,
@@ -200,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConvertError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except StorageError as err:  # storage failed after its retries; the same command resumes
+        print(f"error: {err}; re-run the same command to continue", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: re-run the same command to resume", file=sys.stderr)
         return 130

@@ -21,13 +21,13 @@ import argparse
 import functools
 import importlib.util
 import json
-import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from convert.errors import ConvertError
+from storage.local import atomic_open
 
 # `word/tag`, optionally opening `[` or closing `]nt` of a bracketed compound name.
 _TAGGED_WORD = re.compile(r"^\[?(.+?)/[A-Za-z]+(?:\][A-Za-z]+)?$")
@@ -123,21 +123,14 @@ def write_demo_corpus(out: str | Path, *, max_chars: int | None = None) -> dict:
     """
     if max_chars is not None and max_chars <= 0:
         raise ConvertError(f"--max-chars must be positive, got {max_chars}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     documents = chars = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for text in _demo_texts():
-                if max_chars is not None and chars + len(text) > max_chars:
-                    break
-                f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-                documents += 1
-                chars += len(text)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_open(out, "w") as f:
+        for text in _demo_texts():
+            if max_chars is not None and chars + len(text) > max_chars:
+                break
+            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            documents += 1
+            chars += len(text)
     return {"documents": documents, "chars": chars}
 
 

@@ -1,25 +1,18 @@
-"""Whole conversions as functions: text corpus -> shards (and the shared finishing steps).
+"""A whole conversion as a function: text corpus -> shards (`convert.bin_import`: token files).
 
-The CLI, the tests and the benchmark call these; `convert.bin_import` reuses `finish`.
+The CLI, the tests and the benchmark call it.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from convert.errors import ConvertError
-from convert.pipeline import (
-    SPLITS,
-    Conversion,
-    ShardOptions,
-    open_tokenizer,
-    progress_bar,
-    tokenize_in_workers,
-)
-from convert.report import build_summary, print_summary
+from convert.cleaning import Cleaner
+from convert.conversion import Conversion, tokenize_in_workers
+from convert.options import ShardOptions
+from convert.report import progress_bar
 
 
 @dataclass(frozen=True)
@@ -43,19 +36,10 @@ def convert_corpus(
     command: str = "",
 ) -> dict:
     """Read, clean, tokenize, pack and write `inputs` to `out`; returns the summary."""
-    from convert.cleaning import Cleaner
     from convert.readers import ReadStats, read_documents
     from convert.sources import expand_inputs
 
-    model_bytes, info = open_tokenizer(tokenizer)
-    conversion = Conversion(
-        model_bytes=model_bytes,
-        tokenizer=info,
-        out=out,
-        options=options,
-        normalization=read.normalization,
-        min_chars=read.min_chars,
-    )
+    conversion = Conversion(tokenizer=tokenizer, out=out, options=options)
     cleaner = Cleaner(normalization=read.normalization, min_chars=read.min_chars, dedup=read.dedup)
     paths = expand_inputs(inputs)
     conversion.prepare_output()
@@ -76,9 +60,10 @@ def convert_corpus(
                 clean_here=options.main_helps,
             ),
             write_here=options.main_helps,
+            cleaner=Cleaner(normalization=read.normalization, min_chars=read.min_chars, dedup=False),
         )
     dropped = cleaner.drops.as_dict()
-    return finish(conversion, read=stats.as_dict(), dropped=dropped, start=start, command=command)
+    return conversion.finish(read=stats.as_dict(), dropped=dropped, start=start, command=command)
 
 
 def _counted(docs: Iterable, bar, every: int = 256) -> Iterator[str]:
@@ -90,54 +75,3 @@ def _counted(docs: Iterable, bar, every: int = 256) -> Iterator[str]:
             bar.update(every)
         yield doc.text
     bar.update(count % every)
-
-
-def finish(
-    conversion: Conversion, *, read: dict, dropped: dict[str, int], start: float, command: str
-) -> dict:
-    """Check there is something to write; write meta, summary, then the indexes last."""
-    totals = conversion.totals
-    options = conversion.options
-    if totals["train"].samples == 0:
-        read_docs = read.get("documents", "the")
-        raise ConvertError(
-            f"nothing to write: {read_docs} documents gave no full training sample of {options.seq_len} tokens "
-            f"(dropped: {dropped or 'none'}, too short in tokens: {totals['train'].too_short}); "
-            "add text, lower --seq-len or --min-tokens"
-        )
-    malformed = {"malformed": read["malformed"]} if read.get("malformed") else {}
-    for split in SPLITS:
-        conversion.write_meta(split, {**dropped, **malformed}, command)
-    all_dropped = {**dropped, **malformed, "too_short_tokens": sum(t.too_short for t in totals.values())}
-    summary = build_summary(
-        out=conversion.store.url(),
-        read=read,
-        dropped=all_dropped,
-        splits={split: _split_summary(conversion, split) for split in SPLITS},
-        seq_len=options.seq_len,
-        workers=options.workers,
-        elapsed=time.monotonic() - start,
-        reused_parts=conversion.reused_parts,
-    )
-    conversion.store.write_json("summary.json", summary)
-    conversion.write_indexes()
-    print_summary(summary, sys.stdout)
-    if totals["val"].samples == 0 and options.val_fraction > 0:
-        sys.stderr.write(
-            f"warning: the val split is empty (too little text for a {options.seq_len}-token sample at "
-            f"--val-fraction {options.val_fraction}); raise --val-fraction for a validation set\n"
-        )
-    return summary
-
-
-def _split_summary(conversion: Conversion, split: str) -> dict:
-    totals = conversion.totals[split]
-    return {
-        "documents": totals.documents,
-        "too_short_tokens": totals.too_short,
-        "samples": totals.samples,
-        "tokens": totals.samples * conversion.options.seq_len,
-        "shards": len(totals.shards),
-        "parts": len(totals.parts),
-        "lost_tail_tokens": totals.lost_tail_tokens,
-    }

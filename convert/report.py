@@ -1,8 +1,25 @@
-"""The end-of-run summary: what was read, dropped and written, printed and saved as summary.json."""
+"""What a conversion reports: progress bars while it runs, and at the end the summary of what
+was read, dropped and written, printed and saved as summary.json."""
 
 from __future__ import annotations
 
+import sys
 from typing import TextIO
+
+
+def progress_bar(total: int | None, unit: str, desc: str, *, enabled: bool = True):
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked after this
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=True,
+        desc=desc,
+        file=sys.stderr,
+        mininterval=0.5,
+        disable=not enabled,
+    )
 
 
 def build_summary(

@@ -8,21 +8,22 @@ An input argument is one of:
     failing that every key starting with `prefix`), or a glob matched against whole keys with
     fnmatch (there `*` also crosses `/`).
 
-S3 goes through boto3 with `endpoint_url=$S3_ENDPOINT_URL` (unset: AWS itself), so MinIO, moto
-or any S3-compatible server stands in for AWS.
+S3 goes through the project's storage layer (`storage.s3`: `S3_ENDPOINT_URL`, timeouts, one retry
+policy); its errors become one ConvertError here.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import glob
 import io
 import os
 from pathlib import Path
 from typing import BinaryIO
 
+import storage
 from convert.errors import ConvertError
+from storage import StorageError
 
 S3_SCHEME = "s3://"
 # Big enough that a socket read is amortised over many lines, small enough to stay bounded.
@@ -30,8 +31,7 @@ _S3_READ_BUFFER = 1 << 20
 _GLOB_CHARS = frozenset("*?[")
 
 
-def is_s3(path: str) -> bool:
-    return path.startswith(S3_SCHEME)
+is_s3 = storage.is_remote
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
@@ -65,24 +65,12 @@ def open_binary(path: str) -> BinaryIO:
     return io.BufferedReader(_StreamingBodyReader(response["Body"]), buffer_size=_S3_READ_BUFFER)
 
 
-def file_size(path: str) -> int:
-    """Size in bytes of a local file or S3 object (for progress bars)."""
-    if not is_s3(path):
-        try:
-            return os.path.getsize(path)
-        except OSError as err:
-            raise ConvertError(f"cannot read the size of input {path}: {err.strerror}") from err
-    bucket, key = split_s3_url(path)
-    response = _s3_call(lambda client: client.head_object(Bucket=bucket, Key=key), bucket, key)
-    return int(response["ContentLength"])
-
-
 def split_s3_url(url: str) -> tuple[str, str]:
     """`s3://bucket/some/key` -> (`bucket`, `some/key`)."""
-    bucket, _, key = url[len(S3_SCHEME) :].partition("/")
-    if not bucket:
-        raise ConvertError(f"{url}: an S3 input needs a bucket, e.g. s3://my-bucket/corpus/")
-    return bucket, key
+    try:
+        return storage.split_s3_url(url)
+    except StorageError:
+        raise ConvertError(f"{url}: an S3 input needs a bucket, e.g. s3://my-bucket/corpus/") from None
 
 
 # --- local -------------------------------------------------------------------------------------
@@ -136,7 +124,7 @@ def _expand_s3(pattern: str) -> list[str]:
         keys = _list_keys(bucket, folder) or (_list_keys(bucket, key) if folder != key else [])
     if not keys:
         raise ConvertError(
-            f"input {pattern!r} matched no objects in bucket {bucket!r} at {_endpoint_name()}; "
+            f"input {pattern!r} matched no objects in bucket {bucket!r} at {storage.s3.endpoint_name()}; "
             "check the prefix or glob"
         )
     return [f"{S3_SCHEME}{bucket}/{k}" for k in sorted(keys)]
@@ -154,73 +142,23 @@ def _list_keys(bucket: str, prefix: str) -> list[str]:
 
 
 def _object_exists(bucket: str, key: str) -> bool:
-    from botocore.exceptions import ClientError
-
+    url = f"{S3_SCHEME}{bucket}/{key}"
     try:
-        _s3_call(lambda client: client.head_object(Bucket=bucket, Key=key), bucket, key, raw=True)
-    except ClientError as err:
-        code = err.response.get("Error", {}).get("Code", "")
-        if code in ("404", "NoSuchKey", "NotFound"):
+        storage.s3.call("reading", url, lambda client: client.head_object(Bucket=bucket, Key=key))
+    except StorageError as err:
+        if err.missing:
             return False
         # A HEAD on a missing bucket also answers 404 on some servers; let the listing decide.
-        raise _s3_error(err, bucket, key) from err
+        raise ConvertError(str(err)) from err
     return True
 
 
-def _endpoint_name() -> str:
-    endpoint = os.environ.get("S3_ENDPOINT_URL")
-    return f"endpoint {endpoint} (S3_ENDPOINT_URL)" if endpoint else "the AWS default endpoint"
-
-
-@functools.lru_cache(maxsize=8)
-def _client(endpoint: str | None, pid: int):
-    """One boto3 client per endpoint and process (clients must not cross a fork)."""
-    import boto3
-    from botocore.config import Config
-
-    # Few retries and short timeouts: a wrong endpoint should fail in seconds, not minutes.
-    config = Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=60)
-    return boto3.client("s3", endpoint_url=endpoint, config=config)
-
-
-def s3_client():
-    return _client(os.environ.get("S3_ENDPOINT_URL"), os.getpid())
-
-
-def _s3_call(fn, bucket: str, key: str, *, raw: bool = False):
-    """Run `fn(client)`, turning S3 failures into one ConvertError (unless raw ClientError wanted)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
+def _s3_call(fn, bucket: str, key: str):
+    """Run `fn(client)` through the storage layer, its failure as one ConvertError."""
     try:
-        return fn(s3_client())
-    except ClientError as err:
-        if raw:
-            raise
-        raise _s3_error(err, bucket, key) from err
-    except BotoCoreError as err:
-        raise _s3_error(err, bucket, key) from err
-
-
-def _s3_error(err: Exception, bucket: str, key: str) -> ConvertError:
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
-
-    where = f"s3://{bucket}/{key} at {_endpoint_name()}"
-    if isinstance(err, NoCredentialsError):
-        return ConvertError(f"{where}: no AWS credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    if isinstance(err, EndpointConnectionError):
-        return ConvertError(f"cannot reach {_endpoint_name()} for bucket {bucket!r}; check S3_ENDPOINT_URL")
-    if isinstance(err, ClientError):
-        code = err.response.get("Error", {}).get("Code", "")
-        if code == "NoSuchBucket":
-            return ConvertError(
-                f"bucket {bucket!r} does not exist at {_endpoint_name()}; create it or fix the URL"
-            )
-        if code in ("NoSuchKey", "404", "NotFound"):
-            return ConvertError(f"{where}: no such object")
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return ConvertError(f"{where}: access denied ({code}); check the AWS credentials")
-        return ConvertError(f"{where}: S3 error {code}: {err}")
-    return ConvertError(f"{where}: {err}")
+        return storage.s3.call("reading", f"{S3_SCHEME}{bucket}/{key}", fn)
+    except StorageError as err:
+        raise ConvertError(str(err)) from err
 
 
 class _StreamingBodyReader(io.RawIOBase):

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from convert.errors import ConvertError
+from storage.local import atomic_write_bytes
 
 # SentencePiece silently skips training sentences over max_sentence_length bytes; documents are
 # cut into pieces of at most this many characters (<= 4 bytes each) so no text is skipped.
@@ -152,20 +153,8 @@ def train_tokenizer(
     except RuntimeError as err:
         raise _training_error(err, vocab_size, character_coverage) from err
     model_bytes = writer.getvalue()
-    write_atomically(out, model_bytes)
+    atomic_write_bytes(out, model_bytes)
     return describe(model_bytes, out)
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Write to a temporary sibling, then rename: a reader never sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(tmp, path)
 
 
 def _check_training_options(vocab_size: int, out: str, max_sentences: int, coverage: float) -> None:

@@ -1,7 +1,9 @@
-"""MDS shards of token samples, written to a local folder or an S3 prefix, and read back.
+"""MDS shards of token samples, written to a local folder or an S3 prefix.
 
-This writes the MDS layout that mosaicml-streaming 0.13 reads (`StreamingDataset`), without
-importing streaming (about 10 s of import per process, paid by every worker otherwise):
+This writes the bytes that mosaicml-streaming 0.13's `MDSWriter` writes (tests/test_shard_writer.py
+compares shard files and index entries) without importing streaming, about 10 s of import
+per process that every worker would pay, and a sample at a time where this packs whole shards
+with numpy:
 
   shard file  = uint32 n | uint32 offsets[n + 1] | config JSON | n samples
   sample      = uint32 size of the `tokens` datum | datum
@@ -12,8 +14,8 @@ importing streaming (about 10 s of import per process, paid by every worker othe
 Each shard entry carries the sha1 and xxh64 of both the raw and the compressed bytes, which
 streaming checks on download when asked to (`validate_hash`).
 
-Storage goes through `Store`: a local folder (atomic writes: temporary file, then rename) or an
-S3 prefix (a PUT is atomic). The pipeline writes `index.json` last, so a reader never sees a
+Storage goes through the project's storage layer (`storage.Store`): a local folder (atomic
+writes: temporary file, then rename) or an S3 prefix (a PUT is atomic). The pipeline writes `index.json` last, so a reader never sees a
 split whose shards are not all stored.
 """
 
@@ -21,13 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from convert.errors import ConvertError
+from storage import StorageError, Store, open_store
 
 COLUMN = "tokens"
 HASHES = ["sha1", "xxh64"]  # streaming wants them sorted
@@ -38,182 +38,14 @@ _SHAPE_DTYPE_CODES = {"uint8": 0, "uint16": 1, "uint32": 2}
 # --- storage -----------------------------------------------------------------------------------
 
 
-class Store:
-    """Files under one root (local folder or s3://bucket/prefix), addressed by relative path."""
-
-    root: str
-
-    @staticmethod
-    def open(out: str) -> Store:
-        if out.startswith("s3://"):
-            bucket, _, prefix = out[len("s3://") :].partition("/")
-            if not bucket:
-                raise ConvertError(f"--out {out}: an S3 output needs a bucket, e.g. s3://my-bucket/shards")
-            return S3Store(bucket, prefix.strip("/"))
-        return LocalStore(out)
-
-    def url(self, rel: str = "") -> str:
-        return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
-
-    def check_writable(self) -> None: ...
-    def exists(self, rel: str) -> bool: ...
-    def size(self, rel: str) -> int | None: ...
-    def read_bytes(self, rel: str) -> bytes | None: ...
-    def write_bytes(self, rel: str, data: bytes) -> None: ...
-    def delete_tree(self, rel: str) -> None: ...
-    def list_dirs(self, rel: str) -> list[str]: ...
-
-    def read_json(self, rel: str) -> dict | None:
-        data = self.read_bytes(rel)
-        if data is None:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError:
-            return None  # a torn or foreign file: treated as absent, so the work is redone
-
-    def write_json(self, rel: str, obj: dict) -> None:
-        self.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
-
-
-@dataclass
-class LocalStore(Store):
-    root: str
-
-    def _path(self, rel: str) -> str:
-        return os.path.join(self.root, rel)
-
-    def check_writable(self) -> None:
-        parent = os.path.dirname(os.path.abspath(self.root))
-        if os.path.exists(self.root) and not os.path.isdir(self.root):
-            raise ConvertError(f"--out {self.root} is a file; give a folder")
-        if not os.path.isdir(parent):
-            raise ConvertError(f"--out {self.root}: its parent folder {parent} does not exist")
-
-    def exists(self, rel: str) -> bool:
-        return os.path.exists(self._path(rel))
-
-    def size(self, rel: str) -> int | None:
-        try:
-            return os.path.getsize(self._path(rel))
-        except OSError:
-            return None
-
-    def read_bytes(self, rel: str) -> bytes | None:
-        try:
-            with open(self._path(rel), "rb") as stream:
-                return stream.read()
-        except FileNotFoundError:
-            return None
-
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        path = self._path(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as stream:
-            stream.write(data)
-        os.replace(tmp, path)
-
-    def delete_tree(self, rel: str) -> None:
-        path = self._path(rel)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
-
-    def list_dirs(self, rel: str) -> list[str]:
-        path = self._path(rel)
-        if not os.path.isdir(path):
-            return []
-        return sorted(name for name in os.listdir(path) if os.path.isdir(os.path.join(path, name)))
-
-
-@dataclass
-class S3Store(Store):
-    bucket: str
-    prefix: str
-    root: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.root = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
-
-    def _key(self, rel: str) -> str:
-        return f"{self.prefix}/{rel}" if self.prefix else rel
-
-    @staticmethod
-    def _client():
-        from convert.sources import s3_client
-
-        return s3_client()
-
-    def _endpoint(self) -> str:
-        endpoint = os.environ.get("S3_ENDPOINT_URL")
-        return f"endpoint {endpoint}" if endpoint else "the AWS default endpoint (S3_ENDPOINT_URL unset)"
-
-    def check_writable(self) -> None:
-        """Fail before any work when the bucket is missing or the endpoint does not answer."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self._client().head_bucket(Bucket=self.bucket)
-        except ClientError as err:
-            code = err.response.get("Error", {}).get("Code", "")
-            if code in ("404", "NoSuchBucket", "NotFound"):
-                raise ConvertError(
-                    f"bucket {self.bucket!r} does not exist at {self._endpoint()}; create it or fix --out"
-                ) from err
-            raise ConvertError(f"bucket {self.bucket!r} at {self._endpoint()}: {code or err}") from err
-        except BotoCoreError as err:
-            raise ConvertError(
-                f"cannot reach {self._endpoint()} for bucket {self.bucket!r} ({err}); check S3_ENDPOINT_URL"
-            ) from err
-
-    def exists(self, rel: str) -> bool:
-        return self.size(rel) is not None
-
-    def size(self, rel: str) -> int | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            return int(self._client().head_object(Bucket=self.bucket, Key=self._key(rel))["ContentLength"])
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code", "") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-
-    def read_bytes(self, rel: str) -> bytes | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            return self._client().get_object(Bucket=self.bucket, Key=self._key(rel))["Body"].read()
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code", "") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        self._client().put_object(Bucket=self.bucket, Key=self._key(rel), Body=data)
-
-    def delete_tree(self, rel: str) -> None:
-        client = self._client()
-        prefix = self._key(rel)
-        keys = [prefix] if self.exists(rel) else []
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix + "/"):
-            keys += [obj["Key"] for obj in page.get("Contents", [])]
-        for start in range(0, len(keys), 1000):
-            batch = [{"Key": key} for key in keys[start : start + 1000]]
-            client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
-
-    def list_dirs(self, rel: str) -> list[str]:
-        prefix = self._key(rel).rstrip("/") + "/"
-        names = set()
-        for page in (
-            self._client()
-            .get_paginator("list_objects_v2")
-            .paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/")
-        ):
-            names.update(p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", []))
-        return sorted(names)
+def open_output(out: str) -> Store:
+    """The store for `--out` (a local folder or s3://bucket/prefix), checked before any work."""
+    try:
+        store = open_store(out)
+        store.check_writable()
+    except StorageError as err:
+        raise ConvertError(f"--out {out}: {err}") from None
+    return store
 
 
 # --- MDS shards --------------------------------------------------------------------------------
@@ -322,34 +154,3 @@ def prefixed_entries(shards: list[dict], folder: str) -> list[dict]:
 
 def index_json(shards: list[dict]) -> dict:
     return {"version": 2, "shards": shards}
-
-
-# --- reading back (tests, benchmark, inspection) -----------------------------------------------
-
-
-def read_split(store: Store, split: str) -> np.ndarray:
-    """All samples of a finished split, in index order, as an (n, seq_len) array."""
-    import zstd
-
-    index = store.read_json(f"{split}/index.json")
-    if index is None:
-        raise ConvertError(f"{store.url(split)} has no index.json: the split is missing or incomplete")
-    rows = []
-    for shard in index["shards"]:
-        raw = zstd.decompress(store.read_bytes(f"{split}/{shard['zip_data']['basename']}"))
-        dtype = np.dtype(shard["column_encodings"][0].split(":")[1])
-        rows.append(_decode_shard(raw, dtype))
-    return np.concatenate(rows) if rows else np.empty((0, 0), dtype=np.uint16)
-
-
-def _decode_shard(raw: bytes, dtype: np.dtype) -> np.ndarray:
-    n = int(np.frombuffer(raw, "<u4", count=1)[0])
-    offsets = np.frombuffer(raw, "<u4", count=n + 1, offset=4)
-    out = []
-    for begin, end in zip(offsets[:-1], offsets[1:], strict=True):
-        sample = raw[begin + 4 : end]  # skip the datum size
-        ndim_code = sample[0]
-        shape_dtype = {0: np.uint8, 1: np.uint16, 2: np.uint32}[ndim_code & 3]
-        header = 1 + (ndim_code >> 2) * np.dtype(shape_dtype).itemsize
-        out.append(np.frombuffer(sample[header:], dtype=dtype))
-    return np.stack(out)

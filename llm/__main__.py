@@ -1,5 +1,5 @@
 import sys
 
-from llm.cli import main
+from llm.commands import main
 
 sys.exit(main())

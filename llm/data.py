@@ -27,6 +27,7 @@ from streaming import Stream, StreamingDataset
 from torch.utils.data import DataLoader
 
 from llm.errors import ConfigError
+from storage import RetryPolicy, StorageError, join, read_url
 
 if TYPE_CHECKING:
     from llm.config import StreamConfig, TrainConfig
@@ -41,7 +42,7 @@ SPLITS = ("train", "eval")
 def read_meta(remote: str) -> dict[str, Any]:
     """The `meta.json` of one split folder (local path or s3://bucket/prefix)."""
     try:
-        text = _read_text(_join(remote, "meta.json"))
+        text = _read_text(join(remote, "meta.json"))
     except FileNotFoundError:
         raise ConfigError(
             f"stream {remote} has no meta.json: it was not produced by `python -m convert shards`; "
@@ -117,23 +118,13 @@ def _read_text(path: str) -> str:
 
 
 def _read_bytes(path: str) -> bytes:
-    if not path.startswith("s3://"):
-        return Path(path).read_bytes()
-    import boto3
-    from botocore.exceptions import ClientError
-
-    bucket, _, key = path[len("s3://") :].partition("/")
-    client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+    """Through the storage layer (its retries and timeouts); an absent file is FileNotFoundError."""
     try:
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NoSuchBucket"):
+        return read_url(path)
+    except StorageError as err:
+        if err.missing:
             raise FileNotFoundError(path) from None
-        raise ConfigError(f"cannot read {path}: {err}; check the bucket name and credentials") from None
-
-
-def _join(remote: str, name: str) -> str:
-    return f"{remote.rstrip('/')}/{name}" if remote.startswith("s3://") else str(Path(remote) / name)
+        raise
 
 
 # --- datasets and loaders ---------------------------------------------------------------------
@@ -216,8 +207,18 @@ class TokenDataset(StreamingDataset):
 
 def build_dataset(cfg: TrainConfig, split: str, batch_size: int):
     """A (mixed, shuffled) StreamingDataset over the streams of `split` ("train" or "eval")."""
+    # Shard downloads are streaming's own (its client, with botocore's adaptive retries inside each
+    # try); they take the storage policy's read timeout and number of tries.
+    policy = RetryPolicy.from_env()
     streams = [
-        Stream(remote=_remote_arg(s.remote), local=stream_local(cfg, split, i, s), proportion=s.proportion)
+        Stream(
+            remote=_remote_arg(s.remote),
+            local=stream_local(cfg, split, i, s),
+            proportion=s.proportion,
+            validate_hash=cfg.data.validate_hash,
+            download_retry=policy.max_attempts - 1,
+            download_timeout=policy.read_timeout,
+        )
         for i, s in enumerate(_streams(cfg, split))
     ]
     train = split == "train"

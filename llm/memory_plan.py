@@ -1,6 +1,7 @@
 """Dry-run estimates: memory per GPU under FSDP full sharding, and the model's basic figures.
 
 Nothing is allocated: the model is built on the meta device only to count parameters.
+`describe_run` is the whole dry run (`llm inspect`, `train.py --dry-run`) as text.
 
 Notation: P parameters (tied counted once), L layers, h = dim, f = SwiGLU hidden size,
 V vocabulary, a = micro_batch * seq_len tokens, n GPUs, cb bytes per element of the compute dtype
@@ -51,9 +52,14 @@ from dataclasses import dataclass
 
 import torch
 
+from llm.config import TrainConfig
+from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer
+from llm.optim import duration_in_batches
 
 GIB = 1024**3
+DEFAULT_GPUS = 8
+DEFAULT_GPU_GB = 80.0
 
 
 class MemoryPlanError(ValueError):
@@ -245,4 +251,46 @@ def describe(cfg: ModelConfig, seq_len: int, global_batch_tokens: int) -> ModelS
         flops_per_token=per_token,
         tokens_per_step=global_batch_tokens,
         flops_per_step=per_token * global_batch_tokens,
+    )
+
+
+def describe_run(cfg: TrainConfig, gpus: int = DEFAULT_GPUS, gpu_gb: float = DEFAULT_GPU_GB) -> str:
+    """The dry run of a recipe on `gpus` GPUs of `gpu_gb` GB each: sizes, FLOPs, run length, memory."""
+    if gpus <= 0:
+        raise ConfigError(f"--gpus must be a positive number of GPUs, got {gpus}")
+    t = cfg.training
+    seq_len = cfg.model.max_seq_len
+    tokens_per_step = t.global_batch_size * seq_len
+    summary = describe(cfg.model, seq_len, tokens_per_step)
+    lines = [f"recipe {cfg.run_name}: model built on the meta device (nothing allocated)", summary.format()]
+    lines.append(_batch_line(cfg, gpus))
+    if not t.max_duration.endswith("ep"):
+        steps = duration_in_batches(t.max_duration, tokens_per_step)
+        lines.append(
+            f"  run length                  {steps:>16,} steps = {steps * tokens_per_step:,} tokens, "
+            f"{steps * summary.flops_per_step:.4g} FLOPs"
+        )
+    plan = plan_memory(
+        cfg.model,
+        n_gpus=gpus,
+        micro_batch=t.device_microbatch_size,
+        seq_len=seq_len,
+        compute="fp32" if t.precision == "fp32" else "bf16",
+        activation_checkpointing=cfg.fsdp.enabled and cfg.fsdp.activation_checkpointing,
+    )
+    verdict = "fits" if plan.fits(gpu_gb * 1e9) else "does NOT fit"
+    lines += ["", plan.format(gpu_gb), f"=> this recipe {verdict} on {gpus} x {gpu_gb:g} GB GPUs"]
+    return "\n".join(lines)
+
+
+def _batch_line(cfg: TrainConfig, gpus: int) -> str:
+    t = cfg.training
+    try:
+        per_gpu = cfg.check_world_size(gpus)
+    except ConfigError as err:
+        return f"  batch                       does not divide over {gpus} GPUs: {err}"
+    accum = per_gpu // t.device_microbatch_size
+    return (
+        f"  batch per GPU               {per_gpu:>16,} samples = {accum} micro-batch(es) of "
+        f"{t.device_microbatch_size} x {cfg.model.max_seq_len} tokens"
     )

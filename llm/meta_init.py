@@ -14,10 +14,11 @@ Two ways in:
   `FullyShardedDataParallel`) and FSDP2 (`composer.distributed.param_init.meta_init`) then call
   `Transformer.param_init_fn` on each module after `to_empty`. Both move modules to CUDA, so on the
   CPU the trainer builds the (small) model for real instead.
-- Without Composer (any device, CPU included): `build_sharded_model` below does the same steps
-  with torch's FSDP2 `fully_shard` directly; `materialize_` is the per-module walk Composer's
-  `meta_init` does, with the device as a parameter. The tests use it to check, on the CPU over
-  gloo, that the sharded weights equal an ordinary init and that host memory stays below the model.
+- Without Composer (any device, CPU included): `build_meta_model`, `shard_fsdp2` and
+  `materialize_` below do the same steps with torch's FSDP2 `fully_shard` directly
+  (`materialize_` is the per-module walk Composer's `meta_init` does, with the device as a
+  parameter). The tests chain them to check, on the CPU over gloo, that the sharded weights equal
+  an ordinary init and that host memory stays below the model.
 """
 
 from __future__ import annotations
@@ -82,24 +83,3 @@ def _children_first(module: nn.Module):
     for child in module.children():
         yield from _children_first(child)
     yield module
-
-
-def build_sharded_model(
-    cfg: ModelConfig, seed: int, device: torch.device | str, mesh=None, mp_policy=None
-) -> Transformer:
-    """Meta build -> FSDP2 shards per block -> each rank materialises and initialises its shard.
-
-    The result's full state dict equals `Transformer(cfg, seed).state_dict()`.
-    """
-    model = build_meta_model(cfg, seed)
-    shard_fsdp2(model, mesh=mesh, mp_policy=mp_policy)
-    materialize_(model, device)
-    return model
-
-
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The unsharded state dict, on the CPU, on rank 0 (empty on the other ranks)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)

@@ -7,20 +7,16 @@ stores in every checkpoint, so a resumed run continues the curve exactly where i
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from llm.config import OptimizerConfig, TrainConfig, parse_duration
 from llm.errors import ConfigError
 
 if TYPE_CHECKING:
     from composer.optim import ComposerScheduler
-
-    from llm.config import OptimizerConfig, TrainConfig
-
-_TIME = re.compile(r"^(\d+)(ba|tok|ep|sp)$")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -51,10 +47,7 @@ def duration_in_batches(value: str, tokens_per_batch: int, batches_per_epoch: in
     Schedules and durations are all expressed in batches so warmup and decay agree whatever unit
     the recipe used; tokens round up to the step that reaches them.
     """
-    match = _TIME.match(value.strip())
-    if not match:
-        raise ConfigError(f"{value!r} is not a duration; use e.g. 1000ba or 50000000tok")
-    amount, unit = int(match.group(1)), match.group(2)
+    amount, unit = parse_duration(value)
     if unit == "ba":
         return amount
     if unit == "tok":
@@ -78,11 +71,3 @@ def build_scheduler(cfg: TrainConfig, warmup_batches: int, max_batches: int) -> 
         t_max=f"{max_batches}ba",
         alpha_f=cfg.scheduler.min_lr / cfg.optimizer.lr,
     )
-
-
-def lr_at(step: int, lr: float, min_lr: float, warmup_batches: int, max_batches: int) -> float:
-    """The learning rate the schedule gives at `step` (a reference for tests and the dry run)."""
-    if step < warmup_batches:
-        return lr * step / warmup_batches
-    frac = min(1.0, (step - warmup_batches) / (max_batches - warmup_batches))
-    return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * frac))

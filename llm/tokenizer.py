@@ -1,14 +1,16 @@
 """A thin SentencePiece wrapper: text <-> token ids, the special ids, and a check against the model.
 
 Generation (the training callback and `llm generate`) and export use this one class, so a prompt is
-encoded the same way everywhere.
+encoded the same way everywhere. A `s3://` model file is fetched through `storage`.
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from llm.errors import ConfigError
+from storage import download_url, is_remote
 
 
 class Tokenizer:
@@ -32,6 +34,23 @@ class Tokenizer:
     def bos_id(self) -> int | None:
         bos = self._sp.bos_id()
         return bos if bos >= 0 else None
+
+    @property
+    def unk_id(self) -> int | None:
+        unk = self._sp.unk_id()
+        return unk if unk >= 0 else None
+
+    def piece(self, token_id: int) -> str:
+        return self._sp.id_to_piece(token_id)
+
+    @property
+    def adds_dummy_prefix(self) -> bool:
+        """Whether SentencePiece puts "▁" before the first word (its normalizer's setting)."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self.path.read_bytes())
+        return bool(proto.normalizer_spec.add_dummy_prefix)
 
     def encode(self, text: str) -> list[int]:
         return list(self._sp.encode(text))
@@ -61,10 +80,8 @@ class Tokenizer:
 
 
 def _local_file(path: str) -> Path:
-    if path.startswith("s3://"):
-        from llm.checkpoint_io import download
-
-        return download(path)
+    if is_remote(path):
+        return download_url(path, Path(tempfile.mkdtemp(prefix="llm-tokenizer-")) / path.rsplit("/", 1)[-1])
     local = Path(path)
     if not local.is_file():
         raise FileNotFoundError(f"tokenizer {path} does not exist; pass a SentencePiece .model file")

@@ -28,12 +28,12 @@ from composer.utils import dist
 from llm.callbacks.generation import generation_callbacks
 from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.metrics_file import MetricsFile
+from llm.checkpoint.plan import plan_checkpointing
 from llm.composer_model import LanguageModel
 from llm.config import TrainConfig, save_resolved, to_yaml
 from llm.data import all_stream_locals, build_dataloader, check_streams, clean_stale_shared_memory
 from llm.errors import ConfigError
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
-from llm.resume import checkpoint_kwargs as checkpoint_plan
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -193,7 +193,7 @@ def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedul
         max_batches=steps(cfg.training.max_duration),
         warmup_batches=steps(cfg.scheduler.warmup),
         eval_batches=max(1, steps(cfg.training.eval_interval)),
-        # Not passed on (llm/resume.py's saver takes checkpoint.save_interval as written): computed
+        # Not passed on (llm/checkpoint's saver takes checkpoint.save_interval as written): computed
         # so that an interval in a unit the schedule cannot convert is refused before training.
         save_batches=max(1, steps(cfg.checkpoint.save_interval)),
     )
@@ -219,8 +219,8 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     world_size = dist.get_world_size()
     per_rank_batch = cfg.check_world_size(world_size)
     # Where to start (fresh, newest verified checkpoint, or an allowed load_path), and the
-    # callbacks that save, publish and handle preemption: see llm/resume.py and docs/resume.md.
-    resume_kwargs, resume_callbacks = checkpoint_plan(cfg, rank=dist.get_global_rank(), world_size=world_size)
+    # callbacks that save, publish and handle preemption: see llm/checkpoint and docs/resume.md.
+    checkpointing = plan_checkpointing(cfg, rank=dist.get_global_rank(), world_size=world_size)
     run_dir = Path(cfg.run_dir)
     announce(cfg, run_dir)
 
@@ -254,12 +254,12 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         algorithms=_algorithms(cfg),
         seed=cfg.seed,
         parallelism_config=parallelism,
-        callbacks=[*build_callbacks(ctx), *extra_callbacks, *resume_callbacks],  # resume's last, in order
+        callbacks=checkpointing.callbacks_after([*build_callbacks(ctx), *extra_callbacks]),
         loggers=build_loggers(ctx),
         progress_bar=cfg.loggers.progress_bar,
         log_to_console=not cfg.loggers.progress_bar,
         console_log_interval=f"{cfg.training.log_interval}ba",
-        **resume_kwargs,  # saving, autoresume and loading: all decided in llm/resume.py
+        **checkpointing.trainer_kwargs,  # saving, autoresume and loading: decided in llm/checkpoint
         compile_config={} if cfg.training.compile else None,
     )
 

@@ -6,6 +6,7 @@ them from conftest. Everything is built from the People's Daily text (`chinese_d
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,10 +63,31 @@ def run_convert(*args: str, timeout: float = 120, env: dict | None = None) -> su
 
 
 def local_samples(out: str, split: str = "train") -> np.ndarray:
-    """All samples of a finished local split, in index order."""
-    from convert.writer import Store, read_split
+    """All samples of a finished local split, in index order, as an (n, seq_len) array."""
+    import zstd
 
-    return read_split(Store.open(out), split)
+    folder = Path(out) / split
+    index = json.loads((folder / "index.json").read_text())
+    rows = []
+    for shard in index["shards"]:
+        raw = zstd.decompress((folder / shard["zip_data"]["basename"]).read_bytes())
+        dtype = np.dtype(shard["column_encodings"][0].split(":")[1])
+        rows.append(_decode_shard(raw, dtype))
+    return np.concatenate(rows) if rows else np.empty((0, 0), dtype=np.uint16)
+
+
+def _decode_shard(raw: bytes, dtype: np.dtype) -> np.ndarray:
+    """The `tokens` column of every sample of one raw MDS shard (format: convert/writer.py)."""
+    n = int(np.frombuffer(raw, "<u4", count=1)[0])
+    offsets = np.frombuffer(raw, "<u4", count=n + 1, offset=4)
+    out = []
+    for begin, end in zip(offsets[:-1], offsets[1:], strict=True):
+        sample = raw[begin + 4 : end]  # skip the datum size
+        ndim_code = sample[0]
+        shape_dtype = {0: np.uint8, 1: np.uint16, 2: np.uint32}[ndim_code & 3]
+        header = 1 + (ndim_code >> 2) * np.dtype(shape_dtype).itemsize
+        out.append(np.frombuffer(sample[header:], dtype=dtype))
+    return np.stack(out)
 
 
 def sorted_rows(rows: np.ndarray) -> list[bytes]:

@@ -17,7 +17,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llm.meta_init import build_sharded_model, full_state_dict  # noqa: E402
+from torch import nn  # noqa: E402
+
+from llm.meta_init import build_meta_model, materialize_, shard_fsdp2  # noqa: E402
 from llm.model import ModelConfig, Transformer  # noqa: E402
 
 SEED = 1234
@@ -25,6 +27,27 @@ SEED = 1234
 # stand out against the Python + torch baseline, small enough for two CPU ranks in seconds.
 CFG = ModelConfig(vocab_size=1024, dim=512, n_layers=16, n_heads=8, max_seq_len=64, tie_embeddings=True)
 WARMUP_CFG = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=8, tie_embeddings=True)
+
+
+def build_sharded_model(
+    cfg: ModelConfig, seed: int, device: torch.device | str, mesh=None, mp_policy=None
+) -> Transformer:
+    """Meta build -> FSDP2 shards per block -> each rank materialises and initialises its shard.
+
+    The result's full state dict equals `Transformer(cfg, seed).state_dict()`.
+    """
+    model = build_meta_model(cfg, seed)
+    shard_fsdp2(model, mesh=mesh, mp_policy=mp_policy)
+    materialize_(model, device)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded state dict, on the CPU, on rank 0 (empty on the other ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
 
 
 def resident_bytes(field: str) -> int:

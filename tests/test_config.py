@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from config_helpers import grad_accum, seq_len
 
-from llm.config import TrainConfig, load_config, save_resolved, to_yaml
+from llm.config import TrainConfig, load_config, parse_duration, save_resolved, to_yaml
 from llm.errors import ConfigError
 
 RECIPE = textwrap.dedent(
@@ -59,8 +60,8 @@ def test_loads_typed_config_with_interpolation(recipe):
     assert cfg.optimizer.betas == (0.9, 0.95)
     assert cfg.checkpoint.save_folder == "/tmp/runs/cfg-test/checkpoints"
     assert [s.proportion for s in cfg.data.train] == [0.7, 0.3]
-    assert cfg.grad_accum == 2
-    assert cfg.seq_len == 32
+    assert grad_accum(cfg) == 2
+    assert seq_len(cfg) == 32
 
 
 def test_dotted_overrides_including_list_items(recipe):
@@ -85,6 +86,14 @@ def test_unknown_key_names_the_closest_valid_one(recipe):
         load_config(recipe)
 
 
+def test_unknown_key_inside_a_list_item_names_its_index(recipe):
+    with pytest.raises(ConfigError, match=r"unknown key 'data.eval.0.locl'.*did you mean 'local'"):
+        load_config(recipe, ["data.eval.0.locl=/tmp/x"])
+    recipe.write_text(recipe.read_text().replace("proportion: 0.3", "proportion: 0.3\n      remot: x"))
+    with pytest.raises(ConfigError, match=r"unknown key 'data.train.1.remot'.*did you mean 'remote'"):
+        load_config(recipe)
+
+
 def test_wrong_type_names_key_and_expected_type(recipe):
     with pytest.raises(ConfigError, match=r"model.n_layers must be an integer, got 'many'"):
         load_config(recipe, ["model.n_layers=many"])
@@ -92,6 +101,31 @@ def test_wrong_type_names_key_and_expected_type(recipe):
         load_config(recipe, ["training.global_batch_size=8.5"])
     with pytest.raises(ConfigError, match=r"data.train must be a list"):
         load_config(recipe, ["data.train=oops"])
+    with pytest.raises(ConfigError, match=r"optimizer.betas must be a list of 2 values, got \[0.9"):
+        load_config(recipe, ["optimizer.betas=[0.9, 0.95, 0.99]"])
+    with pytest.raises(ConfigError, match=r"training.compile must be true or false, got 'maybe'"):
+        load_config(recipe, ["training.compile=maybe"])
+    with pytest.raises(ConfigError, match=r"optimizer.lr must be a number, got None"):
+        load_config(recipe, ["optimizer.lr=null"])
+    recipe.write_text(recipe.read_text().replace("proportion: 0.3", "proportion: lots"))
+    with pytest.raises(ConfigError, match=r"data.train.1.proportion must be a number, got 'lots'"):
+        load_config(recipe)
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("model:\n  dim: 64\n   n_layers: 2\n", r"line 3, column 12: mapping values are not allowed"),
+        ("model:\n\tdim: 64\n", r"line 2, column 1: .*\(a tab: indent YAML with spaces\)"),
+        ("seed: 1\nmodel: {}\nseed: 2\n", r"line 3, column 1: found duplicate key seed"),
+    ],
+)
+def test_yaml_syntax_errors_name_file_line_and_column(tmp_path, text, where):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^recipe {bad}, {where}") as caught:
+        load_config(bad)
+    assert "\n" not in str(caught.value)
 
 
 def test_batch_sizes_must_divide(recipe):
@@ -110,6 +144,30 @@ def test_durations_and_choices_are_checked(recipe):
         load_config(recipe, ["training.precision=bf16"])
     with pytest.raises(ConfigError, match="proportion on every stream or on none"):
         load_config(recipe, ["data.train.1.proportion=null"])
+    with pytest.raises(ConfigError, match="scheduler.warmup='2ep' is not a duration; .* 100ba, 100tok$"):
+        load_config(recipe, ["scheduler.warmup=2ep"])
+
+
+def test_zero_intervals_are_refused(recipe):
+    with pytest.raises(ConfigError, match="checkpoint.save_interval='0ba' is zero; .*save_folder unset"):
+        load_config(recipe, ["checkpoint.save_interval=0ba"])
+    with pytest.raises(ConfigError, match="training.eval_interval='0ba' is zero; .*data.eval empty"):
+        load_config(recipe, ["training.eval_interval=0ba"])
+    with pytest.raises(ConfigError, match="callbacks.generate.interval='0tok' is zero"):
+        load_config(recipe, ["callbacks.generate.interval=0tok"])
+    assert load_config(recipe, ["scheduler.warmup=0ba"]).scheduler.warmup == "0ba"  # no warmup is fine
+
+
+def test_durations_read_as_composer_reads_them():
+    from composer.core import Time
+
+    for text in ["1000ba", " 50000000tok", "2ep", "64sp", "0ba"]:
+        amount, unit = parse_duration(text)
+        composer_time = Time.from_timestring(text.strip())
+        assert (amount, unit) == (composer_time.value, composer_time.unit.value)
+    for text in ["20 steps", "ba", "-1ba", "1.5ba", "10BA", "0.5dur", "١٢ba"]:
+        with pytest.raises(ConfigError, match="is not a duration"):
+            parse_duration(text)
 
 
 def test_model_shape_errors_are_config_errors(recipe):

@@ -25,9 +25,11 @@ from convert_fixtures import (  # noqa: F401
 )
 
 from convert.cleaning import Cleaner
+from convert.conversion import batch_documents, digest_of, split_of
 from convert.errors import ConvertError
 from convert.jobs import ReadOptions, convert_corpus
-from convert.pipeline import ShardOptions, TokenizedBatch, digest_of, split_of
+from convert.options import ShardOptions
+from convert.worker import TokenizedBatch
 
 SEQ = 64
 FORMAT_KEYS = {
@@ -108,8 +110,11 @@ def test_a_batch_splits_its_documents_exactly_as_split_of_does():
     batch = TokenizedBatch(
         b"".join(digests), np.ones(n, np.int64), np.ones(n, np.int64), np.arange(n, dtype=np.uint32), {}
     )
-    docs = list(batch.documents(0.1))
+    docs = list(batch_documents(batch, 0.1))
     assert [doc.split for doc in docs] == [split_of(d, 0.1) for d in digests]
+    # The one split rule, vectorised, gives what its definition in exact integers gives.
+    by_definition = ["val" if int.from_bytes(d[8:], "little") / 2**64 < 0.1 else "train" for d in digests]
+    assert [split_of(d, 0.1) for d in digests] == by_definition
     assert [doc.digest for doc in docs] == digests and [int(doc.tokens[0]) for doc in docs] == list(range(n))
     assert 100 < sum(doc.split == "val" for doc in docs) < 300
 
@@ -197,10 +202,10 @@ def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_sam
 ):  # noqa: F811
     from corpus_fixtures import write_jsonl
 
-    from convert import pipeline
+    from convert import conversion
 
     # Small batches, so that some hold only duplicates or only empty documents.
-    monkeypatch.setattr(pipeline, "_BATCH_CHARS", 1_000)
+    monkeypatch.setattr(conversion, "_BATCH_CHARS", 1_000)
     docs = small_corpus_docs[:80]
     write_jsonl(tmp_path / "a.jsonl", [*docs, *["  "] * 600, "\x1b[31m\t", docs[3] + "\r\n", *docs[:40]])
     outputs = {}

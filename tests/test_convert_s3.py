@@ -10,7 +10,7 @@ from convert_fixtures import local_samples, small_corpus, small_corpus_docs, sma
 
 from convert.errors import ConvertError
 from convert.jobs import convert_corpus
-from convert.pipeline import ShardOptions
+from convert.options import ShardOptions
 
 pytestmark = pytest.mark.s3
 

@@ -150,7 +150,8 @@ def _upload(s3_server, bucket: str, folder: Path, prefix: str) -> str:
 
 @pytest.mark.s3
 def test_trains_from_s3_and_checks_s3_metadata(tmp_path, train_data, s3_server, s3_bucket):
-    from llm.callbacks.metrics_file import read_metrics
+    from train_fixtures import read_metrics
+
     from llm.trainer import train
 
     train_remote = _upload(s3_server, s3_bucket, train_data.train, "shards/train")
@@ -220,3 +221,29 @@ def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_da
 def test_meta_json_records_match_the_fixture(train_data):
     meta = json.loads((train_data.train / "meta.json").read_text())
     assert meta["format"] == "llm-pretrain-tokens" and meta["seq_len"] == train_data.seq_len
+
+
+def _tampered_copy(split: Path, dest: Path) -> Path:
+    """A copy of `split` whose first shard holds other tokens, still valid zstd of the same size."""
+    import zstd
+
+    shutil.copytree(split, dest)
+    index = json.loads((dest / "index.json").read_text())
+    zip_path = dest / index["shards"][0]["zip_data"]["basename"]
+    raw = bytearray(zstd.decompress(zip_path.read_bytes()))
+    raw[-2:] = bytes([raw[-2] ^ 1, raw[-1]])  # one bit of the last sample's last token
+    zip_path.write_bytes(zstd.compress(bytes(raw), 3))
+    return dest
+
+
+def test_shard_hashes_are_checked_on_read_and_can_be_turned_off(tmp_path, train_data):
+    tampered = _tampered_copy(train_data.train, tmp_path / "tampered")
+    data = {"train": [{"remote": str(tampered)}], "shuffle": False, "cache_root": str(tmp_path / "c1")}
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data, data=data))
+    assert cfg.data.validate_hash == "xxh64"  # the default
+    with pytest.raises(ValueError, match="Checksum failure"):
+        list(itertools.islice(iter(build_dataset(cfg, "train", 8)), 3))
+
+    data["cache_root"] = str(tmp_path / "c2")
+    cfg = load(write_recipe(tmp_path / "r2.yaml", train_data, data=data), "data.validate_hash=null")
+    assert len(list(itertools.islice(iter(build_dataset(cfg, "train", 8)), 3))) == 3  # read silently

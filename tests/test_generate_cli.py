@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from llm.checkpoint_io import save_composer_weights
-from llm.cli import main as llm_main
-from llm.hf_export import export
+from llm.commands import main as llm_main
+from llm.hf_export import export_hf
 from llm.model import ModelConfig, Transformer
+from llm.weights import load_model, save_composer_weights
 
 VOCAB = 2000
 CFG = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=64, tie_embeddings=True)
@@ -52,9 +54,7 @@ def test_prompts_from_arguments_and_a_file_are_continued_in_order(
 
 
 def test_an_exported_folder_generates_the_same_text(tmp_path, checkpoint, tokenizer_path, capsys):
-    from llm.checkpoint_io import load_model
-
-    out = export(load_model(checkpoint), tokenizer_path, tmp_path / "hf")
+    out = export_hf(load_model(checkpoint), tmp_path / "hf", tokenizer_path)
     assert generate(checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
     from_checkpoint = capsys.readouterr().out
     assert (
@@ -138,7 +138,6 @@ def test_bad_input_gives_one_clear_message(tmp_path, checkpoint, tokenizer_path,
 
 
 def test_greedy_cli_output_matches_the_library(checkpoint, tokenizer_path, capsys):
-    from llm.checkpoint_io import load_model
     from llm.generate import generate as lib_generate
     from llm.tokenizer import Tokenizer
 
@@ -152,16 +151,65 @@ def test_greedy_cli_output_matches_the_library(checkpoint, tokenizer_path, capsy
     assert torch.is_grad_enabled()
 
 
-def test_a_run_checkpoint_folder_means_its_newest_checkpoint(tmp_path, checkpoint, tokenizer_path, capsys):
-    import json
-    import shutil
+def publish(folder, batch: int, source) -> Path:
+    """Store `source` as the run's checkpoint at `batch` with its manifest, as training does."""
+    from llm.checkpoint import manifest as cm
+    from storage import open_store
 
-    folder = tmp_path / "checkpoints"
-    folder.mkdir()
-    shutil.copy(checkpoint, folder / "ep0-ba20-rank0.pt")
-    (folder / "ep0-ba10-rank0.pt").write_bytes(b"an older, unreadable checkpoint")
-    (folder / "latest.json").write_text(json.dumps({"batch": 20, "load_path": "ep0-ba20-rank0.pt"}))
+    store, rel = open_store(str(folder)), f"ep0-ba{batch}-rank0.pt"
+    store.upload(source, rel)
+    manifest = {"batch": batch, "rank": 0, "writers": 1, "world_size": 1, "sharded": False}
+    manifest.update(load_path=rel, files={rel: cm.file_digest(folder / rel)}, timestamp={"batch": batch})
+    store.write_text(cm.manifest_name(batch, 0), cm.dumps(manifest))
+    store.write_text(cm.LATEST, json.dumps({"batch": batch, "load_path": rel}))
+    return folder / rel
+
+
+def greedy(checkpoint: str, tokenizer_path: str, capsys) -> str:
     assert generate(checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
-    from_file = capsys.readouterr().out
-    assert generate(str(folder), "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
-    assert capsys.readouterr().out == from_file
+    return capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def other_checkpoint(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ckpt") / "other.pt"
+    return str(save_composer_weights(dict(Transformer(CFG, seed=2).state_dict()), CFG, path))
+
+
+def test_a_run_checkpoint_folder_means_its_newest_checkpoint(tmp_path, checkpoint, tokenizer_path, capsys):
+    folder = tmp_path / "checkpoints"
+    old = tmp_path / "old.pt"
+    old.write_bytes(b"an older, unreadable checkpoint")
+    publish(folder, 10, old)
+    publish(folder, 20, checkpoint)
+    from_file = greedy(checkpoint, tokenizer_path, capsys)
+    assert greedy(str(folder), tokenizer_path, capsys) == from_file
+
+
+def test_a_corrupt_newest_checkpoint_in_a_run_folder_gives_way_to_the_previous_good_one(
+    tmp_path, checkpoint, other_checkpoint, tokenizer_path, capsys, caplog
+):
+    folder = tmp_path / "checkpoints"
+    publish(folder, 10, checkpoint)
+    newest = publish(folder, 20, other_checkpoint)
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the SHA-256 in the manifest tells
+    newest.write_bytes(bytes(data))
+    loaded = load_model(str(folder)).state_dict()
+    previous, corrupt = load_model(checkpoint).state_dict(), load_model(other_checkpoint).state_dict()
+    assert all(torch.equal(loaded[k], previous[k]) for k in loaded)
+    assert not all(torch.equal(loaded[k], corrupt[k]) for k in loaded)
+    assert "checkpoint at batch 20" in caplog.text and "SHA-256" in caplog.text
+    assert greedy(str(folder), tokenizer_path, capsys) == greedy(checkpoint, tokenizer_path, capsys)
+
+
+def test_a_run_folder_without_a_good_checkpoint_is_refused_in_one_line(
+    tmp_path, checkpoint, tokenizer_path, capsys
+):
+    folder = tmp_path / "checkpoints"
+    newest = publish(folder, 10, checkpoint)
+    newest.write_bytes(newest.read_bytes()[:-1] + b"x")
+    rc = generate(str(folder), "--tokenizer", tokenizer_path, "--prompt", "中国")
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "no usable checkpoint" in err
+    assert err.count("\n") == 0 and "Traceback" not in err

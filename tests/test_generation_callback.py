@@ -11,11 +11,11 @@ from composer.loggers import LoggerDestination
 from torch.utils.data import DataLoader
 
 from llm.callbacks.generation import GenerationCallback
-from llm.checkpoint_io import load_model
-from llm.cli import main as llm_main
+from llm.commands import main as llm_main
 from llm.composer_model import LanguageModel
 from llm.errors import ConfigError
 from llm.model import ModelConfig
+from llm.weights import load_model
 
 VOCAB, SEQ = 2000, 32
 CFG = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, max_seq_len=SEQ + 16, tie_embeddings=True)
@@ -112,9 +112,10 @@ def test_a_run_stopping_on_sigterm_skips_the_end_samples_so_its_checkpoint_comes
     import os
     import signal
 
+    from composer.callbacks import CheckpointSaver
     from composer.core import Callback
 
-    from llm.callbacks.preemption import PreemptionCallback
+    from llm.checkpoint.preemption import PreemptionCallback
 
     class SigtermAt(Callback):
         def batch_end(self, state, logger):
@@ -123,7 +124,8 @@ def test_a_run_stopping_on_sigterm_skips_the_end_samples_so_its_checkpoint_comes
 
     callback = make_callback(tokenizer_path, tmp_path / "run")
     with pytest.raises(SystemExit) as stopped:
-        fit(samples, [callback, SigtermAt(), PreemptionCallback()], save_folder=str(tmp_path / "ckpt"))
+        saver = CheckpointSaver(folder=str(tmp_path / "ckpt"), save_interval="10ba")
+        fit(samples, [callback, SigtermAt(), saver, PreemptionCallback()])  # preemption's must be last
     assert stopped.value.code == 143
     assert (tmp_path / "ckpt" / "ep0-ba5-rank0.pt").exists()
     lines = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from llm.checkpoint_io import load_model, save_composer_weights
-from llm.cli import main as llm_main
-from llm.hf_export import export
+from llm.commands import main as llm_main
+from llm.hf_export import export_hf
 from llm.model import ModelConfig, Transformer
+from llm.weights import load_model, save_composer_weights
 
 CONFIGS = {
     "tied": ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=32, tie_embeddings=True),
@@ -53,7 +53,7 @@ def test_llama_for_causal_lm_gives_our_logits(tmp_path, tokenizer_path, name):
 
     cfg = CONFIGS[name]
     model = _perturbed(cfg)
-    out = export(model, tokenizer_path, tmp_path / "hf")
+    out = export_hf(model, tmp_path / "hf", tokenizer_path)
     hf = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -69,7 +69,7 @@ def test_the_exported_tokenizer_encodes_like_ours(tmp_path, tokenizer_path):
 
     from llm.tokenizer import Tokenizer
 
-    out = export(_perturbed(CONFIGS["tied"]), tokenizer_path, tmp_path / "hf")
+    out = export_hf(_perturbed(CONFIGS["tied"]), tmp_path / "hf", tokenizer_path)
     text = "北京市经济发展很快"
     hf_tok = LlamaTokenizer.from_pretrained(out)
     ours = Tokenizer(tokenizer_path)

@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llm.checkpoint_io import load_model
-from llm.cli import main as llm_main
+from llm.commands import main as llm_main
 from llm.errors import ConfigError
-from llm.import_weights import convert
+from llm.import_weights import import_baby_llama2
+from llm.weights import load_model
 
 DIM, LAYERS, HEADS, HIDDEN, VOCAB, SEQ = 64, 2, 4, 96, 300, 32
 
@@ -29,19 +29,41 @@ data: {{train: [{{remote: unused}}]}}
 """
 
 
-def write_recipe(path, *, tied, eps, dim=DIM):
+def write_recipe(
+    path,
+    *,
+    tied,
+    eps,
+    dim=DIM,
+    n_layers=LAYERS,
+    n_heads=HEADS,
+    hidden_dim=HIDDEN,
+    vocab_size=VOCAB,
+    norm_eps=None,
+):
+    eps = eps if norm_eps is None else norm_eps
     text = RECIPE.format(
-        vocab=VOCAB,
+        vocab=vocab_size,
         dim=dim,
-        layers=LAYERS,
-        heads=HEADS,
-        hidden=HIDDEN,
+        layers=n_layers,
+        heads=n_heads,
+        hidden=hidden_dim,
         seq=SEQ,
         eps=eps,
         tied=str(tied).lower(),
     )
     path.write_text(text)
     return str(path)
+
+
+def run_import(source, src, recipe, out):
+    return llm_main(["import", "--from", source, str(src), "--recipe", recipe, "--out", str(out)])
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
 
 
 def rms(x, w, eps):
@@ -190,8 +212,26 @@ def baichuan_forward(sd, tokens, eps=1e-6, theta=10000.0):
     return rms(x, sd["model.norm.weight"], eps) @ sd["lm_head.weight"].T
 
 
-def write_baichuan(folder, sd, layout):
+BAICHUAN_CONFIG = {  # the fields of Baichuan-7B's config.json, at the test's size
+    "architectures": ["BaiChuanForCausalLM"],
+    "model_type": "baichuan",
+    "hidden_act": "silu",
+    "hidden_size": DIM,
+    "intermediate_size": HIDDEN,
+    "num_attention_heads": HEADS,
+    "num_hidden_layers": LAYERS,
+    "vocab_size": VOCAB,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+
+
+def write_baichuan(folder, sd, layout, config=True):
     folder.mkdir()
+    if config:
+        (folder / "config.json").write_text(json.dumps(BAICHUAN_CONFIG))
     if layout == "bin":
         torch.save(sd, folder / "pytorch_model.bin")
         return
@@ -245,7 +285,7 @@ def test_a_checkpoint_of_another_shape_names_the_mismatching_tensors(tmp_path):
     from llm.config import load_config
 
     with pytest.raises(ConfigError) as err:
-        convert("baby-llama2", tmp_path / "pretrain.pth", load_config(recipe).model)
+        import_baby_llama2(tmp_path / "pretrain.pth", load_config(recipe).model)
     message = str(err.value)
     assert "tok_embeddings.weight: checkpoint (300, 64) vs model (300, 128)" in message
     assert "recipe" in message
@@ -307,3 +347,96 @@ def test_training_starts_from_the_imported_weights(tmp_path, source):
     assert int(trainer.state.timestamp.batch) == 2
     assert not torch.equal(trainer.state.model.model.norm.weight, expected["norm.weight"])
     trainer.close()
+
+
+# --- the source's own configuration against the recipe ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value, source_says",
+    [
+        ("norm_eps", 1e-5, "rms_norm_eps=1e-06"),
+        ("n_heads", 8, "num_attention_heads=4"),  # same tensor shapes, other logits
+        ("dim", 128, "hidden_size=64"),
+        ("n_layers", 3, "num_hidden_layers=2"),
+        ("hidden_dim", 128, "intermediate_size=96"),
+        ("vocab_size", 320, "vocab_size=300"),
+    ],
+)
+def test_a_recipe_contradicting_baichuans_config_json_is_refused_naming_both_values(
+    tmp_path, capsys, field, value, source_says
+):
+    write_baichuan(tmp_path / "baichuan", baichuan_weights(), "bin")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=False, eps=1e-6, **{field: value})
+    assert run_import("baichuan", tmp_path / "baichuan", recipe, tmp_path / "o.pt") == 2
+    err = one_line_error(capsys)
+    assert "config.json" in err and source_says in err and f"model.{field}={value}" in err
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_a_baichuan_folder_without_config_json_is_refused(tmp_path, capsys):
+    write_baichuan(tmp_path / "baichuan", baichuan_weights(), "bin", config=False)
+    recipe = write_recipe(tmp_path / "r.yaml", tied=False, eps=1e-6)
+    assert run_import("baichuan", tmp_path / "baichuan", recipe, tmp_path / "o.pt") == 2
+    assert "config.json" in one_line_error(capsys)
+
+
+def test_a_tied_recipe_refuses_baichuans_separate_lm_head_and_names_the_fix(tmp_path, capsys):
+    write_baichuan(tmp_path / "baichuan", baichuan_weights(), "bin")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-6)
+    assert run_import("baichuan", tmp_path / "baichuan", recipe, tmp_path / "o.pt") == 2
+    err = one_line_error(capsys)
+    assert "lm_head" in err and "model.tie_embeddings: false" in err
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_a_tied_recipe_takes_a_source_whose_output_equals_its_embedding(tmp_path):
+    sd = baichuan_weights()
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    write_baichuan(tmp_path / "baichuan", sd, "bin")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-6)
+    assert run_import("baichuan", tmp_path / "baichuan", recipe, tmp_path / "o.pt") == 0
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = (load_model(str(tmp_path / "o.pt"))(tokens) - baichuan_forward(sd, tokens)).abs().max()
+    assert diff.item() < 1e-4
+
+
+def test_a_tied_recipe_refuses_a_baby_llama2_checkpoint_with_its_own_output_matrix(tmp_path, capsys):
+    sd = llama2c_weights()
+    sd["output.weight"] = sd["output.weight"] + 0.01  # trained untied
+    torch.save(sd, tmp_path / "pretrain.pth")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5)
+    assert run_import("baby-llama2", tmp_path / "pretrain.pth", recipe, tmp_path / "o.pt") == 2
+    err = one_line_error(capsys)
+    assert "output.weight" in err and "model.tie_embeddings: false" in err
+
+
+@pytest.mark.parametrize(
+    "field, value, source_says",
+    [
+        ("dim", 128, "dim=64"),
+        ("n_layers", 3, "n_layers=2"),
+        ("vocab_size", 320, "vocab_size=300"),
+        ("hidden_dim", 128, "hidden_dim=96"),
+    ],
+)
+def test_a_recipe_contradicting_the_baby_llama2_tensor_shapes_is_refused_naming_both_values(
+    tmp_path, capsys, field, value, source_says
+):
+    torch.save(llama2c_weights(), tmp_path / "pretrain.pth")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5, **{field: value})
+    assert run_import("baby-llama2", tmp_path / "pretrain.pth", recipe, tmp_path / "o.pt") == 2
+    err = one_line_error(capsys)
+    assert source_says in err and f"model.{field}={value}" in err
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_llama2c_model_args_are_checked_against_the_recipe_too(tmp_path, capsys):
+    """llama2.c's train.py saves model_args: the head count, which no tensor shape reveals."""
+    args = {"dim": DIM, "n_layers": LAYERS, "n_heads": HEADS, "n_kv_heads": HEADS, "vocab_size": VOCAB}
+    torch.save({"model": llama2c_weights(), "model_args": args}, tmp_path / "ckpt.pt")
+    recipe = write_recipe(tmp_path / "r.yaml", tied=True, eps=1e-5, n_heads=8)
+    assert run_import("baby-llama2", tmp_path / "ckpt.pt", recipe, tmp_path / "o.pt") == 2
+    err = one_line_error(capsys)
+    assert "n_heads=4" in err and "model.n_heads=8" in err

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llm.cli import main as llm_main
+from llm.commands import main as llm_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,3 +41,13 @@ def test_dry_run_reports_bad_overrides_in_one_line(capsys):
     assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "model.dimm=8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "model.dimm" in err and "did you mean 'dim'" in err
+
+
+def test_llm_inspect_prints_what_the_typed_library_function_returns(capsys):
+    from llm.config import load_config
+    from llm.memory_plan import describe_run
+
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "4", "--gpu-gb", "141"]) == 0
+    expected = describe_run(load_config(REPO / "recipes/7b.yaml"), gpus=4, gpu_gb=141.0)
+    assert capsys.readouterr().out == expected + "\n"
+    assert "on 4 x 141 GB GPUs" in expected

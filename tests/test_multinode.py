@@ -19,14 +19,13 @@ as on separate machines.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from train_fixtures import train_data, write_recipe  # noqa: F401 (a fixture)
+from train_fixtures import read_metrics, train_data, write_recipe  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSER = str(Path(sys.executable).parent / "composer")
@@ -43,9 +42,8 @@ def overrides(tmp_path: Path, name: str) -> list[str]:
     return [f"run_name={name}", f"run_dir={tmp_path / name}"]
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+def read_run_metrics(run_dir: Path) -> list[dict]:
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
@@ -128,7 +126,7 @@ def test_two_launchers_posing_as_two_nodes_train_like_one_node(tmp_path, train_d
         )
     assert "finished at step 16" in outputs[0][1], "node 0 holds global rank 0 and prints the summary"
 
-    one, two = read_metrics(tmp_path / "one-node"), read_metrics(tmp_path / "two-nodes")
+    one, two = read_run_metrics(tmp_path / "one-node"), read_run_metrics(tmp_path / "two-nodes")
     assert [m["step"] for m in one] == [m["step"] for m in two]
     assert one[-1]["tokens"] == two[-1]["tokens"] == STEPS * 8 * train_data.seq_len
     # Step 1 runs the same initial weights over a batch of the same size: close, not equal.

@@ -57,7 +57,7 @@ def _cfg(tmp_path, *overrides):
 
 
 def test_load_path_outside_save_folder_needs_the_untrusted_flag(tmp_path):
-    from llm.resume import check_load_path_allowed
+    from llm.checkpoint.resume import check_load_path_allowed
 
     outside = tmp_path / "elsewhere" / "ep0-ba4-rank0.pt"
     with pytest.raises(ConfigError, match="allow_untrusted_load_path=true"):
@@ -84,7 +84,7 @@ def test_untrusted_load_path_is_refused_by_train_py_with_exit_code_2(tmp_path, s
 
 
 def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp_path):
-    from llm.resume import warn_recipe_changes
+    from llm.checkpoint.resume import warn_recipe_changes
 
     saved = _cfg(tmp_path).to_dict()
     changed = _cfg(tmp_path, "optimizer.lr=0.5", "training.max_duration=20ba", "seed=3", "run_dir=/x")

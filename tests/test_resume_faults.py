@@ -21,9 +21,9 @@ from resume_support import (
     write_recipe,
 )
 
-from llm import checkpoint_manifest as cm
-from llm.checkpoint_store import CheckpointStoreError, open_store
-from llm.resume import newest_usable_checkpoint
+from llm.checkpoint import manifest as cm
+from llm.checkpoint.resume import newest_usable_checkpoint
+from storage import StorageError, open_store
 
 
 def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_resumes_bit_identically(
@@ -64,14 +64,14 @@ def test_a_corrupt_newest_s3_checkpoint_of_the_right_size_fails_its_sha256_and_i
     # An interrupted save: files but only an incomplete manifest set never counts.
     store.write_text(cm.manifest_name(12, 1), json.dumps({"batch": 12, "rank": 1, "writers": 2, "files": {}}))
 
-    point = newest_usable_checkpoint(store.uri)
+    point = newest_usable_checkpoint(store.root)
     assert point.batch == 4
     assert open(point.load_path, "rb").read() == b"older checkpoint"
     assert "checkpoint at batch 8" in caplog.text and "SHA-256" in caplog.text
 
     s3_server.client().put_object(Bucket=s3_bucket, Key="run/ep0-ba4-rank0.pt", Body=b"x")
-    with pytest.raises(CheckpointStoreError, match="no usable checkpoint"):
-        newest_usable_checkpoint(store.uri)
+    with pytest.raises(StorageError, match="no usable checkpoint"):
+        newest_usable_checkpoint(store.root)
 
 
 class _Proxy:
@@ -125,7 +125,7 @@ def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_fr
     save = f"s3://{s3_bucket}/down"
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
     proxy = _Proxy(s3_server.port)
-    env = {"S3_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "LLM_CKPT_S3_MAX_ATTEMPTS": "3"}
+    env = {"S3_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "LLM_S3_MAX_ATTEMPTS": "3"}
     proc, record, weights = start(recipe, "first", cwd=tmp_path, sleep=0.25, env=env)
     wait_for_batch(record, SAVE_EVERY + 1, proc)  # the checkpoint at SAVE_EVERY is stored
     proxy.cut()

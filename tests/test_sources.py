@@ -11,7 +11,8 @@ from s3server import free_port
 
 from convert.errors import ConvertError
 from convert.readers import ReadStats, read_documents
-from convert.sources import expand_inputs, file_size, open_binary
+from convert.sources import expand_inputs, open_binary
+from storage import StorageError, open_store
 
 
 @pytest.fixture
@@ -55,6 +56,11 @@ def test_nothing_matched_is_an_error_naming_the_pattern(tmp_path):
         expand_inputs([str(tmp_path / "empty")])
     with pytest.raises(ConvertError, match="no input given"):
         expand_inputs([])
+
+
+def file_size(url: str) -> int | None:
+    folder, _, name = url.rpartition("/")
+    return open_store(folder).size(name)
 
 
 def test_local_open_and_size(tree):
@@ -142,8 +148,8 @@ def test_missing_bucket_names_the_endpoint_and_bucket(s3_server):
         expand_inputs(["s3://no-such-bucket-here/corpus/"])
     assert "'no-such-bucket-here' does not exist" in str(err.value)
     assert s3_server.endpoint in str(err.value)
-    with pytest.raises(ConvertError, match="no-such-bucket-here"):
-        file_size("s3://no-such-bucket-here/a.jsonl")
+    with pytest.raises(StorageError, match="no-such-bucket-here"):
+        open_store("s3://no-such-bucket-here").read_bytes("a.jsonl")
 
 
 @pytest.mark.s3

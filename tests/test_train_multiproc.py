@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_fixtures import REPO, train_data, write_recipe  # noqa: F401
-
-from llm.callbacks.metrics_file import read_metrics
+from train_fixtures import REPO, read_metrics, train_data, write_recipe  # noqa: F401
 
 COMPOSER = str(Path(sys.executable).parent / "composer")
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from composer.core import Callback
-from train_fixtures import REPO, load, train_data, write_recipe  # noqa: F401
+from config_helpers import lr_at
+from train_fixtures import REPO, load, read_metrics, train_data, write_recipe  # noqa: F401
 
-from llm.callbacks.metrics_file import read_metrics
 from llm.errors import ConfigError
-from llm.optim import lr_at
 
 
 def test_loss_falls_and_run_files_are_written(tmp_path, train_data, capsys):

@@ -124,3 +124,9 @@ def load(path: Path, *overrides: str):
     from llm.config import load_config
 
     return load_config(path, list(overrides))
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl file (what `llm.callbacks.metrics_file` writes), in order."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]

@@ -25,9 +25,10 @@ from composer.loggers import Logger
 from composer.utils import create_interval_scheduler, dist
 from torch import Tensor, nn
 
-from llm.checkpoint_io import MODEL_CONFIG_KEY
+from llm.checkpoint.preemption import stop_requested
 from llm.generate import generate
 from llm.tokenizer import Tokenizer
+from llm.weights import MODEL_CONFIG_KEY
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class GenerationCallback(Callback):
     def fit_end(self, state: State, logger: Logger) -> None:
         if not self._prompt_ids or self._last_step == int(state.timestamp.batch):
             return
-        if _stopping_on_signal(state):
+        if stop_requested(state):
             # Seconds of sampling would delay the preemption checkpoint (saved after fit_end
             # callbacks) inside the launcher's grace period; the resumed run samples later.
             log.info(
@@ -177,13 +178,6 @@ def transformer_of(model: nn.Module) -> nn.Module:
         model = model.module
     inner = model.model if hasattr(model, "model") else model
     return getattr(inner, "_orig_mod", inner)  # torch.compile: decode steps must not recompile
-
-
-def _stopping_on_signal(state: State) -> bool:
-    """Whether every rank agreed to stop early on SIGTERM/SIGINT (see callbacks.preemption)."""
-    from llm.callbacks.preemption import PreemptionCallback
-
-    return any(isinstance(cb, PreemptionCallback) and cb.stop_signal is not None for cb in state.callbacks)
 
 
 def _from_rank_zero(tokens: Tensor) -> Tensor:

@@ -78,9 +78,3 @@ class MetricsFile(LoggerDestination):
         if dist.get_global_rank() == 0:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file, in order."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]

@@ -29,14 +29,16 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from llm import checkpoint_manifest as cm
-from llm.checkpoint_store import CheckpointStoreError
+from llm.checkpoint import manifest as cm
+from storage import StorageError, Store
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointPublisher(Callback):
-    def __init__(self, store, staging_root: str, num_to_keep: int, recipe: dict[str, Any] | None = None):
+    def __init__(
+        self, store: Store, staging_root: str, num_to_keep: int, recipe: dict[str, Any] | None = None
+    ):
         self.store = store
         self.staging_root = Path(staging_root)
         self.num_to_keep = num_to_keep
@@ -44,6 +46,9 @@ class CheckpointPublisher(Callback):
         self.last_batch: int | None = None
         self.last_stored_at: float | None = None  # time.monotonic() of the last completed save
         self._seen_saves = 0
+
+    def init(self, state: State, logger: Logger) -> None:
+        check_order(state.callbacks)  # Event.INIT runs inside Trainer(): a wrong order fails there
 
     # Composer saves at one of these events; publish right after, at the same one.
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
@@ -72,9 +77,9 @@ class CheckpointPublisher(Callback):
         except Exception as err:  # reported after the ranks agree, so no rank hangs in a collective
             error = err
         if not _all_ranks_ok(state, error is None):
-            where = f"{self.store.uri} (batch {self.last_batch})"
+            where = f"{self.store.root} (batch {self.last_batch})"
             reason = error or "another rank failed to store its part"
-            raise CheckpointStoreError(
+            raise StorageError(
                 f"could not store checkpoint {where}: {reason}. The previous complete checkpoint "
                 "remains the resume point; fix the storage and rerun the same command."
             ) from error
@@ -85,7 +90,7 @@ class CheckpointPublisher(Callback):
         log.info(
             "checkpoint at batch %d stored in %s (%.2f s)",
             self.last_batch,
-            self.store.uri,
+            self.store.root,
             time.monotonic() - start,
         )
 
@@ -124,13 +129,13 @@ class CheckpointPublisher(Callback):
         ckpts, _ = cm.scan(self.store)
         current = next((c for c in ckpts if c.batch == self.last_batch), None)
         if current is None or not current.complete:
-            raise CheckpointStoreError(
-                f"checkpoint at batch {self.last_batch} has no complete manifests in {self.store.uri}"
+            raise StorageError(
+                f"checkpoint at batch {self.last_batch} has no complete manifests in {self.store.root}"
             )
         pointer = {
             "batch": current.batch,
             "load_path": current.load_path,
-            "uri": self.store.uri_of(current.load_path),
+            "uri": self.store.url(current.load_path),
         }
         self.store.write_text(cm.LATEST, cm.dumps(pointer))
 
@@ -148,7 +153,7 @@ class CheckpointPublisher(Callback):
         for ckpt in doomed:
             self.store.delete([cm.manifest_name(ckpt.batch, m["rank"]) for m in ckpt.manifests])
             self.store.delete(sorted(ckpt.files))
-            log.info("deleted old checkpoint at batch %d from %s", ckpt.batch, self.store.uri)
+            log.info("deleted old checkpoint at batch %d from %s", ckpt.batch, self.store.root)
 
 
 def _find_saver(state: State) -> CheckpointSaver:
@@ -156,6 +161,19 @@ def _find_saver(state: State) -> CheckpointSaver:
         if isinstance(cb, CheckpointSaver):
             return cb
     raise RuntimeError("CheckpointPublisher needs a CheckpointSaver before it in the callback list")
+
+
+def check_order(callbacks: list) -> None:
+    """Raise if the publisher does not come right after Composer's saver (see the module docstring)."""
+    kinds = [type(cb) for cb in callbacks]
+    if CheckpointPublisher not in kinds:
+        return
+    at = kinds.index(CheckpointPublisher)
+    if at == 0 or not isinstance(callbacks[at - 1], CheckpointSaver):
+        raise RuntimeError(
+            "callback order: CheckpointPublisher must come right after Composer's CheckpointSaver "
+            "(build them with llm.checkpoint.plan_checkpointing)"
+        )
 
 
 def _all_ranks_ok(state: State, ok: bool) -> bool:

@@ -1,7 +1,8 @@
-"""The `llm` command: inspect a recipe, generate text, export and import checkpoints.
+"""The `llm` command: inspect a recipe, generate text, export and import weights.
 
-Each sub-command lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
-modules are imported only when their sub-command runs, so `llm --help` stays fast.
+Each sub-command is a module here, named like the command, with `add_arguments(parser)` and
+`run(args) -> int`; it parses and prints, and calls library functions with typed arguments.
+A module is imported only when its sub-command runs, so `llm --help` stays fast (no torch).
 """
 
 from __future__ import annotations
@@ -10,12 +11,18 @@ import argparse
 import importlib
 import sys
 
+from llm.errors import ConfigError
+from storage import StorageError
+
 # sub-command -> (module, one-line help)
 COMMANDS = {
-    "inspect": ("llm.inspect", "dry run: parameters, FLOPs, tokens per step, memory plan per GPU"),
-    "generate": ("llm.generate_cli", "continue prompts from a checkpoint (Composer or exported)"),
-    "export": ("llm.hf_export", "write a checkpoint in the Hugging Face Llama layout"),
-    "import": ("llm.import_weights", "convert baby-llama2-chinese or Baichuan-7B weights for training"),
+    "inspect": (
+        "llm.commands.inspect_recipe",
+        "dry run: parameters, FLOPs, tokens per step, memory plan per GPU",
+    ),
+    "generate": ("llm.commands.generate", "continue prompts from a checkpoint (Composer or exported)"),
+    "export": ("llm.commands.export", "write a checkpoint in the Hugging Face Llama layout"),
+    "import": ("llm.commands.import_", "convert baby-llama2-chinese or Baichuan-7B weights for training"),
 }
 
 
@@ -33,8 +40,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llm.errors import ConfigError
-
+    """Run one sub-command; a user's mistake or a storage failure is one line on stderr."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -46,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except StorageError as err:  # missing: the user's path; else S3 or the disk failed after retries
+        print(f"error: {err}", file=sys.stderr)
+        return 2 if err.missing else 1
 
 
 if __name__ == "__main__":

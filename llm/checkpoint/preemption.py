@@ -7,7 +7,7 @@ This callback replaces that handler while training runs:
 - at every `batch_end` all ranks agree (`all_reduce` MAX), so a signal seen by any rank stops all
   of them after the same batch; `state.stop_training()` then makes that batch the last one, and
   Composer's saver writes its end-of-training checkpoint there (the publisher stores it);
-- at `fit_end` (this callback must be the last one) the process exits with 128 + the signal
+- at `fit_end` (this callback must be the last one; checked when the Trainer is built) the process exits with 128 + the signal
   number: 143 for SIGTERM, 130 for SIGINT, the codes a shell and launchers expect.
 
 `stop_training()` lowers `state.max_duration`, which is not part of a Composer checkpoint: the
@@ -40,6 +40,13 @@ class PreemptionCallback(Callback):
         self.stop_signal: int | None = None  # the signal all ranks agreed to stop on
         self.stop_batch: int | None = None
         self._previous: dict[int, object] = {}
+
+    def init(self, state: State, logger: Logger) -> None:
+        if state.callbacks[-1] is not self:  # Event.INIT runs inside Trainer(): fail there, not at fit_end
+            raise RuntimeError(
+                "callback order: PreemptionCallback must be the last callback, so that it exits only "
+                "after every other callback's fit_end (build it with llm.checkpoint.plan_checkpointing)"
+            )
 
     def fit_start(self, state: State, logger: Logger) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -97,3 +104,12 @@ class PreemptionCallback(Callback):
         if callable(previous):
             previous(signum, frame)
         sys.exit(128 + signum)
+
+
+def stop_requested(state: State) -> bool:
+    """Whether all ranks agreed to stop early on SIGTERM/SIGINT (the batch now ending is the last).
+
+    For other callbacks (e.g. generation skips its end-of-training samples before a preemption
+    checkpoint, to exit quickly).
+    """
+    return any(isinstance(cb, PreemptionCallback) and cb.stop_signal is not None for cb in state.callbacks)

@@ -1,25 +1,35 @@
-"""`llm generate`: continue prompts from a checkpoint (Composer, `llm import` output, or `llm export` folder).
+"""`llm generate CHECKPOINT --tokenizer T.model (--prompt TEXT | --prompts-file F | --interactive)`.
 
-    llm generate runs/demo/checkpoints/latest-rank0.pt --tokenizer data/demo/tokenizer.model \
+    llm generate runs/demo/checkpoints --tokenizer data/demo/tokenizer.model \
         --prompt 床前明月光 --prompt 感冒的症状是
     llm generate s3://bkt/ckpt/ep0-ba2000-rank0.pt --tokenizer tok.model --prompts-file prompts.txt
     llm generate exported/ --tokenizer exported/tokenizer.model --interactive
 
-The model's shape comes from --recipe if given, else from what the checkpoint records (the
-generation callback and `llm import` store it; an export has config.json).
+CHECKPOINT is a checkpoint file, a run's checkpoint folder (its newest verified checkpoint), an
+`llm import` output or an `llm export` folder. The model's shape comes from --recipe if given,
+else from what the checkpoint records (the generation callback and `llm import` store it; an
+export has config.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from llm.errors import ConfigError
+from llm.generate import generate
+from llm.tokenizer import Tokenizer
+from llm.weights import load_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="checkpoint file (local or s3://) or exported folder")
+    parser.add_argument(
+        "checkpoint", help="checkpoint file or run folder (local or s3://), or exported folder"
+    )
     parser.add_argument("--tokenizer", required=True, help="SentencePiece .model the model was trained with")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     parser.add_argument("--prompts-file", help="a text file with one prompt per line")
@@ -34,11 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from llm.checkpoint_io import load_model
-    from llm.tokenizer import Tokenizer
-
     prompts = read_prompts(args.prompt, args.prompts_file)
     if not prompts and not args.interactive:
         raise ConfigError("no prompts: pass --prompt TEXT, --prompts-file FILE or --interactive")
@@ -47,10 +52,23 @@ def run(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model = load_model(args.checkpoint, args.recipe, device=device)
     tokenizer.check_fits(model.cfg.vocab_size)
+    sampling = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        eos_id=tokenizer.eos_id,
+        seed=args.seed,
+    )
+
+    def continue_prompts(texts: list[str], token_ids: list[list[int]]) -> None:
+        outputs = generate(model, token_ids, **sampling)
+        show(texts, [tokenizer.decode(out) for out in outputs])
+
     if prompts:
-        show(prompts, continue_prompts(model, tokenizer, ids, args))
+        continue_prompts(prompts, ids)
     if args.interactive:
-        interact(model, tokenizer, args)
+        interact(tokenizer, continue_prompts)
     return 0
 
 
@@ -64,29 +82,13 @@ def read_prompts(given: list[str], prompts_file: str | None) -> list[str]:
     return prompts
 
 
-def continue_prompts(model, tokenizer, ids: list[list[int]], args: argparse.Namespace) -> list[str]:
-    from llm.generate import generate
-
-    outputs = generate(
-        model,
-        ids,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        eos_id=tokenizer.eos_id,
-        seed=args.seed,
-    )
-    return [tokenizer.decode(out) for out in outputs]
-
-
 def show(prompts: list[str], texts: list[str]) -> None:
     for prompt, text in zip(prompts, texts, strict=True):
         print(f"{prompt}\033[1m{text}\033[0m" if sys.stdout.isatty() else f"{prompt}{text}")
         print()
 
 
-def interact(model, tokenizer, args: argparse.Namespace) -> None:
+def interact(tokenizer: Tokenizer, continue_prompts: Callable[[list[str], list[list[int]]], None]) -> None:
     print("type a prompt and press Enter; an empty line or Ctrl-D ends", file=sys.stderr)
     while True:
         try:
@@ -95,4 +97,4 @@ def interact(model, tokenizer, args: argparse.Namespace) -> None:
             return
         if not prompt.strip():
             return
-        show([prompt], continue_prompts(model, tokenizer, [tokenizer.encode_prompt(prompt)], args))
+        continue_prompts([prompt], [tokenizer.encode_prompt(prompt)])

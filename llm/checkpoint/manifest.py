@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from storage import Store
+
+log = logging.getLogger(__name__)
 
 MANIFEST_DIR = "manifests"
 LATEST = "latest.json"
@@ -82,21 +87,61 @@ class Checkpoint:
         return self.head.get("recipe")
 
 
-def scan(store) -> tuple[list[Checkpoint], dict[str, int]]:
-    """All checkpoints with at least one manifest, newest first, and the store's file listing."""
+def scan(store: Store) -> tuple[list[Checkpoint], dict[str, int]]:
+    """All checkpoints with at least one valid manifest, newest first, and the store's listing.
+
+    A manifest that cannot be read or does not have the expected fields is reported by name and
+    skipped: its checkpoint is then incomplete, and resume falls back to an older one.
+    """
     listing = store.list()
     by_batch: dict[int, Checkpoint] = {}
     for rel in listing:
         match = _MANIFEST_RE.match(rel)
         if not match:
             continue
-        try:
-            manifest = json.loads(store.read_text(rel))
-        except (ValueError, OSError):
-            continue  # an unreadable manifest makes its checkpoint incomplete
-        batch = int(match.group(1))
+        batch, rank = int(match.group(1)), int(match.group(2))
+        manifest = store.read_json(rel)
+        problem = schema_problem(manifest, batch, rank)
+        if problem:
+            log.warning("ignoring the manifest %s: %s", store.url(rel), problem)
+            continue
         by_batch.setdefault(batch, Checkpoint(batch)).manifests.append(manifest)
     return sorted(by_batch.values(), key=lambda c: -c.batch), listing
+
+
+# field -> accepted types; every manifest the publisher writes has them
+_SCHEMA: dict[str, tuple[type, ...]] = {
+    "batch": (int,),
+    "rank": (int,),
+    "writers": (int,),
+    "world_size": (int,),
+    "sharded": (bool,),
+    "load_path": (str,),
+    "files": (dict,),
+    "timestamp": (dict,),
+}
+
+
+def schema_problem(manifest: Any, batch: int, rank: int) -> str | None:
+    """Why `manifest` is not a valid manifest for (batch, rank), or None."""
+    if not isinstance(manifest, dict):
+        return "not a JSON object (unreadable or torn)"
+    for key, types in _SCHEMA.items():
+        value = manifest.get(key)
+        if not isinstance(value, types) or (types == (int,) and isinstance(value, bool)):
+            return f"field {key!r} is missing or not a {types[0].__name__}"
+    if (manifest["batch"], manifest["rank"]) != (batch, rank):
+        return f"it describes batch {manifest['batch']} rank {manifest['rank']}, not its file name's"
+    if manifest["writers"] < 1:
+        return "field 'writers' must be at least 1"
+    for rel, info in manifest["files"].items():
+        if not (
+            isinstance(info, dict)
+            and isinstance(info.get("size"), int)
+            and isinstance(info.get("sha256"), str)
+        ):
+            return f"file entry {rel!r} lacks a size and sha256"
+    return None
 
 
 def size_problem(ckpt: Checkpoint, listing: dict[str, int]) -> str | None:

@@ -1,0 +1,374 @@
+"""One conversion, run by the main process: texts -> workers (clean, tokenize) -> de-duplicate,
+split, chunk -> workers (pack, write a part) -> meta, summary, index.
+
+    main process                                worker processes (N, `convert.worker`)
+    read documents, cut into batches  --------> clean* and digest each text, tokenize (EOS added)
+                                      <-------- digests, lengths and one token array per batch
+    global de-duplication by digest, in input order
+    (* here instead, de-duplicating before tokenizing, and ** too, when there are more CPUs than workers)
+    split by digest (train/val), cut each split into chunks (boundaries independent of N)
+                                      --------> drop too-short documents, pack into seq_len rows,**
+                                                write the rows as MDS part-NNNNN/, done marker
+                                      <-------- the chunk's tail (< seq_len tokens)
+    pack the tails in chunk order into a final part (only the split's last partial row is lost)
+    meta.json, summary.json, then each split's merged index.json LAST
+
+Where the work runs: with fewer workers than CPUs the main process has a core to spare: it
+cleans, de-duplicates and sends only kept, cleaned texts, and packs and writes the parts itself
+(the workers just tokenize); otherwise the workers clean and write too, and a duplicate is
+tokenized before the main process sees that it is one (a little waste on duplicate-heavy
+corpora). Either way text crosses to a worker once, what comes back is compact (16-byte digests,
+token arrays), and de-duplication is global and in input order, so the kept documents do not
+depend on the worker count or the placement. Chunk boundaries depend only on the input, so the
+samples (and their order) are identical for any worker count. Each part's `part.json` is
+written after its shards and names the chunk's fingerprint; a re-run after a kill reads and
+tokenizes the input again (to rebuild the de-duplication set and the chunks) but reuses the
+parts whose marker matches instead of writing them again. Memory is bounded by a few batches
+and chunks in flight, not the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
+
+import numpy as np
+import xxhash
+
+from convert.cleaning import Cleaner, text_digest
+from convert.errors import ConvertError
+from convert.executor import Executor, ordered, start_workers
+from convert.options import ShardOptions
+from convert.packing import TOKEN_DTYPE, Packer
+from convert.report import build_summary, print_summary
+from convert.tokenizer import TokenizerInfo, load_tokenizer
+from convert.worker import (
+    DIGEST_BYTES,
+    ChunkTokens,
+    PartResult,
+    TextBatch,
+    TokenizedBatch,
+    clean_batch,
+    init_worker,
+    part_name,
+    process_chunk,
+    tokenize_batch,
+)
+from convert.writer import ShardWriter, index_json, open_output, prefixed_entries
+from storage import Store
+
+SPLITS = ("train", "val")
+FORMAT_NAME = "llm-pretrain-tokens"
+FORMAT_VERSION = 1
+_PIPELINE_VERSION = "2"  # part in every chunk fingerprint: bump when packing/writing changes
+_BATCH_CHARS = 1 << 18  # texts per tokenizing task: amortises the hand-off, bounds the lists
+
+
+class Doc(NamedTuple):
+    """One kept document on its way into a chunk: its tokens end with EOS (BOS first if asked)."""
+
+    digest: bytes
+    size: int  # characters of cleaned text (token count for imported token files)
+    tokens: np.ndarray
+    split: str
+
+
+def digest_of(doc: str | np.ndarray) -> bytes:
+    """A document's 16-byte identity: `text_digest` of a text, XXH3-128 of a token array's bytes."""
+    return text_digest(doc) if isinstance(doc, str) else xxhash.xxh3_128_digest(doc.tobytes())
+
+
+def in_val(digests: bytes, val_fraction: float) -> np.ndarray:
+    """The split rule, for documents given by their concatenated digests: True for val.
+
+    A document is in val when its digest's upper 8 bytes, as a fraction of 2**64, are below
+    `val_fraction`: stable across runs, machines and worker counts.
+    """
+    upper = np.frombuffer(digests, dtype="<u8")[1::2]
+    return upper / 2.0**64 < val_fraction
+
+
+def split_of(digest: bytes, val_fraction: float) -> str:
+    """train or val for one document (`in_val`)."""
+    return "val" if in_val(digest, val_fraction)[0] else "train"
+
+
+def batch_documents(batch: TokenizedBatch, val_fraction: float) -> Iterator[Doc]:
+    """A tokenized batch's documents, in order, with their split. A val document's tokens are a
+    copy: val chunks fill slowly, and a view would keep the whole batch's array in memory."""
+    ends = np.cumsum(batch.lengths).tolist()
+    starts = [0, *ends[:-1]] if ends else []  # a batch may keep no document at all
+    digests = [batch.digests[i : i + DIGEST_BYTES] for i in range(0, len(batch.digests), DIGEST_BYTES)]
+    is_val = in_val(batch.digests, val_fraction).tolist()
+    for digest, start, end, chars, val in zip(
+        digests, starts, ends, batch.chars.tolist(), is_val, strict=True
+    ):
+        piece = batch.tokens[start:end]
+        yield Doc(digest, chars, piece.copy() if val else piece, "val" if val else "train")
+
+
+def tokenize_in_workers(
+    executor: Executor,
+    texts: Iterable[str],
+    *,
+    cleaner: Cleaner,
+    val_fraction: float,
+    window: int,
+    clean_here: bool,
+) -> Iterator[Doc]:
+    """Tokenized documents, in input order, without duplicates; drops are counted in `cleaner.drops`.
+
+    Cleaning (Unicode normalisation is the costly part) runs in the workers, or here when
+    `clean_here`: with fewer workers than cores this process has a core of its own, and
+    cleaning here leaves the workers only the tokenizing. Either way `cleaner` de-duplicates
+    (if it is set to), globally and in input order, so the kept documents do not depend on the
+    worker count or placement.
+    """
+    batches: Iterable[TextBatch]
+    if clean_here:
+        batches = (clean_batch(batch, cleaner) for batch in _batches(texts, _BATCH_CHARS))
+    else:
+        batches = map(TextBatch, _batches(texts, _BATCH_CHARS))
+    for batch in ordered(executor, tokenize_batch, batches, window):
+        for reason, count in batch.drops.items():
+            cleaner.drops.add(reason, count)
+        for doc in batch_documents(batch, val_fraction):
+            if clean_here or cleaner.first_seen(doc.digest):  # cleaned here: de-duplicated already
+                yield doc
+
+
+def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= batch_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+@dataclass
+class Chunk:
+    """A run of kept documents of one split, tokenized, on their way to becoming one part."""
+
+    split: str
+    index: int
+    pieces: list[np.ndarray] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list, repr=False)
+    size: int = 0  # characters (or tokens) of its documents
+
+    def add(self, doc: Doc) -> None:
+        self.pieces.append(doc.tokens)
+        self.digests.append(doc.digest)
+        self.size += doc.size
+
+    def seal(self, options: ShardOptions, tokenizer: TokenizerInfo) -> ChunkTokens:
+        """The chunk as a worker gets it, with its fingerprint: its documents by digest, and what
+        else shapes the part's bytes (an earlier run's part is reused only if they all match)."""
+        bos_id = tokenizer.bos_id if options.add_bos else None
+        shaping = (_PIPELINE_VERSION, tokenizer.sha256, options.seq_len, options.dtype,
+                   options.size_limit, bos_id, options.min_tokens)  # fmt: skip
+        key = b"".join(self.digests) + "|".join(map(str, shaping)).encode()
+        fingerprint = hashlib.blake2b(key, digest_size=16).hexdigest()
+        lengths = np.fromiter(map(len, self.pieces), dtype=np.int64, count=len(self.pieces))
+        tokens = np.concatenate(self.pieces) if self.pieces else np.empty(0, dtype=TOKEN_DTYPE)
+        return ChunkTokens(self.split, self.index, tokens, lengths, fingerprint)
+
+
+def chunk_documents(docs: Iterable[Doc], *, chunk_size: int) -> Iterator[Chunk]:
+    """Route documents to their split; cut each split's stream into ~chunk_size chunks."""
+    open_chunks = {split: Chunk(split, 0) for split in SPLITS}
+    for doc in docs:
+        chunk = open_chunks[doc.split]
+        chunk.add(doc)
+        if chunk.size >= chunk_size:
+            yield chunk
+            open_chunks[chunk.split] = Chunk(chunk.split, chunk.index + 1)
+    for chunk in open_chunks.values():
+        if chunk.size:
+            yield chunk
+
+
+def reuse_part(store: Store, chunk: ChunkTokens) -> PartResult | None:
+    """The finished part of an earlier run for this exact chunk, if all its shards are stored."""
+    folder = f"{chunk.split}/{part_name(chunk.index)}"
+    marker = store.read_json(f"{folder}/part.json")
+    if not marker or marker.get("fingerprint") != chunk.fingerprint:
+        return None
+    for shard in marker["shards"]:
+        if store.size(f"{folder}/{shard['zip_data']['basename']}") != shard["zip_data"]["bytes"]:
+            return None
+    return PartResult.from_marker(chunk.split, chunk.index, marker)
+
+
+@dataclass
+class SplitTotals:
+    parts: list[PartResult] = field(default_factory=list)
+    shards: list[dict] = field(default_factory=list)
+    samples: int = 0
+    documents: int = 0
+    too_short: int = 0
+    lost_tail_tokens: int = 0
+
+    def summary(self, seq_len: int) -> dict:
+        return {
+            "documents": self.documents,
+            "too_short_tokens": self.too_short,
+            "samples": self.samples,
+            "tokens": self.samples * seq_len,
+            "shards": len(self.shards),
+            "parts": len(self.parts),
+            "lost_tail_tokens": self.lost_tail_tokens,
+        }
+
+
+class Conversion:
+    """One run: prepares the output, farms chunks out, then writes tails, meta, summary, indexes."""
+
+    def __init__(self, *, tokenizer: str, out: str, options: ShardOptions):
+        self.model_bytes, self.tokenizer = load_tokenizer(tokenizer)
+        self.options = options.resolve(self.tokenizer)
+        self.out = out
+        self.store = open_output(out)
+        self.totals = {split: SplitTotals() for split in SPLITS}
+        self.reused_parts = 0
+
+    def prepare_output(self) -> None:
+        """Refuse a complete output (unless overwrite); make an incomplete one resumable."""
+        store = self.store
+        complete = all(store.exists(f"{split}/index.json") for split in SPLITS)
+        if complete and not self.options.overwrite:
+            raise ConvertError(
+                f"{store.url()} already holds a complete conversion (train/ and val/ index.json); "
+                "pass --overwrite to replace it, or choose another --out"
+            )
+        if self.options.overwrite:
+            for rel in (*SPLITS, "summary.json"):
+                store.delete_tree(rel)
+        for split in SPLITS:
+            # An interrupted run may have finished one split; it is redone with the other.
+            store.delete_tree(f"{split}/index.json")
+
+    def run(
+        self,
+        documents: Callable[[Executor], Iterable[Doc]],
+        *,
+        write_here: bool = False,
+        cleaner: Cleaner | None = None,
+    ) -> None:
+        """Convert the documents that `documents(executor)` yields, in order. With `write_here`
+        this process packs and writes the parts, not the workers; `cleaner` is the workers'
+        (without de-duplication) for texts sent to them uncleaned."""
+        window = 2 * self.options.workers
+        if write_here:
+            init_worker(self.options, self.out)  # before the workers are forked: they set their own
+        worker_setup = (self.options, self.out, self.model_bytes, cleaner)
+        with start_workers(self.options.workers, init_worker, *worker_setup) as executor:
+            chunks = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
+            tasks = (chunk.seal(self.options, self.tokenizer) for chunk in chunks)
+            parts = None if write_here else executor
+            reusable = partial(reuse_part, self.store)
+            for result in ordered(parts, process_chunk, tasks, window, shortcut=reusable):
+                self.totals[result.split].parts.append(result)
+                self.reused_parts += result.reused
+        for split in SPLITS:
+            self._finish_split(split)
+
+    def _finish_split(self, split: str) -> None:
+        """Pack the parts' tails, in chunk order, into one last part; collect the shard list."""
+        totals, options = self.totals[split], self.options
+        totals.parts.sort(key=lambda part: part.index)
+        packer = Packer(options.seq_len)
+        tail_index = len(totals.parts)
+        folder = f"{split}/{part_name(tail_index)}"
+        self.store.delete_tree(folder)
+        writer = ShardWriter(
+            self.store, folder, seq_len=options.seq_len, dtype=options.dtype, size_limit=options.size_limit
+        )
+        for part in totals.parts:
+            writer.write(packer.add(part.tail))
+        tail_shards = writer.finish()
+        self._remove_stale_parts(split, keep=tail_index + (1 if tail_shards else 0))
+        for part in totals.parts:
+            totals.shards += prefixed_entries(part.shards, part_name(part.index))
+            totals.samples += part.samples
+            totals.documents += part.documents
+            totals.too_short += part.too_short
+        totals.shards += prefixed_entries(tail_shards, part_name(tail_index))
+        totals.samples += writer.samples
+        totals.lost_tail_tokens = len(packer.tail)
+
+    def _remove_stale_parts(self, split: str, keep: int) -> None:
+        """Parts numbered past this run's last one come from an earlier, different run."""
+        for name in self.store.list_dirs(split):
+            if name.startswith("part-") and name[5:].isdigit() and int(name[5:]) >= keep:
+                self.store.delete_tree(f"{split}/{name}")
+
+    def finish(self, *, read: dict, dropped: dict[str, int], start: float, command: str) -> dict:
+        """Check there is something to write; write meta, summary, then the indexes last."""
+        totals, options = self.totals, self.options
+        if totals["train"].samples == 0:
+            read_docs = read.get("documents", "the")
+            raise ConvertError(
+                f"nothing to write: {read_docs} documents gave no full training sample of {options.seq_len} tokens "
+                f"(dropped: {dropped or 'none'}, too short in tokens: {totals['train'].too_short}); "
+                "add text, lower --seq-len or --min-tokens"
+            )
+        malformed = {"malformed": read["malformed"]} if read.get("malformed") else {}
+        for split in SPLITS:
+            self.write_meta(split, {**dropped, **malformed}, command)
+        all_dropped = {**dropped, **malformed, "too_short_tokens": sum(t.too_short for t in totals.values())}
+        summary = build_summary(
+            out=self.store.url(),
+            read=read,
+            dropped=all_dropped,
+            splits={split: totals[split].summary(options.seq_len) for split in SPLITS},
+            seq_len=options.seq_len,
+            workers=options.workers,
+            elapsed=time.monotonic() - start,
+            reused_parts=self.reused_parts,
+        )
+        self.store.write_json("summary.json", summary)
+        self.write_indexes()
+        print_summary(summary, sys.stdout)
+        if totals["val"].samples == 0 and options.val_fraction > 0:
+            sys.stderr.write(
+                f"warning: the val split is empty (too little text for a {options.seq_len}-token sample at "
+                f"--val-fraction {options.val_fraction}); raise --val-fraction for a validation set\n"
+            )
+        return summary
+
+    def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:
+        totals, options, tokenizer = self.totals[split], self.options, self.tokenizer
+        meta = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "split": split,
+            "seq_len": options.seq_len,
+            "dtype": options.dtype,
+            "vocab_size": tokenizer.vocab_size,
+            "eos_id": tokenizer.eos_id,
+            "bos_id": tokenizer.bos_id,
+            "add_bos": options.add_bos,
+            "tokenizer_sha256": tokenizer.sha256,
+            "num_samples": totals.samples,
+            "num_tokens": totals.samples * options.seq_len,
+            "num_documents": totals.documents,
+            "dropped": {**dropped, "too_short_tokens": totals.too_short},
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": command,
+        }
+        self.store.write_json(f"{split}/meta.json", meta)
+
+    def write_indexes(self) -> None:
+        """Last step: each split's merged index.json; its presence marks the split complete."""
+        for split in ("val", "train"):
+            self.store.write_json(f"{split}/index.json", index_json(self.totals[split].shards))

@@ -1,0 +1,12 @@
+"""Checkpointing: saving, completion records, verified resume, preemption. See docs/resume.md.
+
+  plan.py        the entry point: `plan_checkpointing(cfg)` -> resume point + callbacks in order
+  resume.py      which checkpoint a run (or `llm generate/export`) starts from, verified
+  manifest.py    what makes a checkpoint complete; how its files are checked
+  publisher.py   stores what Composer's saver wrote, writes manifests, moves latest.json, retention
+  preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch, then exit 143/130
+
+Storage (local folder or S3, retries, atomic writes) is `storage`'s, not this package's. The
+package imports nothing itself (import the module you need), so no module here imports its own
+package's initialiser in a circle.
+"""

@@ -1,0 +1,32 @@
+"""`llm export CHECKPOINT --out FOLDER [--tokenizer T.model] [--recipe R] [--dtype D]`.
+
+Writes the model in the Hugging Face Llama layout (`llm.hf_export.export_hf`). CHECKPOINT is a
+checkpoint file, a run's checkpoint folder (its newest verified checkpoint), an `llm import`
+output or an exported folder, local or s3://.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from llm.hf_export import export_hf
+from llm.weights import load_model
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "checkpoint", help="checkpoint file or run folder (local or s3://), or `llm import` output"
+    )
+    parser.add_argument("--recipe", help="the recipe the model was trained with (its model: section)")
+    parser.add_argument("--tokenizer", help="SentencePiece .model to ship with the export")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args.checkpoint, args.recipe)
+    out = export_hf(model, args.out, args.tokenizer, getattr(torch, args.dtype))
+    print(f"exported {model.num_params():,} parameters to {out} (Hugging Face Llama layout)")
+    return 0

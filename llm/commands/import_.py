@@ -1,0 +1,32 @@
+"""`llm import --from {baby-llama2,baichuan} SRC --recipe R --out OUT.pt`.
+
+Converts the weights (`llm.import_weights`), refusing a source whose own configuration
+contradicts the recipe, and writes a checkpoint the trainer loads with
+`checkpoint.load_path=OUT.pt checkpoint.load_weights_only=true`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from llm.config import load_config
+from llm.import_weights import IMPORTERS
+from llm.weights import save_composer_weights
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="baby-llama2-chinese .pth, or a Baichuan-7B folder / weights file")
+    parser.add_argument("--from", dest="source", required=True, choices=sorted(IMPORTERS))
+    parser.add_argument("--recipe", required=True, help="the recipe to continue training with")
+    parser.add_argument("--out", required=True, help="output .pt for checkpoint.load_path")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.recipe).model
+    tensors = IMPORTERS[args.source](args.src, cfg)
+    out = save_composer_weights(tensors, cfg, args.out)
+    print(
+        f"wrote {out} ({len(tensors)} tensors); train from it with checkpoint.load_path={out} "
+        f"checkpoint.load_weights_only=true checkpoint.allow_untrusted_load_path=true"
+    )
+    return 0

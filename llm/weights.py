@@ -1,0 +1,398 @@
+"""Model weights in and out: the one module that reads them, names them and loads them.
+
+Sources `read_weights` understands (local paths or `s3://`):
+- a Composer checkpoint file (`ep0-ba100-rank0.pt`): a pickled dict whose `state.model` holds the
+  ComposerModel's state dict, keys behind wrapper levels (`model.`, `_orig_mod.`, FSDP's ...);
+- a run's checkpoint folder: its newest checkpoint whose manifest verifies, picked exactly as
+  resume picks it (`llm.checkpoint.newest_usable_checkpoint`), so a corrupt newest save gives way
+  to the previous good one; `latest.json` alone is not trusted;
+- a sharded checkpoint folder (torch.distributed.checkpoint, `.metadata`), gathered in memory;
+- a file written by `save_composer_weights` (`llm import`): the same layout plus the model config;
+- a Hugging Face Llama folder (`config.json` + safetensors or `.bin`, possibly sharded), such as
+  `llm export` writes.
+
+Names: ours are llama2.c's (baby-llama2-chinese uses them too). `HF_TOP` / `HF_LAYER` map them to
+Hugging Face Llama's, for export and for every import; Baichuan-7B differs from Llama only in
+fusing q, k and v into one `W_pack` matrix. `HF_CONFIG` maps our `ModelConfig` fields to
+`config.json` keys the same way. (transformers ships no importable map for these layouts: its
+Llama conversion is a repository script, absent from the installed package.)
+
+Shapes are checked against the model config before anything is copied; a mismatch names the
+first tensors that differ, with both shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor
+
+from llm.checkpoint import manifest
+from llm.checkpoint.resume import newest_usable_checkpoint
+from llm.config import load_config
+from llm.errors import ConfigError
+from llm.model import ModelConfig, Transformer
+from storage import download_url, is_remote, open_store
+
+MODEL_CONFIG_KEY = "llm_model_config"  # where `llm import` and the generation callback store the shape
+ROOT_NAMES = ("tok_embeddings.", "layers.", "norm.", "output.")
+WRAPPER_LEVELS = {"_orig_mod", "module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+
+# ours -> Hugging Face Llama, per layer and at the top level
+HF_LAYER = {
+    "attention_norm.weight": "input_layernorm.weight",
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+}
+HF_TOP = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+FUSED_QKV = "self_attn.W_pack.weight"  # Baichuan-7B: [q; k; v] stacked along the rows
+FROM_HF_LAYER = {hf: ours for ours, hf in HF_LAYER.items()}
+FROM_HF_TOP = {hf: ours for ours, hf in HF_TOP.items()}
+
+# ModelConfig field -> config.json key (Llama's; Baichuan-7B's uses the same keys)
+HF_CONFIG = {
+    "vocab_size": "vocab_size",
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "hidden_dim": "intermediate_size",
+    "max_seq_len": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "tie_embeddings": "tie_word_embeddings",
+}
+# what transformers' LlamaConfig assumes for an absent key
+HF_DEFAULTS = {"max_seq_len": 2048, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False}
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def strip_wrappers(state: dict[str, Any]) -> dict[str, Tensor]:
+    """Our parameter names from `model._orig_mod.layers.0...`-style keys; non-tensors dropped.
+
+    Wrapper levels (torch.compile, DDP, FSDP, activation checkpointing) are removed wherever they
+    sit; then leading attribute names (the ComposerModel's `model.`) up to one of ours.
+    """
+    out = {}
+    for key, value in state.items():
+        name = ".".join(p for p in key.split(".") if p not in WRAPPER_LEVELS)
+        while name and not name.startswith(ROOT_NAMES) and "." in name:
+            name = name.split(".", 1)[1]
+        if name.startswith(ROOT_NAMES) and isinstance(value, Tensor):
+            out[name] = value
+    return out
+
+
+def to_hf(tensors: dict[str, Tensor], tied: bool) -> dict[str, Tensor]:
+    """Our tensors under Hugging Face Llama names, on the CPU (no lm_head when `tied`)."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name in HF_TOP:
+            hf = HF_TOP[name]
+        else:
+            _, index, rest = name.split(".", 2)
+            hf = f"model.layers.{index}.{HF_LAYER[rest]}"
+        out[hf] = tensor.detach().to("cpu").contiguous()
+    if tied:
+        out.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF re-ties on load
+    return out
+
+
+def from_hf(tensors: dict[str, Tensor], source: str) -> dict[str, Tensor]:
+    """Our tensors from Hugging Face Llama or Baichuan-7B names (W_pack split into q, k, v)."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue  # a buffer recomputed from rope_theta
+        if name in FROM_HF_TOP:
+            out[FROM_HF_TOP[name]] = tensor
+            continue
+        parts = name.split(".", 3)
+        if len(parts) != 4 or parts[:2] != ["model", "layers"]:
+            raise ConfigError(f"{source}: unexpected tensor {name} for a Llama model")
+        prefix, rest = f"layers.{parts[2]}.", parts[3]
+        if rest == FUSED_QKV:
+            for ours, part in zip(("wq", "wk", "wv"), tensor.chunk(3, dim=0), strict=True):
+                out[f"{prefix}attention.{ours}.weight"] = part
+        elif rest in FROM_HF_LAYER:
+            out[prefix + FROM_HF_LAYER[rest]] = tensor
+        else:
+            raise ConfigError(f"{source}: unexpected tensor {name} for a Llama model")
+    return out
+
+
+def hf_config(cfg: ModelConfig, bos_id: int | None, eos_id: int | None, dtype: str) -> dict[str, Any]:
+    """`config.json` for `transformers.LlamaForCausalLM`."""
+    values = dataclasses.asdict(cfg) | {"n_kv_heads": cfg.kv_heads, "hidden_dim": cfg.ffn_hidden_dim}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **{key: values[field] for field, key in HF_CONFIG.items()},
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "initializer_range": cfg.init_std,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }
+
+
+def config_from_hf(data: dict[str, Any]) -> ModelConfig:
+    """Our model config from a Llama `config.json` (absent optional keys: transformers' defaults)."""
+    values = {field: data[key] for field, key in HF_CONFIG.items() if data.get(key) is not None}
+    values = HF_DEFAULTS | values
+    values.setdefault("n_kv_heads", values["n_heads"])
+    return ModelConfig(**values)
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def local_copy(path: str) -> Path:
+    """`path` itself if local (FileNotFoundError if absent), else a fresh download of the object."""
+    if not is_remote(path):
+        local = Path(path)
+        if not local.exists():
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        return local
+    folder = Path(tempfile.gettempdir()) / "llm-downloads" / hashlib.sha256(path.encode()).hexdigest()[:16]
+    return download_url(path, folder / path.rstrip("/").rsplit("/", 1)[-1])
+
+
+def read_hf_tensors(src: Path) -> dict[str, Tensor]:
+    """All tensors of a HF checkpoint: one file, or a folder (single file or shards + index json)."""
+    if src.is_file():
+        return _read_tensor_file(src)
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = src / index_name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return {k: v for shard in shards for k, v in _read_tensor_file(src / shard).items()}
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (src / single).is_file():
+            return _read_tensor_file(src / single)
+    raise FileNotFoundError(
+        f"{src} holds no model.safetensors, pytorch_model.bin or their sharded index json"
+    )
+
+
+def _read_tensor_file(path: Path) -> dict[str, Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint shard {path} is missing")
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class LoadedWeights:
+    tensors: dict[str, Tensor]  # our parameter names
+    model_config: ModelConfig | None  # the shape, when the source records it
+
+
+def read_weights(path: str) -> LoadedWeights:
+    """Our-named tensors (and the model config if recorded) from any source in the module docstring."""
+    if _is_run_folder(path):
+        path = _newest_verified_checkpoint(path)
+    local = local_copy(path)
+    if local.is_dir() and (local / ".metadata").is_file():
+        return _from_composer_dict(_read_sharded(local), path)
+    if local.is_dir() and (local / "config.json").is_file():
+        data = json.loads((local / "config.json").read_text(encoding="utf-8"))
+        return LoadedWeights(from_hf(read_hf_tensors(local), str(local)), config_from_hf(data))
+    if local.is_dir():
+        raise ConfigError(
+            f"{path} is a folder with neither checkpoint manifests nor config.json: pass a checkpoint "
+            f"file (e.g. ep0-ba100-rank0.pt), a run's checkpoint folder or a folder written by `llm export`"
+        )
+    return _from_composer_dict(torch.load(local, map_location="cpu", weights_only=False), path)
+
+
+def _is_run_folder(path: str) -> bool:
+    if is_remote(path):
+        return bool(open_store(path).list(manifest.MANIFEST_DIR))
+    folder = Path(path)
+    return folder.is_dir() and (
+        (folder / manifest.MANIFEST_DIR).is_dir() or (folder / manifest.LATEST).is_file()
+    )
+
+
+def _newest_verified_checkpoint(folder: str) -> str:
+    """The checkpoint resume would pick in a run's folder (StorageError if every one is corrupt)."""
+    point = newest_usable_checkpoint(folder)
+    if point is None:
+        raise ConfigError(
+            f"{folder} holds no complete checkpoint (no complete manifests; latest.json alone is not "
+            f"trusted): pass a checkpoint file instead"
+        )
+    if is_remote(point.load_path):  # a sharded checkpoint: resume reads its shards in place
+        raise ConfigError(
+            f"the newest checkpoint in {folder} is sharded ({point.load_path}): download that folder "
+            f"and pass the local copy"
+        )
+    return point.load_path
+
+
+def _from_composer_dict(obj: Any, path: str) -> LoadedWeights:
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
+    state = obj.get("state", {}).get("model") if isinstance(obj.get("state"), dict) else None
+    if state is None:
+        raise ConfigError(
+            f"{path} is not a Composer checkpoint (no state.model); for baby-llama2-chinese or "
+            f"Baichuan weights run `llm import` first"
+        )
+    return LoadedWeights(strip_wrappers(state), _recorded_config(obj))
+
+
+def _read_sharded(folder: Path) -> dict[str, Any]:
+    """A sharded (FSDP, torch.distributed.checkpoint) save, gathered into one dict in memory."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # ~1 s to import: only here
+
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "merged.pt"
+        dcp_to_torch_save(str(folder), str(merged))
+        return torch.load(merged, map_location="cpu", weights_only=False)
+
+
+def _recorded_config(obj: dict[str, Any]) -> ModelConfig | None:
+    """The model config stored by `llm import` or by the generation callback, if any."""
+    recorded = obj.get(MODEL_CONFIG_KEY)
+    callbacks = obj.get("state", {}).get("callbacks") or {}
+    for cb_state in callbacks.values():
+        if recorded is None and isinstance(cb_state, dict):
+            recorded = cb_state.get(MODEL_CONFIG_KEY)
+    if not recorded:
+        return None
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    return ModelConfig(**{k: v for k, v in recorded.items() if k in names})
+
+
+# --- loading into a model --------------------------------------------------------------------
+
+
+def load_model(path: str, recipe: str | None = None, device: str | torch.device = "cpu") -> Transformer:
+    """A Transformer with the weights at `path`, in eval mode, shaped by `recipe` or the checkpoint."""
+    weights = read_weights(path)
+    if recipe:
+        cfg = load_config(recipe).model
+    elif weights.model_config is not None:
+        cfg = weights.model_config
+    else:
+        raise ConfigError(
+            f"{path} does not record the model's shape: pass --recipe with the recipe it was trained with"
+        )
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device=device)
+    model.tie_weights()
+    load_into(model, weights.tensors, source=path)
+    return model.eval()
+
+
+def load_into(model: Transformer, tensors: dict[str, Tensor], source: str) -> None:
+    """Copy `tensors` into `model` after checking tying, names and shapes (ConfigError if wrong)."""
+    tensors = drop_tied_output(tensors, model.cfg, source)
+    check_shapes(model, tensors, source)
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+
+
+def drop_tied_output(
+    tensors: dict[str, Tensor], cfg: ModelConfig, source: str, output_name: str = "output.weight"
+) -> dict[str, Tensor]:
+    """`tensors` fit for `cfg`: with tied embeddings, `output.weight` is dropped once seen equal to
+    the embedding; a different one is a trained output layer the tie would throw away (ConfigError).
+    `output_name` is what the source calls that matrix, for the message.
+    """
+    if not cfg.tie_embeddings or "output.weight" not in tensors:
+        return tensors
+    tensors = dict(tensors)
+    output, embed = tensors.pop("output.weight"), tensors.get("tok_embeddings.weight")
+    if embed is not None and not torch.equal(output, embed):
+        raise ConfigError(
+            f"{source} has its own output matrix ({output_name}), different from its embedding, but "
+            f"the recipe ties the two: set model.tie_embeddings: false in the recipe to keep it"
+        )
+    return tensors
+
+
+def check_shapes(model: Transformer, tensors: dict[str, Tensor], source: str) -> None:
+    """ConfigError naming the first mismatched, missing and unexpected tensors, if any."""
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    mismatched = [
+        f"{name}: checkpoint {tuple(t.shape)} vs model {expected[name]}"
+        for name, t in tensors.items()
+        if name in expected and tuple(t.shape) != expected[name]
+    ]
+    missing = [name for name in expected if name not in tensors]
+    unexpected = [name for name in tensors if name not in expected]
+    problems = []
+    if mismatched:
+        problems.append("shape mismatch in " + "; ".join(mismatched[:3]))
+    if missing:
+        problems.append("missing " + ", ".join(missing[:3]))
+    if unexpected:
+        problems.append("unexpected " + ", ".join(unexpected[:3]))
+    if problems:
+        raise ConfigError(
+            f"{source} does not fit the model config ({len(mismatched)} mismatched, {len(missing)} "
+            f"missing, {len(unexpected)} unexpected tensors): {' | '.join(problems)}; use the recipe "
+            f"the checkpoint was trained with"
+        )
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def save_composer_weights(
+    tensors: dict[str, Tensor], cfg: ModelConfig, out: str | os.PathLike, prefix: str = "model."
+) -> Path:
+    """Write `tensors` (our names) as a Composer checkpoint for `load_weights_only=true`.
+
+    Composer reads `state.model` with the ComposerModel's keys: our `LanguageModel` holds the
+    Transformer as `.model`, hence the `model.` prefix. The config is stored alongside so
+    `llm generate` needs no recipe.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    state = {prefix + name: t.contiguous() for name, t in tensors.items()}
+    if cfg.tie_embeddings:
+        state[prefix + "output.weight"] = state[prefix + "tok_embeddings.weight"]
+    payload = {"state": {"model": state}, MODEL_CONFIG_KEY: dataclasses.asdict(cfg)}
+    torch.save(payload, out)
+    return out

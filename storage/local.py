@@ -1,0 +1,50 @@
+"""Atomic writes to the local file system: a reader sees the old file or the new one, never half.
+
+The new bytes go to a temporary file in the same folder (named for this process, so two writers
+never share it), are flushed to disk, and replace the target with one `os.replace`; if the
+writer fails, the temporary file is removed and the target is untouched. Python's standard
+library has no such call (`pathlib.Path.write_bytes` truncates in place), and neither Composer
+nor streaming exposes one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+TMP_MARK = ".tmp-"  # in the name of every temporary file written here (listings skip them)
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", *, fsync: bool = True) -> Iterator[IO]:
+    """`with atomic_open(path, "w") as f:` writes `path` whole when the block ends, or not at all."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}{TMP_MARK}{os.getpid()}")
+    encoding = None if "b" in mode else "utf-8"
+    try:
+        with open(tmp, mode, encoding=encoding) as stream:
+            yield stream
+            if fsync:
+                stream.flush()
+                os.fsync(stream.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
+    with atomic_open(path, "wb", fsync=fsync) as stream:
+        stream.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def is_temporary(name: str) -> bool:
+    """A name written by `atomic_open` (or the older `.tmp` suffix) that is not a real file."""
+    return TMP_MARK in name or name.endswith(".tmp")

@@ -1,0 +1,293 @@
+"""A folder of files, on this machine or under `s3://bucket/prefix`, behind one interface.
+
+Paths given to a store are relative to its root, with `/` separators. Writes are atomic on both
+sides (a local temporary file renamed into place; a single S3 PUT), so a reader sees the old
+bytes or the new ones. Reads of an absent file return None; every other failure raises
+`StorageError`. Used for checkpoints (`llm.checkpoint`), shards and summaries (`convert`) and
+the one-shot reads of shard metadata and weights (`read_url`, `download_url`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import storage.s3 as s3
+from storage.errors import StorageError
+from storage.local import atomic_write_bytes, is_temporary
+
+
+def open_store(root: str | os.PathLike) -> Store:
+    """A store for a local folder or an `s3://bucket/prefix`."""
+    root = str(root)
+    if s3.is_remote(root):
+        bucket, prefix = s3.split_s3_url(root)
+        return S3Store(bucket, prefix.strip("/"))
+    if "://" in root:
+        raise StorageError(f"{root!r}: only local folders and s3://bucket/prefix are supported")
+    return LocalStore(root)
+
+
+def join(root: str, name: str) -> str:
+    """`root/name` for a local folder or an S3 prefix."""
+    return f"{root.rstrip('/')}/{name}" if s3.is_remote(root) else str(Path(root) / name)
+
+
+def read_url(url: str) -> bytes:
+    """The bytes of one local file or S3 object; StorageError (`missing=True`) if it is absent."""
+    parent, _, name = str(url).rstrip("/").rpartition("/")
+    data = open_store(parent or ".").read_bytes(name)
+    if data is None:
+        raise StorageError(f"{url} does not exist", missing=True)
+    return data
+
+
+def download_url(url: str, local: str | os.PathLike) -> Path:
+    """Copy one S3 object to `local` (a local path is returned as it is, nothing copied)."""
+    if not s3.is_remote(url):
+        if not os.path.isfile(url):
+            raise StorageError(f"{url} does not exist", missing=True)
+        return Path(url)
+    parent, _, name = url.rpartition("/")
+    open_store(parent).download(name, local)
+    return Path(local)
+
+
+class Store:
+    """Files under one root, addressed by relative path."""
+
+    root: str
+    is_remote: bool
+
+    def url(self, rel: str = "") -> str:
+        return join(self.root, rel) if rel else self.root
+
+    # Implemented by both stores.
+    def check_writable(self) -> None: ...
+    def size(self, rel: str) -> int | None: ...
+    def read_bytes(self, rel: str) -> bytes | None: ...
+    def write_bytes(self, rel: str, data: bytes) -> None: ...
+    def upload(self, local: str | os.PathLike, rel: str) -> None: ...
+    def download(self, rel: str, local: str | os.PathLike) -> None: ...
+    def list(self, prefix: str = "") -> dict[str, int]: ...
+    def list_dirs(self, rel: str = "") -> list[str]: ...
+    def delete(self, rels: list[str]) -> None: ...
+    def delete_tree(self, rel: str) -> None: ...
+
+    def exists(self, rel: str) -> bool:
+        return self.size(rel) is not None
+
+    def read_text(self, rel: str) -> str | None:
+        data = self.read_bytes(rel)
+        return None if data is None else data.decode("utf-8")
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.write_bytes(rel, text.encode("utf-8"))
+
+    def read_json(self, rel: str) -> Any:
+        """The parsed file, or None when it is absent or not JSON (a torn or foreign file)."""
+        data = self.read_bytes(rel)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+
+    def write_json(self, rel: str, obj: Any) -> None:
+        self.write_text(rel, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+class LocalStore(Store):
+    """A folder on this machine (or a shared file system)."""
+
+    is_remote = False
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = str(root)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root!r})"
+
+    def path(self, rel: str = "") -> Path:
+        return Path(self.root) / rel if rel else Path(self.root)
+
+    def check_writable(self) -> None:
+        root = self.path()
+        if root.exists() and not root.is_dir():
+            raise StorageError(f"{root} is a file; give a folder")
+        existing = next(p for p in [root.absolute(), *root.absolute().parents] if p.exists())
+        if not existing.is_dir():
+            raise StorageError(f"{root}: {existing} is a file, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise StorageError(f"{root}: folder {existing} is not writable by this user")
+
+    def size(self, rel: str) -> int | None:
+        try:
+            return self.path(rel).stat().st_size
+        except OSError:
+            return None
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        try:
+            return self.path(rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as err:
+            raise StorageError(f"reading {self.path(rel)}: {err.strerror or err}") from err
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        try:
+            atomic_write_bytes(self.path(rel), data)
+        except OSError as err:
+            raise StorageError(f"writing {self.path(rel)}: {err.strerror or err}") from err
+
+    def upload(self, local: str | os.PathLike, rel: str) -> None:
+        target = self.path(rel)
+        if Path(local).resolve() == target.resolve():
+            return  # already in place
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, target)
+        except OSError as err:
+            raise StorageError(f"copying {local} to {target}: {err.strerror or err}") from err
+
+    def download(self, rel: str, local: str | os.PathLike) -> None:
+        try:
+            Path(local).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.path(rel), local)
+        except FileNotFoundError as err:
+            raise StorageError(f"{self.path(rel)} does not exist", missing=True) from err
+        except OSError as err:
+            raise StorageError(f"copying {self.path(rel)} to {local}: {err.strerror or err}") from err
+
+    def list(self, prefix: str = "") -> dict[str, int]:
+        base = self.path(prefix)
+        if not base.is_dir():
+            return {}
+        return {
+            p.relative_to(self.root).as_posix(): p.stat().st_size
+            for p in base.rglob("*")
+            if p.is_file() and not is_temporary(p.name)
+        }
+
+    def list_dirs(self, rel: str = "") -> list[str]:
+        path = self.path(rel)
+        if not path.is_dir():
+            return []
+        return sorted(p.name for p in path.iterdir() if p.is_dir())
+
+    def delete(self, rels: list[str]) -> None:
+        for rel in rels:
+            self.path(rel).unlink(missing_ok=True)
+
+    def delete_tree(self, rel: str) -> None:
+        path = self.path(rel)
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+class S3Store(Store):
+    """A prefix in an S3 bucket, through the one client of `storage.s3`."""
+
+    is_remote = True
+
+    def __init__(self, bucket: str, prefix: str = ""):
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.root = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.root!r})"
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def _call(self, operation: str, rel: str, fn):
+        return s3.call(operation, self.url(rel), fn)
+
+    def check_writable(self) -> None:
+        """Fail before any work when the bucket is missing or the endpoint does not answer."""
+        self._call("checking the bucket of", "", lambda c: c.head_bucket(Bucket=self.bucket))
+
+    def size(self, rel: str) -> int | None:
+        try:
+            head = self._call(
+                "reading the size of", rel, lambda c: c.head_object(Bucket=self.bucket, Key=self.key(rel))
+            )
+        except StorageError as err:
+            if err.missing:
+                return None
+            raise
+        return int(head["ContentLength"])
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        try:
+            return self._call(
+                "reading", rel, lambda c: c.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read()
+            )
+        except StorageError as err:
+            if err.missing:
+                return None
+            raise
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        self._call("writing", rel, lambda c: c.put_object(Bucket=self.bucket, Key=self.key(rel), Body=data))
+
+    def upload(self, local: str | os.PathLike, rel: str) -> None:
+        self._call("uploading to", rel, lambda c: c.upload_file(str(local), self.bucket, self.key(rel)))
+
+    def download(self, rel: str, local: str | os.PathLike) -> None:
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        self._call("downloading", rel, lambda c: c.download_file(self.bucket, self.key(rel), str(local)))
+
+    def _objects(self, prefix: str, delimiter: str | None = None):
+        def pages(client):
+            kwargs = {"Bucket": self.bucket, "Prefix": prefix}
+            if delimiter:
+                kwargs["Delimiter"] = delimiter
+            return list(client.get_paginator("list_objects_v2").paginate(**kwargs))
+
+        return s3.call("listing", f"s3://{self.bucket}/{prefix}", pages)
+
+    def list(self, prefix: str = "") -> dict[str, int]:
+        start = self.key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        return {
+            obj["Key"][cut:]: obj["Size"]
+            for page in self._objects(start)
+            for obj in page.get("Contents", [])
+            if not obj["Key"].endswith("/")
+        }
+
+    def list_dirs(self, rel: str = "") -> list[str]:
+        prefix = self.key(rel).rstrip("/") + "/" if (rel or self.prefix) else ""
+        names = {
+            p["Prefix"][len(prefix) :].rstrip("/")
+            for page in self._objects(prefix, delimiter="/")
+            for p in page.get("CommonPrefixes", [])
+        }
+        return sorted(names)
+
+    def delete(self, rels: list[str]) -> None:
+        for start in range(0, len(rels), 1000):
+            chunk = [{"Key": self.key(r)} for r in rels[start : start + 1000]]
+            self._call(
+                "deleting under",
+                "",
+                lambda c, chunk=chunk: c.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True}
+                ),
+            )
+
+    def delete_tree(self, rel: str) -> None:
+        keys = [rel] if rel and self.exists(rel) else []
+        keys += self.list(rel.rstrip("/") + "/" if rel else "")  # names relative to the root
+        self.delete(sorted(set(keys)))
