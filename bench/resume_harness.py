@@ -38,7 +38,8 @@ def write_shards(root: Path) -> Path:
         return split
     rng = np.random.default_rng(1234)
     tokens = rng.integers(0, VOCAB, size=(NUM_SAMPLES, SEQ_LEN), dtype=np.uint16)
-    with MDSWriter(out=str(split), columns={"tokens": "ndarray:uint16"}, size_limit=1 << 12) as writer:
+    columns = {"tokens": "ndarray:uint16"}
+    with MDSWriter(out=str(split), columns=columns, hashes=["sha1", "xxh64"], size_limit=1 << 12) as writer:
         for row in tokens:
             writer.write({"tokens": row})
     meta = {

@@ -7,16 +7,21 @@ Same model (seed), same data (the recipe's shards, same per-device batches), sam
 contenders take turns: after the warmup, each round times `--steps` steps of ours, then
 `--steps` of the plain loop (A B A B ...), so load from other processes on a shared machine hits
 both alike. Prints the best and the spread of tokens/s of both, their ratio (target >= 0.95), the
-time the trainer waited for data as a share of step time (target <= 2%), and peak memory.
-Figures, not a pass/fail test.
+time the trainer waited for data as a share of step time (target <= 2%), and peak memory. Both
+read through fresh stream caches, so the data wait includes copying each shard into the cache
+and checking its hash (`data.validate_hash`, xxh64 by default); the cost of that check alone is
+measured apart (the split read cold with and without it, in turns) and printed as a share of
+step time. Figures, not a pass/fail test.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +53,7 @@ def bench_config(args: argparse.Namespace, run_name: str = "bench-train"):
     total = args.warmup + args.rounds * args.steps
     overrides = [
         "run_dir=/tmp/llm-bench-train",
+        f"data.cache_root={tempfile.mkdtemp(prefix='llm-bench-cache-')}",  # cold: shards enter it
         f"run_name={run_name}",
         "data.eval=[]",
         f"training.max_duration={total}ba",
@@ -189,6 +195,28 @@ def run_bench(args: argparse.Namespace, device: str) -> Results:
     return clock.results
 
 
+def hash_check_seconds(args: argparse.Namespace, rounds: int = 3) -> tuple[float, float, int]:
+    """Best seconds to read every train sample through a fresh cache with and without the hash
+    check (in turns), and the number of samples."""
+    from llm.data import build_dataset
+
+    best = {"xxh64": float("inf"), "null": float("inf")}
+    samples = 0
+    for _ in range(rounds):
+        for setting in best:
+            cfg = bench_config(args, run_name=f"bench-hash-{setting}")
+            cfg.data.validate_hash = None if setting == "null" else setting
+            dataset = build_dataset(cfg, "train", cfg.training.global_batch_size)
+            start = time.perf_counter()
+            for i in range(dataset.num_samples):
+                dataset[i]
+            best[setting] = min(best[setting], time.perf_counter() - start)
+            samples = dataset.num_samples
+            del dataset
+            gc.collect()
+    return best["xxh64"], best["null"], samples
+
+
 def _sync(device: str) -> None:
     if device != "cpu":
         torch.cuda.synchronize()
@@ -216,7 +244,7 @@ def ensure_demo_data(cfg) -> None:
         subprocess.run(["make", DEMO_SHARDS], cwd=REPO, check=True)
 
 
-def report(args: argparse.Namespace, cfg, device: str, results: Results) -> str:
+def report(args: argparse.Namespace, cfg, device: str, results: Results, hashing: tuple) -> str:
     tokens_per_step = cfg.training.global_batch_size * cfg.model.max_seq_len
 
     def tps(s: Segment) -> float:
@@ -244,6 +272,9 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results) -> str:
     pairs = [tps(a) / tps(b) for a, b in zip(results.ours, results.plain, strict=True)]
     wait = sum(s.data_wait for s in results.ours) / sum(s.seconds for s in results.ours)
     plain_wait = sum(s.data_wait for s in results.plain) / sum(s.seconds for s in results.plain)
+    with_hash, without_hash, samples = hashing
+    step_seconds = sum(s.seconds for s in results.ours) / sum(s.steps for s in results.ours)
+    hash_share = max(0.0, with_hash - without_hash) / samples * cfg.training.global_batch_size / step_seconds
     return (
         f"\nbench-train: {args.recipe}, {cfg.training.global_batch_size} x {cfg.model.max_seq_len} tokens "
         f"per step, micro-batch {cfg.training.device_microbatch_size}, {args.rounds} rounds of "
@@ -257,7 +288,9 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results) -> str:
         f"  ratio, CPU time          {cpu_ratio:>10.3f}   tokens per CPU-second of this process "
         f"(ours {per_cpu_second(results.ours):,.0f}, plain {per_cpu_second(results.plain):,.0f})\n"
         f"  data wait, ours          {wait:>10.2%}   of step time (target <= 2%)\n"
-        f"  data wait, plain         {plain_wait:>10.2%}"
+        f"  data wait, plain         {plain_wait:>10.2%}\n"
+        f"  hash check (xxh64)       {hash_share:>10.2%}   of step time: {samples} samples read cold in "
+        f"{with_hash:.3f} s with it, {without_hash:.3f} s without (data.validate_hash=null)"
     )
 
 
@@ -269,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if resolve_device(cfg) == "gpu" else "cpu"
     results = run_bench(args, device)
-    print(report(args, cfg, device, results), flush=True)
+    hashing = hash_check_seconds(args)
+    print(report(args, cfg, device, results, hashing), flush=True)
     return 0
 
 

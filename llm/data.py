@@ -27,7 +27,7 @@ from streaming import Stream, StreamingDataset
 from torch.utils.data import DataLoader
 
 from llm.errors import ConfigError
-from storage import RetryPolicy, StorageError, join, read_url
+from storage import RetryPolicy, StorageError, join, open_store, read_url
 
 if TYPE_CHECKING:
     from llm.config import StreamConfig, TrainConfig
@@ -71,10 +71,40 @@ def check_streams(cfg: TrainConfig) -> dict[str, list[dict[str, Any]]]:
     for split in SPLITS:
         found[split] = []
         for i, stream in enumerate(_streams(cfg, split)):
+            where = f"data.{split}.{i} ({stream.remote})"
             meta = read_meta(stream.remote)
-            check_meta(meta, cfg, f"data.{split}.{i} ({stream.remote})", tokenizer_sha)
+            check_meta(meta, cfg, where, tokenizer_sha)
+            check_index(stream.remote, cfg.data.validate_hash, where)
             found[split].append(meta)
     return found
+
+
+def check_index(remote: str, validate_hash: str | None, where: str) -> None:
+    """ConfigError unless `index.json` exists, every shard it names is stored, and each carries
+    the hash that will be checked: found at start, not when training reaches the shard."""
+    try:
+        index = json.loads(_read_bytes(join(remote, "index.json")))
+        shards = [s.get("zip_data") or s["raw_data"] for s in index["shards"]]
+        names = [str(s["basename"]) for s in shards]
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{where}: no index.json, so the conversion into it did not finish; re-run the same "
+            "`python -m convert shards` command to complete it"
+        ) from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{where}: index.json is not a valid MDS index; re-run the conversion") from None
+    if validate_hash and any(validate_hash not in (s.get("hashes") or {}) for s in shards):
+        raise ConfigError(
+            f"{where}: its shards carry no {validate_hash} hash (written by another tool?); set "
+            "data.validate_hash=null to read them unchecked, or convert with `python -m convert shards`"
+        )
+    stored = open_store(remote).list()
+    absent = [name for name in names if name not in stored]
+    if absent:
+        raise ConfigError(
+            f"{where}: {len(absent)} of the {len(names)} shard files index.json names are missing "
+            f"(e.g. {absent[0]}); restore them or re-convert"
+        )
 
 
 def check_meta(meta: dict[str, Any], cfg: TrainConfig, where: str, tokenizer_sha: str | None) -> None:
