@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast test-slow lint bench-convert bench-train bench-generate soak-resume bench-restart bench-gpu clean
+.PHONY: install demo test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume bench-restart bench-gpu gpu-check gpu-check-smoke clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,7 +25,10 @@ $(DEMO)/shards/train/index.json: $(DEMO)/tokenizer.model
 	$(PY) -m convert shards $(DEMO)/corpus.jsonl --format jsonl --tokenizer $< \
 		--seq-len 256 --val-fraction 0.02 --workers 2 --out $(DEMO)/shards --overwrite
 
-demo: $(DEMO)/shards/train/index.json
+$(DEMO)/tasks/zh-demo/task.json: | install
+	$(PY) -m convert demo-tasks --out $(DEMO)/tasks/zh-demo
+
+demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(PY) train.py recipes/demo.yaml
 
 # --- quality gates -------------------------------------------------------------------------
@@ -46,6 +49,11 @@ test-slow: install
 bench-convert: install
 	$(PY) -m bench.convert
 
+# datasketch and rensa are what the near-dedup benchmark compares against, not project dependencies.
+bench-dedup: install
+	$(PY) -m pip install --quiet 'datasketch==2.0.0' 'rensa==0.5.0'
+	$(PY) -m bench.dedup
+
 bench-train: install
 	$(PY) -m bench.train
 
@@ -58,8 +66,19 @@ bench-restart: $(DEMO)/shards/train/index.json
 bench-gpu: install
 	$(PY) -m bench.gpu
 
+# The GPU acceptance run of the real trainer (one H100/H200, < 8 minutes, one table); ARGS=--smoke
+# (or gpu-check-smoke) runs the same checks on the CPU at toy sizes, as the test suite does.
+gpu-check: install
+	$(PY) -m bench.gpu_check $(ARGS)
+
+gpu-check-smoke: install
+	$(PY) -m bench.gpu_check --smoke $(ARGS)
+
 bench-generate: install
 	$(PY) -m bench.generate
+
+bench-eval: $(DEMO)/tokenizer.model
+	$(PY) -m bench.eval
 
 clean:
 	rm -rf runs $(DEMO) .pytest_cache

@@ -21,6 +21,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--gpus", type=int, default=8, help="GPU count for the dry run's memory plan")
     parser.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU in GB for the dry run")
+    parser.add_argument("--gpu-type", default="H100", help="GPU model for the dry run's cost (H100, A100...)")
+    parser.add_argument("--mfu", type=float, help="measured MFU for the cost (default: 40%% and 50%%)")
     return parser.parse_args(list(argv))
 
 
@@ -37,7 +39,7 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
         if args.dry_run:
             from llm.memory_plan import describe_run
 
-            print(describe_run(cfg, args.gpus, args.gpu_gb))
+            print(describe_run(cfg, args.gpus, args.gpu_gb, gpu_type=args.gpu_type, mfu=args.mfu))
             return 0
         from llm.trainer import train
 
@@ -51,6 +53,13 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
     except StorageError as err:  # storage failed after retries; resumable from the last save
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:
+        from llm.checkpoint.preemption import exit_request
+
+        stop = exit_request(err)  # a second signal cut a save short: exit as it asked, no traceback
+        if stop is None:
+            raise
+        return stop.code if isinstance(stop.code, int) else 1
     return 0
 
 

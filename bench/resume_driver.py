@@ -6,6 +6,8 @@ sleeps $LLM_TEST_BATCH_SLEEP seconds so a test can interrupt at a chosen batch. 
 complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for elastic resume:
 $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
+$LLM_TEST_SAVE_STALL=<seconds> makes each checkpoint file's writing stall once, after its first
+bytes, so that a test can signal the process in the middle of torch.save.
 """
 
 from __future__ import annotations
@@ -92,12 +94,52 @@ IMPORTED = STARTED
 MILESTONES: dict[str, float] = {}
 
 
+class _StallingFile:
+    """A checkpoint file being written that stalls once, in its second write: inside torch.save's
+    zip records, where an exception leaves its writer unable to close the file."""
+
+    def __init__(self, file, seconds: float):
+        self._file, self._seconds, self._writes = file, seconds, 0
+
+    def write(self, data):
+        written = self._file.write(data)
+        self._writes += 1
+        if self._writes == 2:
+            self._file.flush()
+            time.sleep(self._seconds)
+        return written
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._file.__exit__(*exc)
+
+
+def _stall_checkpoint_writes(seconds: float) -> None:
+    """Composer opens each checkpoint file with the `open` of its checkpoint module: wrap it."""
+    import builtins
+
+    import composer.utils.checkpoint as composer_checkpoint
+
+    def stalling_open(file, mode="r", *args, **kwargs):
+        opened = builtins.open(file, mode, *args, **kwargs)
+        return _StallingFile(opened, seconds) if "w" in mode and str(file).endswith(".pt") else opened
+
+    composer_checkpoint.open = stalling_open
+
+
 def main() -> int:
     global IMPORTED
     import llm.trainer  # noqa: F401  (the import cost, measured apart from the restart itself)
     import train
 
     IMPORTED = time.time()
+    if os.environ.get("LLM_TEST_SAVE_STALL"):
+        _stall_checkpoint_writes(float(os.environ["LLM_TEST_SAVE_STALL"]))
     return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])
 
 

@@ -29,7 +29,7 @@ MAX_BATCHES = 12
 SAVE_EVERY = 4
 
 
-def write_shards(root: Path) -> Path:
+def write_shards(root: Path, shard_bytes: int = 1 << 12) -> Path:
     """A train split of NUM_SAMPLES deterministic token samples in the convert/FORMAT.md layout."""
     from streaming import MDSWriter
 
@@ -39,7 +39,7 @@ def write_shards(root: Path) -> Path:
     rng = np.random.default_rng(1234)
     tokens = rng.integers(0, VOCAB, size=(NUM_SAMPLES, SEQ_LEN), dtype=np.uint16)
     columns = {"tokens": "ndarray:uint16"}
-    with MDSWriter(out=str(split), columns=columns, hashes=["sha1", "xxh64"], size_limit=1 << 12) as writer:
+    with MDSWriter(out=str(split), columns=columns, hashes=["sha1", "xxh64"], size_limit=shard_bytes) as writer:
         for row in tokens:
             writer.write({"tokens": row})
     meta = {
@@ -124,18 +124,20 @@ def driver_env(record: Path, weights: Path, sleep: float = 0.0, extra: dict | No
 
 
 def start(
-    recipe: Path, tag: str, *, cwd: Path, overrides=(), sleep=0.0, env=None, launcher=None, folder=None
-):
+    recipe: Path, tag: str, *, cwd: Path, overrides=(), sleep=0.0, env=None, launcher=None, folder=None,
+    driver: Path = DRIVER,
+):  # fmt: skip
     """Start a training process; returns (Popen, record path, weights path).
 
     The record, weights and log go to `folder` (default: the recipe's folder) as `<tag>.*`.
+    `driver` is the script run (default bench/resume_driver.py; bench/gpu_check_driver.py wraps it).
     """
     folder = Path(folder or recipe.parent)
     record = folder / f"{tag}.jsonl"
     weights = folder / f"{tag}.weights.pt"
     for p in (record, weights):
         p.unlink(missing_ok=True)
-    cmd = [*(launcher or [sys.executable]), str(DRIVER), str(recipe), *overrides]
+    cmd = [*(launcher or [sys.executable]), str(driver), str(recipe), *overrides]
     log = open(folder / f"{tag}.log", "w")
     proc = subprocess.Popen(
         cmd,
@@ -155,10 +157,115 @@ def finish(proc, record: Path, weights: Path, started: float, timeout: float = 3
     return Run(proc.returncode, output, record, weights, time.monotonic() - started)
 
 
-def run(recipe: Path, tag: str, *, cwd: Path, overrides=(), env=None, launcher=None, timeout=300) -> Run:
+def run(
+    recipe: Path, tag: str, *, cwd: Path, overrides=(), env=None, launcher=None, timeout=300, driver=DRIVER
+) -> Run:
     started = time.monotonic()
-    proc, record, weights = start(recipe, tag, cwd=cwd, overrides=overrides, env=env, launcher=launcher)
+    proc, record, weights = start(
+        recipe, tag, cwd=cwd, overrides=overrides, env=env, launcher=launcher, driver=driver
+    )
     return finish(proc, record, weights, started, timeout)
+
+
+# --- several "nodes" on one machine ------------------------------------------------------------
+
+# A new mount namespace with a fresh tmpfs on /dev/shm (needs root or CAP_SYS_ADMIN): two node
+# leaders on one machine would otherwise collide in mosaicml-streaming's shared memory names.
+PRIVATE_SHM = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "node"]
+
+
+def private_shm_problem() -> str | None:
+    """Why launchers cannot pose as separate nodes here (no private /dev/shm), or None."""
+    probe = subprocess.run([*PRIVATE_SHM, "true"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else probe.stderr.strip() or "unshare failed"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nodes:
+    """`composer` launchers posing as `len(launchers)` nodes, handled like one process.
+
+    Each runs in its own /dev/shm with its own stream cache (`data.cache_root`), as on separate
+    machines; they share the file system (checkpoints, records), as nodes share S3 or NFS.
+    """
+
+    def __init__(self, procs: list, log: Path):
+        self.procs = procs
+        self.tag_log = log
+        self.pid = procs[0].pid
+
+    def poll(self):
+        codes = [p.poll() for p in self.procs]
+        if any(c is None for c in codes):
+            return None
+        return self.returncode
+
+    @property
+    def returncode(self):
+        codes = [p.returncode for p in self.procs]
+        return None if None in codes else next((c for c in codes if c), 0)
+
+    def send_signal(self, sig: int) -> None:  # a scheduler's preemption reaches every node
+        for p in self.procs:
+            p.send_signal(sig)
+
+    def wait(self, timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for p in self.procs:
+            p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        # One log, node by node, so a failure on any node is visible in Run.output.
+        parts = [
+            f"===== node {i} =====\n{Path(f'{self.tag_log}.node{i}').read_text()}"
+            for i in range(len(self.procs))
+        ]
+        Path(self.tag_log).write_text("\n".join(parts))
+        return self.returncode
+
+
+def start_nodes(
+    recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, overrides=(), sleep=0.0, env=None
+) -> tuple[Nodes, Path, Path]:
+    """Like `start`, with `nodes` launchers of `nproc` ranks each (world size nodes x nproc)."""
+    folder = Path(recipe.parent)
+    record, weights = folder / f"{tag}.jsonl", folder / f"{tag}.weights.pt"
+    for p in (record, weights):
+        p.unlink(missing_ok=True)
+    composer = str(Path(sys.executable).with_name("composer"))
+    port = free_port()
+    procs = []
+    for node in range(nodes):
+        cmd = [
+            *PRIVATE_SHM, composer, "--nproc", str(nproc), "--world_size", str(nodes * nproc),
+            "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
+            str(DRIVER), str(recipe), *overrides, f"data.cache_root={folder / f'cache-{tag}-node{node}'}",
+        ]  # fmt: skip
+        log = open(folder / f"{tag}.log.node{node}", "w")
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=cwd,
+                env=driver_env(record, weights, sleep, env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    return Nodes(procs, folder / f"{tag}.log"), record, weights
+
+
+def run_nodes(recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, overrides=(), env=None,
+              timeout=600) -> Run:  # fmt: skip
+    started = time.monotonic()
+    group, record, weights = start_nodes(
+        recipe, tag, cwd=cwd, nodes=nodes, nproc=nproc, overrides=overrides, env=env
+    )
+    return finish(group, record, weights, started, timeout)
 
 
 def wait_for_batch(record: Path, batch: int, proc, timeout: float = 180) -> None:
@@ -177,16 +284,23 @@ def wait_for_batch(record: Path, batch: int, proc, timeout: float = 180) -> None
 
 
 def interrupt(
-    recipe: Path, tag: str, *, cwd: Path, at_batch: int, sig: int, overrides=(), env=None, launcher=None
-):
-    """Run until `at_batch` is recorded, then send `sig` to the whole process group."""
+    recipe: Path, tag: str, *, cwd: Path, at_batch: int, sig: int, overrides=(), env=None, launcher=None,
+    nodes: tuple[int, int] | None = None, driver: Path = DRIVER,
+):  # fmt: skip
+    """Run until `at_batch` is recorded, then send `sig` to the whole process group (or to every
+    launcher: `launcher`, or `nodes=(nodes, ranks per node)` for launchers posing as nodes)."""
     started = time.monotonic()
-    proc, record, weights = start(
-        recipe, tag, cwd=cwd, overrides=overrides, sleep=0.25, env=env, launcher=launcher
-    )
+    if nodes:
+        proc, record, weights = start_nodes(
+            recipe, tag, cwd=cwd, nodes=nodes[0], nproc=nodes[1], overrides=overrides, sleep=0.25, env=env
+        )
+    else:
+        proc, record, weights = start(
+            recipe, tag, cwd=cwd, overrides=overrides, sleep=0.25, env=env, launcher=launcher, driver=driver
+        )
     wait_for_batch(record, at_batch, proc)
     sent = time.monotonic()
-    if launcher:  # the composer launcher forwards SIGTERM to its ranks, as on a real node
+    if launcher or nodes:  # the composer launcher forwards SIGTERM to its ranks, as on a real node
         proc.send_signal(sig)
     else:
         os.killpg(proc.pid, sig)

@@ -19,8 +19,11 @@ FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl")
 EPILOG = """examples:
   python -m convert tokenizer corpus.jsonl --format jsonl --vocab-size 64000 --out tok.model
   python -m convert shards wiki/*.json --preset wiki-cn --tokenizer tok.model --out s3://bkt/wiki
+  python -m convert shards c4/ --filters --near-dedup 0.8 --tokenizer tok.model --out s3://bkt/c4 \
+      --num-tasks 16 --task-index 3        # one of 16 machines; then: python -m convert merge --out s3://bkt/c4
   python -m convert import-bin pretrain_data.bin --tokenizer chatglm2.model --out shards/
   python -m convert demo-corpus --out data/demo/corpus.jsonl
+  python -m convert demo-tasks --out data/demo/tasks/zh-demo
 """
 
 
@@ -34,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_tokenizer(commands)
     _add_shards(commands)
+    _add_merge(commands)
     _add_import_bin(commands)
     _add_demo_corpus(commands)
+    _add_demo_tasks(commands)
     return parser
 
 
@@ -52,7 +57,10 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strict", action="store_true", help="stop at the first malformed record")
     parser.add_argument("--normalization", default="NFKC", help="Unicode normalisation (NFKC, NFC, none)")
-    parser.add_argument("--min-chars", type=int, default=1, help="drop documents shorter than this (chars)")
+    parser.add_argument(
+        "--min-chars", type=int, default=None,
+        help="drop documents shorter than this (chars; default 1, with --filters 50, with --near-dedup the shingle)",
+    )  # fmt: skip
     parser.add_argument("--no-dedup", action="store_true", help="keep exact duplicate documents")
 
 
@@ -87,7 +95,58 @@ def _add_shards(commands) -> None:
     parser = commands.add_parser("shards", help="tokenize, pack and write MDS shards (train/ and val/)")
     _add_inputs(parser)
     _add_output(parser)
+    _add_selection(parser)
+    tasks = parser.add_argument_group("across machines (then `python -m convert merge`)")
+    tasks.add_argument("--num-tasks", type=int, default=None, help="split the conversion into N tasks")
+    tasks.add_argument(
+        "--task-index", type=int, default=None, help="this task, 0..N-1 (default: $SLURM_ARRAY_TASK_ID)"
+    )
     parser.set_defaults(run=run_shards)
+
+
+def _add_selection(parser: argparse.ArgumentParser) -> None:
+    filters = parser.add_argument_group("quality filters (each off unless given or --filters)")
+    filters.add_argument("--filters", action="store_true", help="every filter on at its default (below)")
+    filters.add_argument(
+        "--min-cjk-share", type=float, default=None, help="least share of CJK characters (0.3)"
+    )
+    filters.add_argument(
+        "--max-symbol-share", type=float, default=None, help="most share of digits/symbols (0.3)"
+    )
+    filters.add_argument(
+        "--max-dup-lines", type=float, default=None, help="most share of characters in repeated lines (0.2)"
+    )
+    filters.add_argument(
+        "--max-dup-paragraphs",
+        type=float,
+        default=None,
+        help="most share of characters in repeated paragraphs (0.2)",
+    )
+    filters.add_argument(
+        "--max-run-chars", type=int, default=None, help="longest run without punctuation or space (100)"
+    )
+    near = parser.add_argument_group("near-duplicate removal (MinHash-LSH over character n-grams)")
+    near.add_argument(
+        "--near-dedup", type=float, nargs="?", const=0.8, default=None, metavar="THRESHOLD",
+        help="drop documents with estimated Jaccard >= THRESHOLD to an earlier one (default 0.8)",
+    )  # fmt: skip
+    near.add_argument("--shingle", type=int, default=None, help="characters per shingle (default 5)")
+    near.add_argument("--minhash-bins", type=int, default=None, help="signature size (default 256)")
+    near.add_argument(
+        "--lsh-bands", type=int, default=None, help="LSH bands (default: chosen for the threshold)"
+    )
+    near.add_argument("--lsh-rows", type=int, default=None, help="rows per band (with --lsh-bands)")
+
+
+def _add_merge(commands) -> None:
+    parser = commands.add_parser("merge", help="merge the tasks of a conversion split with --num-tasks")
+    parser.add_argument("--out", required=True, help="the --out the tasks wrote to (folder or s3://)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: the CPUs this process may use)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a complete existing output")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run_merge)
 
 
 def _add_import_bin(commands) -> None:
@@ -107,6 +166,16 @@ def _add_demo_corpus(commands) -> None:
     parser.set_defaults(run=demo_corpus.run)
 
 
+def _add_demo_tasks(commands) -> None:
+    from convert import demo_tasks
+
+    parser = commands.add_parser(
+        "demo-tasks", help="write a small multiple-choice task of real text (C-Eval CSV layout)"
+    )
+    demo_tasks.add_arguments(parser)
+    parser.set_defaults(run=demo_tasks.run)
+
+
 # --- sub-commands ------------------------------------------------------------------------------
 
 
@@ -116,7 +185,8 @@ def run_tokenizer(args: argparse.Namespace) -> int:
     from convert.sources import expand_inputs
     from convert.tokenizer import train_tokenizer
 
-    cleaner = Cleaner(normalization=args.normalization, min_chars=args.min_chars, dedup=not args.no_dedup)
+    min_chars = args.min_chars if args.min_chars is not None else 1
+    cleaner = Cleaner(normalization=args.normalization, min_chars=min_chars, dedup=not args.no_dedup)
     paths = expand_inputs(args.inputs)
     stats = ReadStats()
     docs = read_documents(
@@ -162,8 +232,41 @@ def _command_line() -> str:
     return shlex.join(["python", "-m", "convert", *sys.argv[1:]])
 
 
+def _selection(args: argparse.Namespace) -> dict:
+    """The quality filters and near-duplicate settings of `shards`, as ShardOptions fields."""
+    from convert.options import NearDedupOptions, QualityFilters
+
+    near_flags = {"--shingle": args.shingle, "--minhash-bins": args.minhash_bins, "--lsh-bands": args.lsh_bands,
+                  "--lsh-rows": args.lsh_rows}  # fmt: skip
+    given = [flag for flag, value in near_flags.items() if value is not None]
+    if given and args.near_dedup is None:
+        raise ConvertError(
+            f"{given[0]} only applies to near-duplicate removal: add --near-dedup, or drop {given[0]}"
+        )
+    base = QualityFilters.recommended() if args.filters else QualityFilters()
+    chosen = {
+        "min_chars": args.min_chars, "min_cjk_share": args.min_cjk_share, "max_symbol_share": args.max_symbol_share,
+        "max_dup_lines": args.max_dup_lines, "max_dup_paragraphs": args.max_dup_paragraphs,
+        "max_run_chars": args.max_run_chars,
+    }  # fmt: skip
+    filters = QualityFilters(**{**vars(base), **{k: v for k, v in chosen.items() if v is not None}})
+    near = None
+    if args.near_dedup is not None:
+        defaults = NearDedupOptions()
+        near = NearDedupOptions(
+            threshold=args.near_dedup,
+            ngram=args.shingle if args.shingle is not None else defaults.ngram,
+            bins=args.minhash_bins if args.minhash_bins is not None else defaults.bins,
+            bands=args.lsh_bands or 0,
+            rows=args.lsh_rows or 0,
+        )
+    return {"filters": filters, "near_dedup": near}
+
+
 def run_shards(args: argparse.Namespace) -> int:
-    from convert.jobs import ReadOptions, convert_corpus
+    from dataclasses import replace
+
+    from convert.jobs import ReadOptions, TaskSpec, convert_corpus
 
     read = ReadOptions(
         fmt=args.format,
@@ -171,12 +274,24 @@ def run_shards(args: argparse.Namespace) -> int:
         preset=args.preset,
         strict=args.strict,
         normalization=args.normalization,
-        min_chars=args.min_chars,
         dedup=not args.no_dedup,
     )
+    options = replace(_shard_options(args), **_selection(args))
+    task = TaskSpec.from_args(args.num_tasks, args.task_index)
     convert_corpus(
-        args.inputs, tokenizer=args.tokenizer, out=args.out, options=_shard_options(args), read=read,
-        command=_command_line(),
+        args.inputs, tokenizer=args.tokenizer, out=args.out, options=options, read=read,
+        command=_command_line(), task=task,
+    )  # fmt: skip
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from convert.jobs import merge_tasks
+    from convert.options import available_cpus
+
+    merge_tasks(
+        args.out, workers=args.workers if args.workers is not None else available_cpus(),
+        progress=not args.no_progress, overwrite=args.overwrite, command=_command_line(),
     )  # fmt: skip
     return 0
 

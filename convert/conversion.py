@@ -1,30 +1,39 @@
-"""One conversion, run by the main process: texts -> workers (clean, tokenize) -> de-duplicate,
-split, chunk -> workers (pack, write a part) -> meta, summary, index.
+"""One conversion, run by the main process: texts -> workers (clean, filter, sign, tokenize) ->
+select, split, chunk -> workers (pack, write a part) -> meta, summary, index.
 
     main process                                worker processes (N, `convert.worker`)
-    read documents, cut into batches  --------> clean* and digest each text, tokenize (EOS added)
-                                      <-------- digests, lengths and one token array per batch
-    global de-duplication by digest, in input order
+    read documents, cut into batches  --------> clean* and digest each text, quality filters,
+                                                MinHash signature (band keys, sketch), tokenize
+                                      <-------- digests, filter reasons, signatures, lengths,
+                                                one token array per batch
+    `Selection`, in input order: exact duplicates by digest, filter drops, near duplicates
+    (band lookups and sketch checks, convert/near_dedup.py)
     (* here instead, de-duplicating before tokenizing, and ** too, when there are more CPUs than workers)
     split by digest (train/val), cut each split into chunks (boundaries independent of N)
                                       --------> drop too-short documents, pack into seq_len rows,**
                                                 write the rows as MDS part-NNNNN/, done marker
                                       <-------- the chunk's tail (< seq_len tokens)
     pack the tails in chunk order into a final part (only the split's last partial row is lost)
-    meta.json, summary.json, then each split's merged index.json LAST
+    meta.json, near_duplicates.json, summary.json, then each split's merged index.json LAST
 
 Where the work runs: with fewer workers than CPUs the main process has a core to spare: it
 cleans, de-duplicates and sends only kept, cleaned texts, and packs and writes the parts itself
-(the workers just tokenize); otherwise the workers clean and write too, and a duplicate is
-tokenized before the main process sees that it is one (a little waste on duplicate-heavy
-corpora). Either way text crosses to a worker once, what comes back is compact (16-byte digests,
-token arrays), and de-duplication is global and in input order, so the kept documents do not
-depend on the worker count or the placement. Chunk boundaries depend only on the input, so the
-samples (and their order) are identical for any worker count. Each part's `part.json` is
-written after its shards and names the chunk's fingerprint; a re-run after a kill reads and
-tokenizes the input again (to rebuild the de-duplication set and the chunks) but reuses the
-parts whose marker matches instead of writing them again. Memory is bounded by a few batches
-and chunks in flight, not the corpus.
+(the workers filter, sign and tokenize); otherwise the workers clean and write too, and a
+duplicate is tokenized before the main process sees that it is one (a little waste on
+duplicate-heavy corpora). Either way text crosses to a worker once, what comes back is compact
+(16-byte digests, band keys and a 256-byte sketch per document, token arrays), and every drop
+decision is global and in input order, so the kept documents do not depend on the worker count
+or the placement. Chunk boundaries depend only on the kept documents, so the samples (and their
+order) are identical for any worker count. Each part's `part.json` is written after its shards
+and names the chunk's fingerprint; a re-run after a kill reads and tokenizes the input again (to
+rebuild the de-duplication state and the chunks) but reuses the parts whose marker matches
+instead of writing them again. Memory is bounded by a few batches and chunks in flight, plus
+the de-duplication state (16-byte digests, and with near-dedup the index of
+convert/near_dedup.py), not the corpus.
+
+A conversion can also be split over machines (convert/tasks.py): each task runs the same loop
+over its share of the files up to the `Selection`, stores the selected rows, and the merge
+feeds them, in input order, through a `Selection` and the chunk/part steps here.
 """
 
 from __future__ import annotations
@@ -32,10 +41,10 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -46,9 +55,9 @@ from convert.executor import Executor, ordered, start_workers
 from convert.options import ShardOptions
 from convert.packing import TOKEN_DTYPE, Packer
 from convert.report import build_summary, print_summary
+from convert.selection import Doc, Selected, Selection, in_val
 from convert.tokenizer import TokenizerInfo, load_tokenizer
 from convert.worker import (
-    DIGEST_BYTES,
     ChunkTokens,
     PartResult,
     TextBatch,
@@ -67,30 +76,12 @@ FORMAT_NAME = "llm-pretrain-tokens"
 FORMAT_VERSION = 1
 _PIPELINE_VERSION = "2"  # part in every chunk fingerprint: bump when packing/writing changes
 _BATCH_CHARS = 1 << 18  # texts per tokenizing task: amortises the hand-off, bounds the lists
-
-
-class Doc(NamedTuple):
-    """One kept document on its way into a chunk: its tokens end with EOS (BOS first if asked)."""
-
-    digest: bytes
-    size: int  # characters of cleaned text (token count for imported token files)
-    tokens: np.ndarray
-    split: str
+NEAR_REPORT = "near_duplicates.json"  # a sample of removed pairs, beside summary.json
 
 
 def digest_of(doc: str | np.ndarray) -> bytes:
     """A document's 16-byte identity: `text_digest` of a text, XXH3-128 of a token array's bytes."""
     return text_digest(doc) if isinstance(doc, str) else xxhash.xxh3_128_digest(doc.tobytes())
-
-
-def in_val(digests: bytes, val_fraction: float) -> np.ndarray:
-    """The split rule, for documents given by their concatenated digests: True for val.
-
-    A document is in val when its digest's upper 8 bytes, as a fraction of 2**64, are below
-    `val_fraction`: stable across runs, machines and worker counts.
-    """
-    upper = np.frombuffer(digests, dtype="<u8")[1::2]
-    return upper / 2.0**64 < val_fraction
 
 
 def split_of(digest: bytes, val_fraction: float) -> str:
@@ -99,47 +90,56 @@ def split_of(digest: bytes, val_fraction: float) -> str:
 
 
 def batch_documents(batch: TokenizedBatch, val_fraction: float) -> Iterator[Doc]:
-    """A tokenized batch's documents, in order, with their split. A val document's tokens are a
-    copy: val chunks fill slowly, and a view would keep the whole batch's array in memory."""
-    ends = np.cumsum(batch.lengths).tolist()
-    starts = [0, *ends[:-1]] if ends else []  # a batch may keep no document at all
-    digests = [batch.digests[i : i + DIGEST_BYTES] for i in range(0, len(batch.digests), DIGEST_BYTES)]
-    is_val = in_val(batch.digests, val_fraction).tolist()
-    for digest, start, end, chars, val in zip(
-        digests, starts, ends, batch.chars.tolist(), is_val, strict=True
-    ):
-        piece = batch.tokens[start:end]
-        yield Doc(digest, chars, piece.copy() if val else piece, "val" if val else "train")
+    """Every row of a tokenized batch as a kept document, in order, with its split."""
+    rows = np.arange(len(batch))
+    selected = Selected(batch, rows, np.full(len(rows), -1), np.empty(0, dtype=np.int64), 0)
+    return selected.documents(val_fraction)
 
 
 def tokenize_in_workers(
-    executor: Executor,
-    texts: Iterable[str],
-    *,
-    cleaner: Cleaner,
-    val_fraction: float,
-    window: int,
-    clean_here: bool,
+    executor: Executor, texts: Iterable[str], *, selection: Selection, window: int, clean_here: bool
 ) -> Iterator[Doc]:
-    """Tokenized documents, in input order, without duplicates; drops are counted in `cleaner.drops`.
+    """The kept documents, tokenized, in input order; drops are counted in `selection`."""
+    for selected in select_in_workers(
+        executor, texts, selection=selection, window=window, clean_here=clean_here
+    ):
+        yield from selected.documents(selection.options.val_fraction)
+
+
+def select_in_workers(
+    executor: Executor, texts: Iterable[str], *, selection: Selection, window: int, clean_here: bool
+) -> Iterator[Selected]:
+    """Each batch of texts cleaned, filtered, signed and tokenized by the workers, then decided by
+    `selection`, in input order.
 
     Cleaning (Unicode normalisation is the costly part) runs in the workers, or here when
     `clean_here`: with fewer workers than cores this process has a core of its own, and
-    cleaning here leaves the workers only the tokenizing. Either way `cleaner` de-duplicates
-    (if it is set to), globally and in input order, so the kept documents do not depend on the
-    worker count or placement.
+    cleaning here (with exact de-duplication) leaves the workers the rest. The texts sent stay
+    here until their batch comes back, for the few that the near-duplicate pair sample keeps.
     """
-    batches: Iterable[TextBatch]
-    if clean_here:
-        batches = (clean_batch(batch, cleaner) for batch in _batches(texts, _BATCH_CHARS))
-    else:
-        batches = map(TextBatch, _batches(texts, _BATCH_CHARS))
-    for batch in ordered(executor, tokenize_batch, batches, window):
+    cleaner = selection.cleaner
+    sent: deque[list[str]] = deque()
+
+    def batches() -> Iterator[TextBatch]:
+        for texts_in in _batches(texts, _BATCH_CHARS):
+            batch = clean_batch(texts_in, cleaner)[0] if clean_here else TextBatch(texts_in)
+            sent.append(batch.texts)
+            yield batch
+
+    for batch in ordered(executor, tokenize_batch, batches(), window):
+        texts_sent = sent.popleft()
         for reason, count in batch.drops.items():
             cleaner.drops.add(reason, count)
-        for doc in batch_documents(batch, val_fraction):
-            if clean_here or cleaner.first_seen(doc.digest):  # cleaned here: de-duplicated already
-                yield doc
+        if clean_here:
+            text = texts_sent.__getitem__
+        else:
+            sources = batch.sources
+            text = partial(_cleaned, cleaner, texts_sent, sources)
+        yield selection.select(batch, text, deduped=clean_here)
+
+
+def _cleaned(cleaner: Cleaner, texts: list[str], sources, row: int) -> str:
+    return cleaner.normalize(texts[int(sources[row])])
 
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
@@ -251,7 +251,7 @@ class Conversion:
                 "pass --overwrite to replace it, or choose another --out"
             )
         if self.options.overwrite:
-            for rel in (*SPLITS, "summary.json"):
+            for rel in (*SPLITS, "summary.json", NEAR_REPORT):
                 store.delete_tree(rel)
         for split in SPLITS:
             # An interrupted run may have finished one split; it is redone with the other.
@@ -312,8 +312,18 @@ class Conversion:
             if name.startswith("part-") and name[5:].isdigit() and int(name[5:]) >= keep:
                 self.store.delete_tree(f"{split}/{name}")
 
-    def finish(self, *, read: dict, dropped: dict[str, int], start: float, command: str) -> dict:
-        """Check there is something to write; write meta, summary, then the indexes last."""
+    def finish(
+        self,
+        *,
+        read: dict,
+        dropped: dict[str, int],
+        start: float,
+        command: str,
+        selection: Selection | None = None,
+        extra: dict | None = None,
+    ) -> dict:
+        """Check there is something to write; write meta, the near-duplicate report, summary,
+        then the indexes last. `selection` adds its dropped tokens and pair sample."""
         totals, options = self.totals, self.options
         if totals["train"].samples == 0:
             read_docs = read.get("documents", "the")
@@ -336,6 +346,9 @@ class Conversion:
             elapsed=time.monotonic() - start,
             reused_parts=self.reused_parts,
         )
+        if selection is not None:
+            summary.update(self._selection_summary(selection))
+        summary.update(extra or {})
         self.store.write_json("summary.json", summary)
         self.write_indexes()
         print_summary(summary, sys.stdout)
@@ -345,6 +358,23 @@ class Conversion:
                 f"--val-fraction {options.val_fraction}); raise --val-fraction for a validation set\n"
             )
         return summary
+
+    def _selection_summary(self, selection: Selection) -> dict:
+        """dropped_tokens, the active filters and, with near-dedup, its settings and report file."""
+        out: dict = {"dropped_tokens": dict(sorted(selection.dropped_tokens.items()))}
+        filters = self.options.filters
+        if filters.active:
+            out["filters"] = asdict(filters)
+        near = self.options.near_dedup
+        if near is not None:
+            pairs = selection.sample.pairs(near.ngram) if selection.sample is not None else []
+            self.store.write_json(
+                NEAR_REPORT, {"threshold": near.threshold, "ngram": near.ngram, "pairs": pairs}
+            )
+            out["near_dedup"] = {**asdict(near), "report": NEAR_REPORT, "pairs_in_report": len(pairs)}
+            if selection.near is not None:
+                out["near_dedup"]["index_bytes"] = selection.near.nbytes
+        return out
 
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:
         totals, options, tokenizer = self.totals[split], self.options, self.tokenizer

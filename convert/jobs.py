@@ -1,29 +1,22 @@
 """A whole conversion as a function: text corpus -> shards (`convert.bin_import`: token files).
 
-The CLI, the tests and the benchmark call it.
+The CLI, the tests and the benchmarks call `convert_corpus`; with a `TaskSpec` it converts one
+task's share of a multi-machine conversion instead (convert/tasks.py, merged by `merge_tasks`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 from convert.cleaning import Cleaner
 from convert.conversion import Conversion, tokenize_in_workers
-from convert.options import ShardOptions
-from convert.report import progress_bar
+from convert.errors import ConvertError
+from convert.options import ReadOptions, ShardOptions
+from convert.report import counted_texts, progress_bar
+from convert.selection import Selection
+from convert.tasks import TaskSpec, merge_tasks, run_task
 
-
-@dataclass(frozen=True)
-class ReadOptions:
-    fmt: str = "auto"
-    text_field: str | None = None
-    preset: str | None = None
-    strict: bool = False
-    normalization: str = "NFKC"
-    min_chars: int = 1
-    dedup: bool = True
+__all__ = ["ReadOptions", "TaskSpec", "check_read_options", "convert_corpus", "merge_tasks"]
 
 
 def convert_corpus(
@@ -34,13 +27,21 @@ def convert_corpus(
     options: ShardOptions = ShardOptions(),
     read: ReadOptions = ReadOptions(),
     command: str = "",
+    task: TaskSpec | None = None,
 ) -> dict:
-    """Read, clean, tokenize, pack and write `inputs` to `out`; returns the summary."""
+    """Read, clean, filter, de-duplicate, tokenize, pack and write `inputs` to `out`; returns the
+    summary. With `task`, only that task's share of the files, up to the selected rows."""
     from convert.readers import ReadStats, read_documents
-    from convert.sources import expand_inputs
+    from convert.sources import expand_inputs, refuse_output_among_inputs
 
+    refuse_output_among_inputs(inputs, out)  # else a rerun would read the shards' JSON as text
+    check_read_options(read, options)
+    if task is not None:
+        return run_task(
+            inputs, tokenizer=tokenizer, out=out, options=options, read=read, task=task, command=command
+        )
     conversion = Conversion(tokenizer=tokenizer, out=out, options=options)
-    cleaner = Cleaner(normalization=read.normalization, min_chars=read.min_chars, dedup=read.dedup)
+    cleaner = read.cleaner()
     paths = expand_inputs(inputs)
     conversion.prepare_output()
     stats = ReadStats()
@@ -48,30 +49,31 @@ def convert_corpus(
     docs = read_documents(
         paths, read.fmt, text_field=read.text_field, preset=read.preset, strict=read.strict, stats=stats
     )
+    selection = Selection(conversion.options, cleaner)
     with progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
-        texts = _counted(docs, bar)
+        texts = counted_texts(docs, bar)
         conversion.run(
             lambda executor: tokenize_in_workers(
                 executor,
                 texts,
-                cleaner=cleaner,
-                val_fraction=options.val_fraction,
+                selection=selection,
                 window=4 * options.workers + 4,
                 clean_here=options.main_helps,
             ),
             write_here=options.main_helps,
-            cleaner=Cleaner(normalization=read.normalization, min_chars=read.min_chars, dedup=False),
+            cleaner=read.worker_cleaner(),
         )
     dropped = cleaner.drops.as_dict()
-    return conversion.finish(read=stats.as_dict(), dropped=dropped, start=start, command=command)
+    return conversion.finish(
+        read=stats.as_dict(), dropped=dropped, start=start, command=command, selection=selection
+    )
 
 
-def _counted(docs: Iterable, bar, every: int = 256) -> Iterator[str]:
-    """The documents' texts; the bar moves every `every` documents (one update per document costs)."""
-    count = 0
-    for doc in docs:
-        count += 1
-        if count % every == 0:
-            bar.update(every)
-        yield doc.text
-    bar.update(count % every)
+def check_read_options(read: ReadOptions, options: ShardOptions) -> None:
+    """Refuse reading options that contradict the shard options, before anything is written."""
+    Cleaner(normalization=read.normalization)  # an unknown normalisation is refused here
+    if options.near_dedup is not None and not read.dedup:
+        raise ConvertError(
+            "--near-dedup removes exact duplicates too (their similarity is 1): drop --no-dedup, "
+            "or drop --near-dedup to keep every copy"
+        )

@@ -4,6 +4,7 @@ was read, dropped and written, printed and saved as summary.json."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 
@@ -20,6 +21,17 @@ def progress_bar(total: int | None, unit: str, desc: str, *, enabled: bool = Tru
         mininterval=0.5,
         disable=not enabled,
     )
+
+
+def counted_texts(docs: Iterable, bar, every: int = 256) -> Iterator[str]:
+    """The documents' texts; the bar moves every `every` documents (one update per document costs)."""
+    count = 0
+    for doc in docs:
+        count += 1
+        if count % every == 0:
+            bar.update(every)
+        yield doc.text
+    bar.update(count % every)
 
 
 def build_summary(
@@ -57,8 +69,15 @@ def print_summary(summary: dict, stream: TextIO) -> None:
         lines.append(f"  malformed records skipped: {read['malformed']}")
         for example in read.get("malformed_examples", [])[:5]:
             lines.append(f"    {example['source']}:{example['line']}: {example['reason']}")
-    dropped = summary["dropped"]
-    lines.append("  dropped: " + (", ".join(f"{k} {v}" for k, v in dropped.items()) if dropped else "none"))
+    dropped, tokens = summary["dropped"], summary.get("dropped_tokens", {})
+    parts = [f"{k} {v}" + (f" ({tokens[k]:,} tokens)" if k in tokens else "") for k, v in dropped.items()]
+    lines.append("  dropped: " + (", ".join(parts) if parts else "none"))
+    near = summary.get("near_dedup")
+    if near:
+        lines.append(
+            f"  near-duplicates: Jaccard >= {near['threshold']} over {near['ngram']}-character shingles; "
+            f"{near['pairs_in_report']} sampled pair(s) in {near['report']}"
+        )
     for name, split in summary["splits"].items():
         lines.append(
             f"  {name}: {split['documents']} documents, {split['samples']} samples x {summary['seq_len']} "

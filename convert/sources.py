@@ -18,6 +18,7 @@ import fnmatch
 import glob
 import io
 import os
+import re
 from pathlib import Path
 from typing import BinaryIO
 
@@ -51,6 +52,89 @@ def expand_inputs(inputs: list[str]) -> list[str]:
                 seen.add(path)
                 out.append(path)
     return out
+
+
+# Files a conversion writes under --out (convert/FORMAT.md), for `refuse_output_among_inputs`.
+_OUTPUT_SAMPLES = (
+    "summary.json",
+    "train/index.json",
+    "train/meta.json",
+    "train/part-00000/index.json",
+    "train/part-00000/shard.00000.mds.zstd",
+    "val/index.json",
+    "val/meta.json",
+)
+
+
+def refuse_output_among_inputs(inputs: list[str], out: str) -> None:
+    """ConvertError if an input (a folder, an S3 prefix or a glob) takes in what is written to `out`:
+    run again, the conversion would read its own shards' index.json and meta.json as corpus text.
+    Decided from the names alone, before anything is listed or read."""
+    for pattern in inputs:
+        if _takes_in(pattern, out):
+            raise ConvertError(
+                f"--out {out} lies inside the input {pattern}: a conversion of that input would read "
+                "the shards' own index.json and meta.json as text; choose an --out outside the inputs"
+            )
+
+
+def _takes_in(pattern: str, out: str) -> bool:
+    if is_s3(pattern) != is_s3(out):
+        return False
+    if is_s3(pattern):
+        (bucket, key), (out_bucket, out_key) = split_s3_url(pattern), split_s3_url(out)
+        outputs = [f"{out_key.strip('/')}/{rel}".lstrip("/") for rel in _OUTPUT_SAMPLES]
+        if bucket != out_bucket:
+            return False
+        if _has_glob(key):
+            return any(fnmatch.fnmatchcase(k, key) for k in outputs)
+        folder = key if not key or key.endswith("/") else key + "/"
+        return any(k.startswith(folder) for k in outputs)
+    if not _has_glob(pattern):
+        return os.path.isdir(pattern) and Path(out).resolve().is_relative_to(Path(pattern).resolve())
+    # A glob takes in the files it matches and everything under a folder it matches.
+    regex = _glob_regex(os.path.abspath(pattern))
+    written = [Path(os.path.abspath(out), rel) for rel in _OUTPUT_SAMPLES]
+    return any(regex.fullmatch(str(p)) for path in written for p in (path, *path.parents))
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """`glob.glob(pattern, recursive=True)`'s matching as a regex (`*` stays within a folder)."""
+    parts, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            parts.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            parts.append(".*")
+            i += 2
+        elif pattern[i] in "*?":
+            parts.append("[^/]*" if pattern[i] == "*" else "[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) > 0:
+            body = pattern[i + 1 : end]
+            parts.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+        else:
+            parts.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(parts))
+
+
+def input_sizes(paths: list[str]) -> list[int]:
+    """The size in bytes of each expanded input (a stat locally, a HEAD request on S3)."""
+    sizes = []
+    for path in paths:
+        if not is_s3(path):
+            try:
+                sizes.append(os.path.getsize(path))
+            except OSError as err:
+                raise ConvertError(f"cannot read the size of input {path}: {err.strerror}") from err
+            continue
+        bucket, key = split_s3_url(path)
+        head = _s3_call(lambda client, b=bucket, k=key: client.head_object(Bucket=b, Key=k), bucket, key)
+        sizes.append(int(head["ContentLength"]))
+    return sizes
 
 
 def open_binary(path: str) -> BinaryIO:

@@ -1,5 +1,5 @@
-"""What runs in a worker process: clean, digest and tokenize a batch of texts; pack and write a
-chunk of tokenized documents as one part of a split.
+"""What runs in a worker process: clean, digest, filter, sign and tokenize a batch of texts; pack
+and write a chunk of tokenized documents as one part of a split.
 
 A worker's state lives in this module's globals, set once by `init_worker` (the pool's
 initializer): the options, the output store, the SentencePiece model and a cleaner that does
@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from convert.cleaning import Cleaner, DropCounts
+from convert.minhash import signatures
 from convert.options import ShardOptions
 from convert.packing import Packer, concat_documents, drop_short_documents
+from convert.quality import filter_reasons, utf32
 from convert.tokenizer import load_processor
 from convert.writer import ShardWriter
 from storage import Store, open_store
@@ -51,37 +53,77 @@ class TextBatch:
     digests: bytes | None = None
 
 
-def clean_batch(texts: list[str], cleaner: Cleaner) -> TextBatch:
-    """The texts that survive `cleaner` (drops counted in `cleaner.drops`), with their digests."""
-    kept = [k for k in map(cleaner.clean_with_digest, texts) if k is not None]
-    return TextBatch([text for text, _ in kept], b"".join(digest for _, digest in kept))
+def clean_batch(texts: list[str], cleaner: Cleaner) -> tuple[TextBatch, np.ndarray]:
+    """The texts that survive `cleaner` (drops counted in `cleaner.drops`), with their digests,
+    and the index in `texts` of each."""
+    kept, sources = [], []
+    for i, text in enumerate(texts):
+        result = cleaner.clean_with_digest(text)
+        if result is not None:
+            kept.append(result)
+            sources.append(i)
+    batch = TextBatch([text for text, _ in kept], b"".join(digest for _, digest in kept))
+    return batch, np.array(sources, dtype=np.int64)
 
 
 @dataclass
 class TokenizedBatch:
-    """What a worker returns for a batch of texts: the documents that survived cleaning."""
+    """What a worker returns for a batch of texts: one row per text that survived cleaning.
 
-    digests: bytes  # DIGEST_BYTES per document
-    chars: np.ndarray  # cleaned length in characters, per document
-    lengths: np.ndarray  # tokens per document, EOS (and BOS) included
-    tokens: np.ndarray  # all documents' tokens, one after another
-    drops: dict[str, int]
+    Every row has its digest, size and token count; `reasons` says which quality filter drops it
+    (0: none). Only the rows that pass (reason 0) have their tokens here, and their band keys and
+    sketches when near-duplicates are removed. Rows of a multi-machine task's pieces are the same
+    (convert/tasks.py), so a merge replays them through the same decisions.
+    """
+
+    digests: bytes  # DIGEST_BYTES per row
+    chars: np.ndarray  # cleaned length in characters, per row
+    lengths: np.ndarray  # tokens per row, EOS (and BOS) included, whether it passes or not
+    tokens: np.ndarray  # the passing rows' tokens, one after another
+    drops: dict[str, int]  # cleaning's drops in the worker ("empty")
+    reasons: np.ndarray | None = None  # int8 per row (convert.quality.REASONS); None: all pass
+    keys: np.ndarray | None = None  # passing rows x bands, uint64
+    sketches: np.ndarray | None = None  # passing rows x bins, uint8
+    sources: np.ndarray | None = None  # index of each row's text in the batch sent (cleaned here)
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def passing(self) -> np.ndarray:
+        return np.ones(len(self), dtype=bool) if self.reasons is None else self.reasons == 0
 
 
 def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
-    """Clean the texts (unless done already), then tokenize them into one array, each document
-    ended by EOS."""
+    """Clean the texts (unless done already), apply the quality filters, compute near-duplicate
+    signatures, and tokenize: each document ended by EOS, the passing ones into one array."""
     drops: dict[str, int] = {}
+    sources = None
     if batch.digests is None:
         _state.cleaner.drops = DropCounts()
-        batch = clean_batch(batch.texts, _state.cleaner)
+        batch, sources = clean_batch(batch.texts, _state.cleaner)
         drops = _state.cleaner.drops.as_dict()
+    options = _state.options
+    texts = batch.texts
+    chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    codes = None
+    if options.filters.needs_classes or options.near_dedup is not None:
+        codes, chars = utf32(texts)
+    reasons = filter_reasons(texts, codes, chars, options.filters)
+    passing = reasons == 0
     # One core per worker (N workers = N cores); SentencePiece adds EOS (and BOS) in C++.
-    add_bos = _state.options.add_bos
-    ids = _state.processor.encode(batch.texts, add_bos=add_bos, add_eos=True, num_threads=1)
-    tokens, lengths = concat_documents(ids)
-    chars = np.fromiter(map(len, batch.texts), dtype=np.int64, count=len(batch.texts))
-    return TokenizedBatch(batch.digests, chars, lengths, tokens, drops)
+    # Filtered texts are tokenized too, for the summary's count of the tokens each filter removed.
+    ids = _state.processor.encode(texts, add_bos=options.add_bos, add_eos=True, num_threads=1)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    all_pass = bool(passing.all())
+    tokens, _ = concat_documents(ids if all_pass else [ids[i] for i in np.flatnonzero(passing).tolist()])
+    keys = sketches = None
+    if options.near_dedup is not None:
+        if not all_pass:
+            codes = codes[np.repeat(passing, chars)]
+        keys, sketches = signatures(codes, chars[passing], options.near_dedup)
+    return TokenizedBatch(
+        batch.digests, chars, lengths, tokens, drops, None if all_pass else reasons, keys, sketches, sources
+    )
 
 
 @dataclass

@@ -41,15 +41,41 @@ class StreamConfig:
     remote: str  # a split folder (holds index.json + meta.json): local path or s3://bucket/prefix
     local: str | None = None  # cache folder; None -> <data.cache_root>/<run_name>/<train|eval>/<i>-<hash>
     proportion: float | None = None  # mixing weight; all streams set it or none does
+    # An eval stream's label in metrics (eval_loss/<name>); None: from remote (s3://b/wiki/val -> wiki).
+    name: str | None = None
+
+    def label(self) -> str:
+        """`name`, else the remote's folder name, or its parent's when the folder is a split (val ...)."""
+        if self.name:
+            return self.name
+        parts = [p for p in self.remote.split("://")[-1].split("/") if p]
+        leaf = parts[-1] if parts else self.remote
+        if leaf.lower() in _SPLIT_FOLDERS and len(parts) > 1:
+            leaf = parts[-2]
+        return re.sub(r"[^\w.-]", "_", leaf)
+
+
+_SPLIT_FOLDERS = {"train", "val", "valid", "validation", "eval", "test", "dev"}
 
 
 @dataclass
 class DataConfig:
     train: list[StreamConfig]
     eval: list[StreamConfig] = field(default_factory=list)  # empty -> no evaluation
-    cache_root: str = "/tmp/llm-stream-cache"
+    # Where remote shards are cached (local split folders are read in place, never copied).
+    cache_root: str = "${oc.env:LLM_CACHE_ROOT,/tmp/llm-stream-cache}"
+    # Cache size per dataset (train, eval) for remote streams: "200gb", "auto" (80% of the cache
+    # disk's free space at start, shared by the datasets), or null (no limit). Shards are evicted,
+    # coldest first, as training moves on; at least 4 x the largest shard.
+    cache_limit: str | None = "auto"
+    keep_zip: bool = False  # keep a remote shard's compressed file in the cache once decompressed
     shuffle: bool = True
     shuffle_seed: int = 9176
+    shuffle_block_size: int | None = None  # samples shuffled together; null: streaming's default
+    num_canonical_nodes: int | None = None  # null: streaming's default, then kept by checkpoints
+    predownload: int | None = None  # samples per rank fetched ahead; null: 8 x the batch
+    download_retry: int | None = None  # extra tries per shard; null: LLM_S3_MAX_ATTEMPTS - 1
+    download_timeout: float | None = None  # seconds per shard request; null: LLM_S3_READ_TIMEOUT
     num_workers: int = 0
     check_tokenizer_hash: bool = True  # refuse shards made with a different tokenizer file
     # Checked on every shard as it enters the cache (xxh64 or sha1, both written by convert);
@@ -89,20 +115,23 @@ class TrainingConfig:
     device: str = "auto"  # auto | cpu | gpu
     eval_interval: str = "500ba"
     eval_subset_num_batches: int = -1  # -1: the whole validation split
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile each decoder block (training path; llm/parallelism.py)
     log_interval: int = 10  # batches between console lines
 
 
 @dataclass
 class FSDPConfig:
+    """Sharding over data-parallel ranks with FSDP2 (`llm/parallelism.py`), on GPUs and CPUs alike."""
+
     enabled: bool = False
-    version: int = 1  # 1: Composer's default (GPU only); 2: FSDP2 (also runs on CPU over gloo)
-    sharding_strategy: str = "FULL_SHARD"
-    mixed_precision: str = "DEFAULT"
-    activation_checkpointing: bool = True
+    version: int = 2  # FSDP2 only: FSDP1 (GPU-only, untestable on CPUs) was removed
+    # Replica groups: 1 = shard over every rank (FSDP); N > 1 = HSDP, ranks split into N groups
+    # (one per node, say) that each hold a full sharded copy, gradients all-reduced between them.
+    replicate: int = 1
+    mixed_precision: str = "DEFAULT"  # DEFAULT: params in the compute dtype, fp32 reduction; PURE; FULL
+    activation_checkpointing: bool = True  # recompute each decoder block in backward
     state_dict_type: str = "sharded"  # full | sharded
-    sync_module_states: bool = False
-    init_on_meta: bool = True  # build on the meta device; FSDP materialises each rank's shard
+    init_on_meta: bool = True  # build on the meta device; FSDP materialises each rank's shard (GPU)
 
 
 @dataclass
@@ -129,8 +158,22 @@ class GenerateCallbackConfig:
 
 
 @dataclass
+class EvalTasksCallbackConfig:
+    """Multiple-choice tasks scored during training (llm/callbacks/task_eval.py, docs: README)."""
+
+    tasks: list[str] = field(default_factory=list)  # task folders (C-Eval/CMMLU CSV layout) or s3://; []: off
+    interval: str = "500ba"  # and at the end of training
+    shots: int = 0  # few-shot examples, the first of each subject's dev split
+    split: str | None = None  # None: val if the task has it, else test
+    max_questions: int | None = None  # the first N questions of each subject; None: all
+    batch_size: int = 8  # rows per forward pass
+    shared_prompt: bool = True  # all options of a question in one row (one pass over the prompt)
+
+
+@dataclass
 class CallbacksConfig:
     generate: GenerateCallbackConfig = field(default_factory=GenerateCallbackConfig)
+    eval_tasks: EvalTasksCallbackConfig = field(default_factory=EvalTasksCallbackConfig)
     speed_window: int = 10
     memory_monitor: bool = True  # GPU only
     loss_plot: bool = True  # <run_dir>/loss.png at the end of training
@@ -328,16 +371,35 @@ def validate(cfg: TrainConfig) -> None:
         ("training.eval_interval", t.eval_interval, "leave data.eval empty"),
         ("checkpoint.save_interval", ck.save_interval, "leave checkpoint.save_folder unset"),
         ("callbacks.generate.interval", gen.interval, "set callbacks.generate.enabled=false"),
+        ("callbacks.eval_tasks.interval", cfg.callbacks.eval_tasks.interval, "leave its tasks empty"),
     ):
         if parse_duration(value, key, ("ba", "tok", "ep"))[0] == 0:
             raise ConfigError(f"{key}={value!r} is zero; use a positive interval such as 500ba, or {off}")
     _check_choice("training.precision", t.precision, ("auto", "fp32", "amp_bf16", "amp_fp16"))
     _check_choice("training.device", t.device, ("auto", "cpu", "gpu"))
-    _check_choice("fsdp.version", cfg.fsdp.version, (1, 2))
+    if cfg.fsdp.version != 2:
+        raise ConfigError(
+            f"fsdp.version={cfg.fsdp.version!r}: only FSDP2 is supported (FSDP1 was removed, see "
+            "docs/scaling.md); use fsdp.version=2 or leave it out"
+        )
+    if cfg.fsdp.replicate < 1:
+        raise ConfigError(
+            f"fsdp.replicate={cfg.fsdp.replicate} must be at least 1 (1 = plain FSDP, N = HSDP)"
+        )
+    _check_choice("fsdp.mixed_precision", cfg.fsdp.mixed_precision, ("DEFAULT", "PURE", "FULL"))
     _check_choice("fsdp.state_dict_type", cfg.fsdp.state_dict_type, ("full", "sharded"))
     _check_choice("data.validate_hash", cfg.data.validate_hash, (None, "xxh64", "sha1"))
+    if cfg.data.cache_limit not in (None, "auto"):
+        parse_bytes(cfg.data.cache_limit, "data.cache_limit")
+    for key in ("predownload", "download_retry", "shuffle_block_size", "num_canonical_nodes"):
+        value = getattr(cfg.data, key)
+        if value is not None and value < (0 if key == "download_retry" else 1):
+            raise ConfigError(f"data.{key}={value} must be positive (or null for the default)")
+    if cfg.data.download_timeout is not None and cfg.data.download_timeout <= 0:
+        raise ConfigError(f"data.download_timeout={cfg.data.download_timeout} must be positive seconds")
     if not cfg.data.train:
         raise ConfigError("data.train needs at least one stream (remote: <folder or s3:// of a split>)")
+    _check_tokenizer_path(cfg.tokenizer.path)
     for section in ("train", "eval"):
         streams = getattr(cfg.data, section)
         given = [s.proportion is not None for s in streams]
@@ -346,12 +408,67 @@ def validate(cfg: TrainConfig) -> None:
         for i, s in enumerate(streams):
             if s.proportion is not None and s.proportion <= 0:
                 raise ConfigError(f"data.{section}.{i}.proportion must be positive, got {s.proportion}")
+    _check_eval_names(cfg.data.eval)
+    _check_eval_tasks(cfg.callbacks.eval_tasks)
     if len(cfg.optimizer.betas) != 2:  # OmegaConf 2.4 checks this itself, 2.3 does not
         raise ConfigError(f"optimizer.betas must be a list of 2 values, got {list(cfg.optimizer.betas)}")
     if not 0 < cfg.optimizer.lr:
         raise ConfigError(f"optimizer.lr must be positive, got {cfg.optimizer.lr}")
     if cfg.scheduler.min_lr > cfg.optimizer.lr:
         raise ConfigError(f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}")
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+def parse_bytes(value: str | int, key: str) -> int:
+    """`"200gb"` -> bytes (binary units, as streaming counts them); ConfigError naming `key`."""
+    text = str(value).strip().lower()
+    number = text.rstrip("kmgtb ")
+    unit = text[len(number) :].strip()
+    try:
+        size = float(number) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise ConfigError(f"{key}={value!r} is not a size; write e.g. 200gb, 512mb or auto") from None
+    if size <= 0:
+        raise ConfigError(f"{key}={value!r} must be positive")
+    return int(size)
+
+
+def _check_tokenizer_path(path: str) -> None:
+    """A folder is the commonest wrong tokenizer.path (the tokenizer's output folder): name its file."""
+    if "://" in path or not Path(path).is_dir():
+        return
+    models = sorted(p.name for p in Path(path).glob("*.model"))
+    hint = f"e.g. tokenizer.path={Path(path) / models[0]}" if models else "e.g. .../tokenizer.model"
+    raise ConfigError(f"tokenizer.path={path} is a folder; give the SentencePiece .model file, {hint}")
+
+
+def _check_eval_names(streams: list[StreamConfig]) -> None:
+    """Each eval stream reports under its own label: labels must be distinct and fit a metric name."""
+    seen: dict[str, int] = {}
+    for i, s in enumerate(streams):
+        label = s.label()
+        if not re.fullmatch(r"[\w.-]+", label):
+            raise ConfigError(
+                f"data.eval.{i}.name={label!r}: use letters, digits, '_', '-' or '.' (it names metrics)"
+            )
+        if label in seen:
+            raise ConfigError(
+                f"data.eval.{seen[label]} and data.eval.{i} are both named {label!r}; give them distinct "
+                f"names with data.eval.N.name (each eval stream reports its own loss under its name)"
+            )
+        seen[label] = i
+
+
+def _check_eval_tasks(tasks: EvalTasksCallbackConfig) -> None:
+    key = "callbacks.eval_tasks"
+    if tasks.shots < 0:
+        raise ConfigError(f"{key}.shots={tasks.shots} must be 0 or more")
+    if tasks.batch_size < 1:
+        raise ConfigError(f"{key}.batch_size={tasks.batch_size} must be at least 1")
+    if tasks.max_questions is not None and tasks.max_questions < 1:
+        raise ConfigError(f"{key}.max_questions={tasks.max_questions} must be at least 1, or null for all")
 
 
 def _check_choice(key: str, value: Any, choices: tuple) -> None:

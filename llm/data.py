@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,11 +28,14 @@ import torch
 from streaming import Stream, StreamingDataset
 from torch.utils.data import DataLoader
 
+from llm.config import parse_bytes
 from llm.errors import ConfigError
-from storage import RetryPolicy, StorageError, join, open_store, read_url
+from storage import RetryPolicy, StorageError, is_remote, join, open_store, read_url
 
 if TYPE_CHECKING:
     from llm.config import StreamConfig, TrainConfig
+
+log = logging.getLogger(__name__)
 
 META_FORMAT = "llm-pretrain-tokens"
 SPLITS = ("train", "eval")
@@ -76,7 +81,23 @@ def check_streams(cfg: TrainConfig) -> dict[str, list[dict[str, Any]]]:
             check_meta(meta, cfg, where, tokenizer_sha)
             check_index(stream.remote, cfg.data.validate_hash, where)
             found[split].append(meta)
+    if any(is_remote(s.remote) and not s.local for split in SPLITS for s in _streams(cfg, split)):
+        check_cache_root(cfg.data.cache_root)
     return found
+
+
+def check_cache_root(cache_root: str) -> None:
+    """ConfigError unless remote shards can be cached under `cache_root`."""
+    try:
+        Path(cache_root).mkdir(parents=True, exist_ok=True)
+        probe = Path(cache_root) / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(
+            f"data.cache_root={cache_root} is not a writable folder ({err.strerror or err}); set "
+            "data.cache_root or LLM_CACHE_ROOT to a folder on a local disk with room for the cache"
+        ) from None
 
 
 def check_index(remote: str, validate_hash: str | None, where: str) -> None:
@@ -164,16 +185,52 @@ def _streams(cfg: TrainConfig, split: str) -> list[StreamConfig]:
     return cfg.data.train if split == "train" else cfg.data.eval
 
 
-def stream_local(cfg: TrainConfig, split: str, index: int, stream: StreamConfig) -> str:
-    """The local cache folder of a stream: given, or unique per run, split and remote.
+def stream_local(
+    cfg: TrainConfig, split: str, index: int, stream: StreamConfig, index_digest: str = ""
+) -> str:
+    """The folder streaming reads a stream from.
 
-    Two live datasets sharing a cache folder make streaming fail ("Reused local directory"), so the
-    default folder includes the split, the stream's position and a hash of its remote.
+    - `local` given in the recipe: that folder.
+    - a local split folder: the folder itself, read in place (nothing copied; compressed shards
+      are decompressed beside themselves once, on first read, and kept for later runs).
+    - a remote split: a cache folder unique per run, split, stream position, remote and the
+      content of the remote's index.json (`index_digest`), so that two live datasets never share
+      one (streaming refuses that) and re-converted or repaired data is never served from an old
+      cache: a changed index.json gets a new folder, and the old one is removed.
     """
     if stream.local:
         return stream.local
+    if not is_remote(stream.remote):
+        return str(Path(stream.remote).resolve())
     digest = hashlib.sha256(stream.remote.encode()).hexdigest()[:10]
-    return str(Path(cfg.data.cache_root) / str(cfg.run_name) / split / f"{index}-{digest}")
+    name = f"{index}-{digest}-{index_digest}" if index_digest else f"{index}-{digest}"
+    return str(Path(cfg.data.cache_root) / str(cfg.run_name) / split / name)
+
+
+def read_index(remote: str) -> dict[str, Any]:
+    """A split's index.json (checked by `check_index` before training)."""
+    return json.loads(_read_bytes(join(remote, "index.json")))
+
+
+def index_digest(index: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(index, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def largest_shard_bytes(index: dict[str, Any]) -> int:
+    """Cache space one shard takes while it is decompressed: raw plus compressed bytes."""
+    return max(s["raw_data"]["bytes"] + (s.get("zip_data") or {}).get("bytes", 0) for s in index["shards"])
+
+
+def _drop_stale_caches(local: str) -> None:
+    """Remove this stream's cache folders made for an earlier index.json of the same remote."""
+    folder = Path(local)
+    stem = folder.name.rsplit("-", 1)[0] + "-"
+    if not folder.parent.is_dir():
+        return
+    for old in folder.parent.iterdir():
+        if old.name.startswith(stem) and old.name != folder.name and old.is_dir():
+            log.info("removing the stream cache %s: its remote's index.json has changed", old)
+            shutil.rmtree(old, ignore_errors=True)
 
 
 SHM_DIR = Path("/dev/shm")
@@ -222,8 +279,12 @@ def _registered_locals(path: Path) -> list[str]:
 
 
 def all_stream_locals(cfg: TrainConfig) -> list[str]:
-    """Every cache folder this run's datasets will register."""
-    return [stream_local(cfg, split, i, s) for split in SPLITS for i, s in enumerate(_streams(cfg, split))]
+    """Every folder this run's datasets will register."""
+    return [
+        stream_local(cfg, split, i, s, index_digest(read_index(s.remote)) if is_remote(s.remote) else "")
+        for split in SPLITS
+        for i, s in enumerate(_streams(cfg, split))
+    ]
 
 
 class TokenDataset(StreamingDataset):
@@ -234,46 +295,128 @@ class TokenDataset(StreamingDataset):
         # Decoded arrays are read-only views into the shard: copy while widening to int64.
         return torch.from_numpy(np.asarray(sample["tokens"]).astype(np.int64))
 
+    def __iter__(self):
+        # When a download thread fails, streaming sets its event and ends the epoch early, without
+        # an error (the next epoch's start would raise "Background thread failed"): say so here.
+        try:
+            yield from super().__iter__()
+        except RuntimeError as err:
+            if "Background thread failed" not in str(err):
+                raise
+            raise self._download_failed() from None
+        event = getattr(self, "_event", None)
+        if event is not None and event.is_set():
+            raise self._download_failed()
 
-def build_dataset(cfg: TrainConfig, split: str, batch_size: int):
-    """A (mixed, shuffled) StreamingDataset over the streams of `split` ("train" or "eval")."""
-    # Shard downloads are streaming's own (its client, with botocore's adaptive retries inside each
-    # try); they take the storage policy's read timeout and number of tries.
-    policy = RetryPolicy.from_env()
-    streams = [
-        Stream(
-            remote=_remote_arg(s.remote),
-            local=stream_local(cfg, split, i, s),
-            proportion=s.proportion,
-            validate_hash=cfg.data.validate_hash,
-            download_retry=policy.max_attempts - 1,
-            download_timeout=policy.read_timeout,
+    @staticmethod
+    def _download_failed() -> StorageError:
+        # The download thread's own traceback was logged above; say what it means.
+        return StorageError(
+            "reading the training data failed: a shard could not be fetched or did not verify "
+            f"(see the error above; {RetryPolicy.from_env().describe()}). The last stored "
+            "checkpoint is intact: fix the storage and re-run the same command to resume"
         )
-        for i, s in enumerate(_streams(cfg, split))
-    ]
-    train = split == "train"
+
+
+def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | None = None) -> TokenDataset:
+    """A (mixed, shuffled) StreamingDataset over the streams of `split` ("train" or "eval"), or over
+    its stream number `stream` alone (evaluation reports each eval stream on its own)."""
+    data = cfg.data
+    # Shard downloads are streaming's own (its client, with botocore's retries inside each try);
+    # by default they take the storage policy's read timeout and number of tries.
+    policy = RetryPolicy.from_env()
+    retry = policy.max_attempts - 1 if data.download_retry is None else data.download_retry
+    streams, largest, cached = [], 0, []
+    for i, s in enumerate(_streams(cfg, split)):
+        if stream is not None and i != stream:
+            continue
+        digest = ""
+        if is_remote(s.remote):
+            index = read_index(s.remote)
+            digest, largest = index_digest(index), max(largest, largest_shard_bytes(index))
+        local = stream_local(cfg, split, i, s, digest)
+        if digest and not s.local:
+            _drop_stale_caches(local)
+        if digest or s.local:
+            cached.append(local)
+        streams.append(
+            Stream(
+                remote=str(Path(s.remote).resolve())
+                if s.local and not digest
+                else (s.remote if digest else None),
+                local=local,
+                proportion=s.proportion if stream is None else None,  # alone: all of its samples
+                validate_hash=data.validate_hash,
+                download_retry=retry,
+                download_timeout=data.download_timeout or policy.read_timeout,
+                keep_zip=data.keep_zip,
+            )
+        )
     return TokenDataset(
         streams=streams,
         batch_size=batch_size,
-        shuffle=cfg.data.shuffle and train,
+        shuffle=data.shuffle and split == "train",
         shuffle_algo="py1e",
-        shuffle_seed=cfg.data.shuffle_seed,
+        shuffle_seed=data.shuffle_seed,
+        shuffle_block_size=data.shuffle_block_size,
+        num_canonical_nodes=data.num_canonical_nodes,
+        predownload=data.predownload,
+        cache_limit=cache_limit(cfg, split, largest, cached, len(streams)),
     )
 
 
-def _remote_arg(remote: str) -> str:
-    # Streaming copies a local "remote" into the cache like a download; an absolute path keeps
-    # that working whatever the current directory of each rank.
-    return remote if "://" in remote else str(Path(remote).resolve())
+def cache_limit(cfg: TrainConfig, split: str, largest: int, cached: list[str], n_streams: int) -> int | None:
+    """The byte limit of a dataset's cache, or None; ConfigError when it cannot hold 4 shards.
+
+    Only datasets whose streams are all copied into a cache get one: streaming evicts by deleting
+    a shard's files, which for a split read in place would be the data itself.
+    """
+    wanted = cfg.data.cache_limit
+    if wanted is None or not cached:
+        return None
+    if len(cached) < n_streams:
+        if wanted == "auto":
+            return None  # local streams read in place: no eviction (it would delete their files)
+        raise ConfigError(
+            f"data.cache_limit={wanted}: data.{split} mixes local and remote streams, and a limited "
+            "cache would evict (delete) the local ones' files; give each local stream a `local:` "
+            "cache folder, or set data.cache_limit=null"
+        )
+    largest = largest or max(largest_shard_bytes(read_index(s.remote)) for s in _streams(cfg, split))
+    if wanted == "auto":
+        root = _existing_parent(Path(cfg.data.cache_root))
+        usage = sum(_folder_bytes(Path(local)) for local in cached)
+        datasets = 1 + len(cfg.data.eval)  # train and each eval stream's dataset share the disk
+        limit = int(0.8 * (shutil.disk_usage(root).free + usage) / datasets)
+        where = f"data.cache_root={cfg.data.cache_root} (80% of its disk's free space: {limit:,} bytes)"
+    else:
+        limit = parse_bytes(wanted, "data.cache_limit")
+        where = f"data.cache_limit={wanted}"
+    if limit < 4 * largest:
+        raise ConfigError(
+            f"{where} cannot hold the 4 shards streaming needs at once: the largest takes {largest:,} "
+            f"bytes decompressed plus compressed; raise data.cache_limit to at least {4 * largest:,} "
+            "bytes or point data.cache_root (LLM_CACHE_ROOT) at a disk with room"
+        )
+    return limit
+
+
+def _existing_parent(path: Path) -> Path:
+    return next(p for p in [path.absolute(), *path.absolute().parents] if p.exists())
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
 def collate_tokens(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"input_ids": torch.stack(samples)}
 
 
-def build_dataloader(cfg: TrainConfig, split: str, batch_size: int) -> DataLoader:
-    """DataLoader yielding `{"input_ids": LongTensor[batch_size, seq_len]}` for one rank."""
-    dataset = build_dataset(cfg, split, batch_size)
+def build_dataloader(cfg: TrainConfig, split: str, batch_size: int, stream: int | None = None) -> DataLoader:
+    """DataLoader yielding `{"input_ids": LongTensor[batch_size, seq_len]}` for one rank (over one
+    stream of the split when `stream` is given)."""
+    dataset = build_dataset(cfg, split, batch_size, stream)
     workers = cfg.data.num_workers
     return DataLoader(
         dataset,

@@ -44,6 +44,7 @@ from llm.weights import (
     check_shapes,
     drop_tied_output,
     from_hf,
+    load_pickle,
     read_hf_tensors,
     strip_wrappers,
 )
@@ -97,10 +98,11 @@ def _check_fits(tensors: dict[str, Tensor], cfg: ModelConfig, src: Path) -> None
 # --- baby-llama2-chinese ---------------------------------------------------------------------
 
 
-def import_baby_llama2(src: str | Path, cfg: ModelConfig) -> dict[str, Tensor]:
-    """Our tensors from a baby-llama2-chinese / llama2.c `.pth`, checked against `cfg`."""
+def import_baby_llama2(src: str | Path, cfg: ModelConfig, *, trust: bool = False) -> dict[str, Tensor]:
+    """Our tensors from a baby-llama2-chinese / llama2.c `.pth`, checked against `cfg` (read without
+    running code unless `trust`: see `llm.weights.load_pickle`)."""
     src = _existing(src)
-    obj = torch.load(src, map_location="cpu", weights_only=False)
+    obj = load_pickle(src, str(src), trust=trust)
     model_args = obj.get("model_args") if isinstance(obj, dict) else None
     for key in ("model", "state_dict", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -170,11 +172,11 @@ def interleaved_to_half(weight: Tensor, head_dim: int) -> Tensor:
 BAICHUAN_REQUIRED = ("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim", "norm_eps")
 
 
-def import_baichuan(src: str | Path, cfg: ModelConfig) -> dict[str, Tensor]:
+def import_baichuan(src: str | Path, cfg: ModelConfig, *, trust: bool = False) -> dict[str, Tensor]:
     """Our tensors from a Baichuan-7B folder (or weights file beside its config.json), checked against `cfg`."""
     src = _existing(src)
     refuse_contradictions(_baichuan_values(src), cfg)
-    tensors = from_hf(read_hf_tensors(src), str(src))
+    tensors = from_hf(read_hf_tensors(src, trust), str(src))
     tensors = drop_tied_output(tensors, cfg, str(src), output_name="lm_head.weight")
     _check_fits(tensors, cfg, src)
     return tensors
@@ -209,7 +211,8 @@ def _baichuan_values(src: Path) -> list[SourceValue]:
     return values
 
 
-IMPORTERS: dict[str, Callable[[Path, ModelConfig], dict[str, Tensor]]] = {
+# (source, recipe's model config, trust=...) -> our tensors
+IMPORTERS: dict[str, Callable[..., dict[str, Tensor]]] = {
     "baby-llama2": import_baby_llama2,
     "baichuan": import_baichuan,
 }

@@ -1,4 +1,5 @@
-"""Dry-run estimates: memory per GPU under FSDP full sharding, and the model's basic figures.
+"""Dry-run estimates: memory per GPU under FSDP2 (full shard or HSDP), the model's basic figures,
+and what the whole run costs in wall time and GPU-hours.
 
 Nothing is allocated: the model is built on the meta device only to count parameters.
 `describe_run` is the whole dry run (`llm inspect`, `train.py --dry-run`) as text.
@@ -43,6 +44,17 @@ parameter, versus 4 * P for an ordinary build on every rank.
 
 ``fits`` keeps ``reserve_fraction`` (default 10%) of the GPU for the CUDA context, NCCL buffers,
 kernels' workspaces and allocator fragmentation, which this plan does not model.
+
+Sharding: n above is the number of GPUs a parameter is sharded over: every GPU with plain FSDP2,
+the GPUs of one replica group with HSDP (``fsdp.replicate`` groups, e.g. one per node, each
+holding a whole sharded copy), and 1 without FSDP (DDP keeps a full copy on every GPU).
+
+Cost: the run's training FLOPs (steps x FLOPs per step, the model's 6N + attention count) over
+``gpus x peak x MFU``. Peaks are dense bf16 tensor-core figures (H100/H200 SXM 989.5 TFLOP/s,
+A100 312 TFLOP/s, as Composer's table). Before a measurement the plan uses 40% MFU (the anchors:
+llm-foundry 46.4% for MPT-7B on 8 x H100, torchtitan 33.7-39% for Llama-3-8B) and our 50% target;
+``make gpu-check`` measures it (pass it with ``--mfu``). GPU-hours do not depend on the GPU count
+at a fixed MFU; in practice MFU falls somewhat with more nodes (more communication per step).
 """
 
 from __future__ import annotations
@@ -60,6 +72,11 @@ from llm.optim import duration_in_batches
 GIB = 1024**3
 DEFAULT_GPUS = 8
 DEFAULT_GPU_GB = 80.0
+DEFAULT_GPU_TYPE = "H100"
+# Dense bf16 tensor-core peak per GPU (FLOP/s): the denominators of MFU.
+PEAK_BF16_FLOPS = {"H100": 989.5e12, "H200": 989.5e12, "H800": 989.5e12, "A100": 312e12, "A800": 312e12}
+ANCHOR_MFU = 0.40  # llm-foundry 46.4% (MPT-7B, 8 x H100), torchtitan 33.7-39% (Llama-3-8B)
+TARGET_MFU = 0.50
 
 
 class MemoryPlanError(ValueError):
@@ -142,7 +159,7 @@ class MemoryPlan:
 
         ckpt = "on" if self.activation_checkpointing else "off"
         lines = [
-            f"Memory per GPU: {self.n_gpus} GPU(s), FSDP full shard, micro-batch {self.micro_batch} x "
+            f"Memory per GPU: parameters sharded over {self.n_gpus} GPU(s), micro-batch {self.micro_batch} x "
             f"{self.seq_len} tokens, {self.compute} compute, activation checkpointing {ckpt}",
             row("weights (fp32 master, sharded)", self.weights),
             row("gradients (fp32, sharded)", self.gradients),
@@ -254,33 +271,122 @@ def describe(cfg: ModelConfig, seq_len: int, global_batch_tokens: int) -> ModelS
     )
 
 
-def describe_run(cfg: TrainConfig, gpus: int = DEFAULT_GPUS, gpu_gb: float = DEFAULT_GPU_GB) -> str:
-    """The dry run of a recipe on `gpus` GPUs of `gpu_gb` GB each: sizes, FLOPs, run length, memory."""
+def describe_run(
+    cfg: TrainConfig,
+    gpus: int = DEFAULT_GPUS,
+    gpu_gb: float = DEFAULT_GPU_GB,
+    gpu_type: str = DEFAULT_GPU_TYPE,
+    mfu: float | None = None,
+) -> str:
+    """The dry run of a recipe on `gpus` GPUs of `gpu_gb` GB each: sizes, FLOPs, run length,
+    sharding, memory, and the run's cost on `gpu_type` at `mfu` (default: 40% and 50%)."""
     if gpus <= 0:
         raise ConfigError(f"--gpus must be a positive number of GPUs, got {gpus}")
+    if gpu_type not in PEAK_BF16_FLOPS:
+        raise ConfigError(f"--gpu-type {gpu_type!r} is not one of {', '.join(PEAK_BF16_FLOPS)}")
+    if mfu is not None and not 0 < mfu <= 1:
+        raise ConfigError(f"--mfu must be a fraction in (0, 1], e.g. 0.45, got {mfu}")
     t = cfg.training
     seq_len = cfg.model.max_seq_len
     tokens_per_step = t.global_batch_size * seq_len
     summary = describe(cfg.model, seq_len, tokens_per_step)
     lines = [f"recipe {cfg.run_name}: model built on the meta device (nothing allocated)", summary.format()]
     lines.append(_batch_line(cfg, gpus))
+    total_flops = None
     if not t.max_duration.endswith("ep"):
         steps = duration_in_batches(t.max_duration, tokens_per_step)
+        total_flops = steps * summary.flops_per_step
         lines.append(
             f"  run length                  {steps:>16,} steps = {steps * tokens_per_step:,} tokens, "
-            f"{steps * summary.flops_per_step:.4g} FLOPs"
+            f"{total_flops:.4g} FLOPs"
         )
+    shards, sharding = sharding_plan(cfg, gpus)
     plan = plan_memory(
         cfg.model,
-        n_gpus=gpus,
+        n_gpus=shards,
         micro_batch=t.device_microbatch_size,
         seq_len=seq_len,
         compute="fp32" if t.precision == "fp32" else "bf16",
         activation_checkpointing=cfg.fsdp.enabled and cfg.fsdp.activation_checkpointing,
     )
     verdict = "fits" if plan.fits(gpu_gb * 1e9) else "does NOT fit"
-    lines += ["", plan.format(gpu_gb), f"=> this recipe {verdict} on {gpus} x {gpu_gb:g} GB GPUs"]
+    lines += ["", sharding, plan.format(gpu_gb), f"=> this recipe {verdict} on {gpus} x {gpu_gb:g} GB GPUs"]
+    if total_flops is None:
+        lines += ["", "Cost: max_duration is in epochs; give it in batches or tokens for a cost estimate"]
+    else:
+        tokens = total_flops / summary.flops_per_token
+        lines += ["", format_cost(total_flops, tokens, gpus, gpu_type, mfu)]
     return "\n".join(lines)
+
+
+def sharding_plan(cfg: TrainConfig, gpus: int) -> tuple[int, str]:
+    """(GPUs each parameter is sharded over, a line saying how the recipe spreads the model)."""
+    f = cfg.fsdp
+    compute = "fp32" if cfg.training.precision == "fp32" else "bf16"
+    extras = (
+        f"{compute} compute"
+        + (", fp32 master weights and gradient reduction" if compute == "bf16" and f.enabled else "")
+        + f", activation checkpointing {'per block' if f.enabled and f.activation_checkpointing else 'off'}"
+        + f", compile {'per block' if cfg.training.compile else 'off'}"
+    )
+    if not f.enabled:
+        return 1, f"Sharding: none (fsdp.enabled=false): DDP, a full copy on each of {gpus} GPU(s); {extras}"
+    if gpus % f.replicate:
+        raise ConfigError(
+            f"fsdp.replicate={f.replicate} does not divide {gpus} GPUs: use one replica group per node"
+        )
+    shards = gpus // f.replicate
+    if f.replicate == 1:
+        return shards, f"Sharding: FSDP2 full shard over {gpus} GPU(s); {extras}"
+    return shards, (
+        f"Sharding: FSDP2 HSDP, {f.replicate} replica groups (fsdp.replicate) x {shards}-way shards "
+        f"over {gpus} GPUs: gradients reduce-scattered within a group, all-reduced between groups; {extras}"
+    )
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """Wall time and GPU-hours of `flops` training FLOPs on `gpus` GPUs at `mfu`."""
+
+    flops: float
+    gpus: int
+    gpu_type: str
+    mfu: float
+
+    @property
+    def seconds(self) -> float:
+        return self.flops / (self.gpus * PEAK_BF16_FLOPS[self.gpu_type] * self.mfu)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.seconds * self.gpus / 3600
+
+
+def format_cost(flops: float, tokens: float, gpus: int, gpu_type: str, mfu: float | None) -> str:
+    peak = PEAK_BF16_FLOPS[gpu_type]
+    if mfu is None:
+        cases = [(ANCHOR_MFU, "anchors: llm-foundry 46.4%, torchtitan 33.7-39%"), (TARGET_MFU, "our target")]
+    else:
+        cases = [(mfu, "measured")]
+    lines = [
+        f"Cost of the whole run: {flops:.4g} FLOPs ({tokens:.4g} tokens) on {gpus} x {gpu_type} "
+        f"({peak / 1e12:g} TFLOP/s dense bf16 each)"
+    ]
+    for fraction, why in cases:
+        cost = RunCost(flops, gpus, gpu_type, fraction)
+        lines.append(
+            f"  at {100 * fraction:4.1f}% MFU {tokens / cost.seconds:>14,.0f} tokens/s   wall "
+            f"{_duration(cost.seconds):>13}   {cost.gpu_hours:>12,.0f} GPU-hours   ({why})"
+        )
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} minutes"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"
 
 
 def _batch_line(cfg: TrainConfig, gpus: int) -> str:

@@ -15,6 +15,11 @@ What ``forward`` supports:
 - ``forward(tokens, cache=cache)``: incremental decoding. Any number of tokens per call (a prompt
   prefill, single-token decode steps, or multi-token chunks after a prefill); each call appends its
   keys/values at ``cache.pos`` and attends causally over everything cached so far.
+- ``forward(tokens, positions=..., attention_mask=[B, T, T])``: packed sequences, e.g. one prompt
+  followed by several continuations that each see the prompt but not each other (evaluation
+  scores all options of a question in one pass). ``positions`` (``[T]`` or ``[B, T]``) gives each
+  token's rotary position; a ``[B, T, T]`` mask says which key each query may see (each query must
+  see at least itself).
 - ``attention_mask`` (bool/0-1, ``[B, T]`` for the tokens of this call, False = padding): keys at
   padded slots are never attended to. With a cache the mask is remembered, so pass it once with the
   left-padded prompt and omit it for the decode steps. Positions are not shifted per row: rotary
@@ -144,7 +149,7 @@ def rotary_cos_sin(
     model built on the meta device then materialised (FSDP) has no buffer to re-initialise.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = positions.float()[..., None] * inv_freq  # [T, hd/2], or [B, T, hd/2] for per-row positions
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -255,20 +260,30 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def forward(
-        self, tokens: Tensor, *, cache: KVCache | None = None, attention_mask: Tensor | None = None
+        self,
+        tokens: Tensor,
+        *,
+        cache: KVCache | None = None,
+        attention_mask: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """Logits ``[B, T, vocab]`` in fp32 for ``tokens [B, T]`` (see the module docstring)."""
         bsz, seqlen = tokens.shape
         start = 0 if cache is None else cache.pos
         h = self.tok_embeddings(tokens)
-        positions = torch.arange(start, start + seqlen, device=tokens.device)
+        if positions is None:
+            positions = torch.arange(start, start + seqlen, device=tokens.device)
         cos, sin = rotary_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
+        if cos.dim() == 3:  # per-row positions: broadcast over the heads of [B, H, T, hd]
+            cos, sin = cos[:, None], sin[:, None]
         if torch.is_autocast_enabled(tokens.device.type):
             cos = cos.to(torch.get_autocast_dtype(tokens.device.type))
             sin = sin.to(cos.dtype)
         mask = None
         if cache is not None:
             mask = cache.attention_mask(seqlen, attention_mask)
+        elif attention_mask is not None and attention_mask.dim() == 3:
+            mask = attention_mask.bool()[:, None]  # [B, 1, T, T]: who sees whom, given in full
         elif attention_mask is not None:
             mask = causal_padding_mask(attention_mask.bool(), start=0)
         for layer in self.layers:

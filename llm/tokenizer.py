@@ -40,6 +40,11 @@ class Tokenizer:
         unk = self._sp.unk_id()
         return unk if unk >= 0 else None
 
+    @property
+    def start_id(self) -> int | None:
+        """The token a document starts after: EOS (the shards end every document with it), else BOS."""
+        return self.eos_id if self.eos_id is not None else self.bos_id
+
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(token_id)
 
@@ -66,7 +71,7 @@ class Tokenizer:
         """
         if not text.strip():
             raise ConfigError("empty prompt: give some text to continue, e.g. --prompt '床前明月光'")
-        start = self.eos_id if self.eos_id is not None else self.bos_id
+        start = self.start_id
         return ([start] if start is not None else []) + self.encode(text)
 
     def check_fits(self, model_vocab_size: int) -> None:

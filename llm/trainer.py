@@ -25,15 +25,18 @@ from composer.core import Callback, Evaluator
 from composer.loggers import LoggerDestination
 from composer.utils import dist
 
+from llm.callbacks.eval_sources import EvalSources, eval_sources_callbacks, source_label
 from llm.callbacks.generation import generation_callbacks
 from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.metrics_file import MetricsFile
+from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint.plan import plan_checkpointing
 from llm.composer_model import LanguageModel
 from llm.config import TrainConfig, save_resolved, to_yaml
 from llm.data import all_stream_locals, build_dataloader, check_streams, clean_stale_shared_memory
 from llm.errors import ConfigError
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
+from llm.parallelism import all_reduce_between_replicas, compile_blocks, report, sharding_config
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -72,36 +75,10 @@ def resolve_precision(cfg: TrainConfig, device: str) -> str:
     return precision
 
 
-def parallelism_config(cfg: TrainConfig, device: str) -> dict[str, Any] | None:
-    """Composer's `parallelism_config`, or None for plain (DDP) training."""
-    fsdp = cfg.fsdp
-    if not fsdp.enabled:
-        return None
-    if fsdp.version == 1 and device != "gpu":
-        raise ConfigError(
-            "fsdp.version=1 needs CUDA GPUs; on the CPU use fsdp.version=2 (FSDP2 over gloo) or "
-            "fsdp.enabled=false"
-        )
-    if fsdp.version == 2:
-        from composer.utils import FSDP2Config
-
-        return {
-            "fsdp": FSDP2Config(
-                activation_checkpointing=fsdp.activation_checkpointing,
-                state_dict_type=fsdp.state_dict_type,
-                mixed_precision=fsdp.mixed_precision,
-            )
-        }
-    return {
-        "fsdp": {
-            "sharding_strategy": fsdp.sharding_strategy,
-            "mixed_precision": fsdp.mixed_precision,
-            "activation_checkpointing": fsdp.activation_checkpointing,
-            "state_dict_type": fsdp.state_dict_type,
-            "sync_module_states": fsdp.sync_module_states,
-            "use_orig_params": True,
-        }
-    }
+def parallelism_config(cfg: TrainConfig, world_size: int) -> dict[str, Any] | None:
+    """Composer's `parallelism_config`: FSDP2 or HSDP (llm/parallelism.py), or None for DDP."""
+    sharding = sharding_config(cfg.fsdp, world_size)
+    return None if sharding is None else {"fsdp": sharding}
 
 
 def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
@@ -109,7 +86,10 @@ def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
     # model's `param_init_fn`, giving the same weights as an ordinary build with this seed.
     # Composer's meta initialisation targets CUDA, so the CPU path always builds for real.
     on_meta = cfg.fsdp.enabled and cfg.fsdp.init_on_meta and device == "gpu"
-    return LanguageModel.from_config(cfg.model, seed=cfg.seed, device="meta" if on_meta else None)
+    model = LanguageModel.from_config(cfg.model, seed=cfg.seed, device="meta" if on_meta else None)
+    if cfg.training.compile:
+        compile_blocks(model.model)  # per block, before Composer adds checkpointing and FSDP
+    return model
 
 
 # --- callbacks and loggers ---------------------------------------------------------------------
@@ -135,11 +115,13 @@ def loss_plot_callbacks(ctx: BuildContext) -> list[Callback]:
 
 
 CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
+    eval_sources_callbacks,  # first: it puts the eval totals in the state that the others read
     speed_callbacks,
     lr_callbacks,
     memory_callbacks,
     loss_plot_callbacks,
     generation_callbacks,
+    task_eval_callbacks,
 ]
 
 
@@ -211,13 +193,13 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     """A ready-to-fit Composer Trainer for `cfg` (raises ConfigError on unusable settings)."""
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
-    parallelism = parallelism_config(cfg, device)
     check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
     # Start the process group now: the per-rank batch and the datasets' partitioning need it.
     dist.initialize_dist(device)
     world_size = dist.get_world_size()
     per_rank_batch = cfg.check_world_size(world_size)
+    parallelism = parallelism_config(cfg, world_size)
     # Where to start (fresh, newest verified checkpoint, or an allowed load_path), and the
     # callbacks that save, publish and handle preemption: see llm/checkpoint and docs/resume.md.
     checkpointing = plan_checkpointing(cfg, rank=dist.get_global_rank(), world_size=world_size)
@@ -228,20 +210,25 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         clean_stale_shared_memory(all_stream_locals(cfg))
     dist.barrier()
     train_loader = build_dataloader(cfg, "train", per_rank_batch)
-    evaluator = None
-    if cfg.data.eval:
-        eval_loader = build_dataloader(cfg, "eval", cfg.training.device_microbatch_size)
-        evaluator = Evaluator(label="eval", dataloader=eval_loader, metric_names=EVAL_METRICS)
+    # One evaluator per eval stream, so each source reports its own loss (EvalSources adds the total).
+    evaluators = [
+        Evaluator(
+            label=source_label(stream.label()),
+            dataloader=build_dataloader(cfg, "eval", cfg.training.device_microbatch_size, stream=i),
+            metric_names=EVAL_METRICS,
+        )
+        for i, stream in enumerate(cfg.data.eval)
+    ]
     schedule = resolve_schedule(cfg, len(train_loader))
 
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, cfg.optimizer)
     ctx = BuildContext(cfg=cfg, device=device, run_dir=run_dir, world_size=world_size, model=model)
-    return Trainer(
+    trainer = Trainer(
         run_name=cfg.run_name,
         model=model,
         train_dataloader=train_loader,
-        eval_dataloader=evaluator,
+        eval_dataloader=evaluators or None,
         eval_interval=f"{schedule.eval_batches}ba",
         eval_subset_num_batches=cfg.training.eval_subset_num_batches,
         max_duration=f"{schedule.max_batches}ba",
@@ -260,8 +247,13 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         log_to_console=not cfg.loggers.progress_bar,
         console_log_interval=f"{cfg.training.log_interval}ba",
         **checkpointing.trainer_kwargs,  # saving, autoresume and loading: decided in llm/checkpoint
-        compile_config={} if cfg.training.compile else None,
+        compile_config=None,  # training.compile compiles per block instead (build_model)
     )
+    hooked = all_reduce_between_replicas(trainer.state.model, trainer.state.fsdp_config)  # HSDP only
+    if dist.get_global_rank() == 0:  # what Composer applied, read back from the wrapped model
+        applied = report(trainer.state.model, world_size, trainer.state.precision, cfg.fsdp, hooked)
+        print(applied.line(), flush=True)
+    return trainer
 
 
 def _algorithms(cfg: TrainConfig) -> list:
@@ -293,12 +285,21 @@ def summarize(trainer: Trainer, cfg: TrainConfig) -> dict[str, Any]:
         "train_loss": state.total_loss_dict.get("loss/train/total"),
         "eval_loss": _float(eval_values.get("LanguageCrossEntropy")),
         "eval_perplexity": _float(eval_values.get("LanguagePerplexity")),
+        "eval_sources": _eval_sources(state),
         "run_dir": str(run_dir),
         "config": str(run_dir / "config.yaml"),
         "metrics_file": str(run_dir / "metrics.jsonl") if cfg.loggers.metrics_file else None,
         "loss_plot": str(run_dir / "loss.png") if cfg.callbacks.loss_plot else None,
         "checkpoints": cfg.checkpoint.save_folder,
     }
+
+
+def _eval_sources(state) -> dict[str, dict[str, float]]:
+    """Each eval stream's last loss and perplexity (from the EvalSources callback)."""
+    for cb in state.callbacks:
+        if isinstance(cb, EvalSources):
+            return {name: v for name, v in cb.latest.items() if name != "total"}
+    return {}
 
 
 def _float(value: Any) -> float | None:
@@ -313,6 +314,9 @@ def print_summary(result: dict[str, Any]) -> None:
         lines.append(
             f"  eval loss        {result['eval_loss']:.4f} (perplexity {result['eval_perplexity']:.2f})"
         )
+    if len(result.get("eval_sources") or {}) > 1:
+        for name, v in result["eval_sources"].items():
+            lines.append(f"    {name:<14} {v['loss']:.4f} (perplexity {v['perplexity']:.2f})")
     for key, label in [
         ("loss_plot", "loss plot"),
         ("metrics_file", "metrics"),

@@ -19,24 +19,40 @@ Llama conversion is a repository script, absent from the installed package.)
 
 Shapes are checked against the model config before anything is copied; a mismatch names the
 first tensors that differ, with both shapes.
+
+Reading never runs code from a file the user did not trust (`trust=True`, the commands' `--trust`):
+pickles (Composer checkpoints, `.pth`, `.bin`) are read with `torch.load(weights_only=True)` plus
+`SAFE_GLOBALS`, the few harmless types a Composer 0.32.1 checkpoint needs besides tensors (numpy
+arrays and dtypes of the RNG states, `timedelta`, `TorchVersion`); a sharded checkpoint's
+`.metadata` goes through an unpickler that admits only torch.distributed.checkpoint's own
+metadata types. A pickle that needs anything else is refused with the names it asks for.
+A checkpoint file inside a run's folder must be one its manifests record, and is checked against
+them (size, and SHA-256 up to `LLM_CKPT_VERIFY_MAX_BYTES`) as resume checks it; `--trust` loads a
+file as it is. Safetensors files hold no code and need nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
+import importlib
+import inspect
+import io
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
 from llm.checkpoint import manifest
-from llm.checkpoint.resume import newest_usable_checkpoint
+from llm.checkpoint.resume import newest_usable_checkpoint, verify_limit
 from llm.config import load_config
 from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer
@@ -82,6 +98,22 @@ HF_CONFIG = {
 }
 # what transformers' LlamaConfig assumes for an absent key
 HF_DEFAULTS = {"max_seq_len": 2048, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False}
+
+
+_NUMPY_CORE = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
+# Beyond tensors and plain containers, what a Composer 0.32.1 checkpoint pickles (its RNG states and
+# timestamp; found with torch.serialization.get_unsafe_globals_in_checkpoint). None of these runs
+# code of the file's choosing: they rebuild arrays, dtypes, durations and a version string.
+SAFE_GLOBALS = [
+    np.ndarray,
+    np.dtype,
+    *(c for _, c in inspect.getmembers(np.dtypes, inspect.isclass) if issubclass(c, np.dtype)),
+    _NUMPY_CORE.multiarray._reconstruct,
+    _NUMPY_CORE.multiarray.scalar,
+    datetime.timedelta,
+    torch.torch_version.TorchVersion,
+]
+TRUST_HINT = "pass --trust to load it anyway (only for a file you trust: unpickling it can run code)"
 
 
 # --- names -----------------------------------------------------------------------------------
@@ -173,6 +205,70 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
 # --- files -----------------------------------------------------------------------------------
 
 
+def load_pickle(path: str | os.PathLike | io.BytesIO, source: str, *, trust: bool = False) -> Any:
+    """`torch.load` of a pickle that can run no code (ConfigError naming what else it needs);
+    with `trust`, a full unpickling. A file torch cannot read at all is a ConfigError too."""
+    try:
+        if trust:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        wanted = [] if trust else _unsafe_globals(path)
+        if wanted:
+            raise ConfigError(
+                f"{source} holds pickled objects other than weights ({', '.join(wanted[:4])}), which "
+                f"can run code when loaded; {TRUST_HINT}"
+            ) from None
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(f"{source} is not a readable torch checkpoint ({reason})") from None
+
+
+def _unsafe_globals(path: str | os.PathLike | io.BytesIO) -> list[str]:
+    """The names a pickle asks for beyond the allowed ones (read from its opcodes, nothing run)."""
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    try:
+        if isinstance(path, io.BytesIO):
+            path.seek(0)
+        names = get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip checkpoint: say nothing more than that it could not be read
+        return []
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in SAFE_GLOBALS}
+    return [n for n in names if n not in allowed]
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a sharded checkpoint's `.metadata` (torch.distributed.checkpoint reads it with a
+    plain `pickle.load`), admitting only its own metadata types and a few harmless ones."""
+
+    MODULE = "torch.distributed.checkpoint.metadata"
+    NAMES = {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if "." not in name:
+            if (module, name) in self.NAMES:
+                return super().find_class(module, name)
+            if module == self.MODULE:
+                found = getattr(importlib.import_module(module), name, None)
+                if inspect.isclass(found) and found.__module__ == module:
+                    return found
+            if module == "torch" and isinstance(
+                getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+            ):
+                return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
 def local_copy(path: str) -> Path:
     """`path` itself if local (FileNotFoundError if absent), else a fresh download of the object."""
     if not is_remote(path):
@@ -184,29 +280,29 @@ def local_copy(path: str) -> Path:
     return download_url(path, folder / path.rstrip("/").rsplit("/", 1)[-1])
 
 
-def read_hf_tensors(src: Path) -> dict[str, Tensor]:
+def read_hf_tensors(src: Path, trust: bool = False) -> dict[str, Tensor]:
     """All tensors of a HF checkpoint: one file, or a folder (single file or shards + index json)."""
     if src.is_file():
-        return _read_tensor_file(src)
+        return _read_tensor_file(src, trust)
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = src / index_name
         if index.is_file():
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return {k: v for shard in shards for k, v in _read_tensor_file(src / shard).items()}
+            return {k: v for shard in shards for k, v in _read_tensor_file(src / shard, trust).items()}
     for single in ("model.safetensors", "pytorch_model.bin"):
         if (src / single).is_file():
-            return _read_tensor_file(src / single)
+            return _read_tensor_file(src / single, trust)
     raise FileNotFoundError(
         f"{src} holds no model.safetensors, pytorch_model.bin or their sharded index json"
     )
 
 
-def _read_tensor_file(path: Path) -> dict[str, Tensor]:
+def _read_tensor_file(path: Path, trust: bool = False) -> dict[str, Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint shard {path} is missing")
     if path.suffix == ".safetensors":
         return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return load_pickle(path, str(path), trust=trust)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -222,22 +318,57 @@ class LoadedWeights:
     model_config: ModelConfig | None  # the shape, when the source records it
 
 
-def read_weights(path: str) -> LoadedWeights:
-    """Our-named tensors (and the model config if recorded) from any source in the module docstring."""
-    if _is_run_folder(path):
+def read_weights(path: str, *, trust: bool = False) -> LoadedWeights:
+    """Our-named tensors (and the model config if recorded) from any source in the module docstring.
+
+    Without `trust` nothing in the source can run code, and a checkpoint inside a run folder must
+    match its manifest (see the module docstring).
+    """
+    verified = _is_run_folder(path)
+    if verified:
         path = _newest_verified_checkpoint(path)
     local = local_copy(path)
+    if not verified and not trust:
+        _check_against_run_folder(path, local)
     if local.is_dir() and (local / ".metadata").is_file():
-        return _from_composer_dict(_read_sharded(local), path)
+        return _from_composer_dict(_read_sharded(local, trust), path)
     if local.is_dir() and (local / "config.json").is_file():
         data = json.loads((local / "config.json").read_text(encoding="utf-8"))
-        return LoadedWeights(from_hf(read_hf_tensors(local), str(local)), config_from_hf(data))
+        return LoadedWeights(from_hf(read_hf_tensors(local, trust), str(local)), config_from_hf(data))
     if local.is_dir():
         raise ConfigError(
             f"{path} is a folder with neither checkpoint manifests nor config.json: pass a checkpoint "
             f"file (e.g. ep0-ba100-rank0.pt), a run's checkpoint folder or a folder written by `llm export`"
         )
-    return _from_composer_dict(torch.load(local, map_location="cpu", weights_only=False), path)
+    return _from_composer_dict(load_pickle(local, path, trust=trust), path)
+
+
+def _check_against_run_folder(path: str, local: Path) -> None:
+    """ConfigError unless `path`, if it lies in a run's checkpoint folder, is a checkpoint its
+    manifests record, complete and matching their sizes and SHA-256 (as resume checks it);
+    `local` is its local copy (itself, for a local path)."""
+    if is_remote(path):
+        parent, _, name = path.rstrip("/").rpartition("/")
+    else:
+        parent, name = str(Path(path).parent), Path(path).name
+    if not _is_run_folder(parent):
+        return
+    ckpts, listing = manifest.scan(open_store(parent))
+    ckpt = next((c for c in ckpts if c.load_path == name), None)
+    if ckpt is None:
+        raise ConfigError(
+            f"{path} is not a checkpoint that the manifests of its run folder record (an interrupted "
+            f"save, or a file put there by hand): pass the folder {parent} for its newest verified "
+            f"checkpoint, or {TRUST_HINT}"
+        )
+    problem = manifest.size_problem(ckpt, listing)
+    if problem is None and sum(f["size"] for f in ckpt.files.values()) <= verify_limit():
+        problem = manifest.hash_problem(ckpt.files, local.parent)  # the files lie beside `local`
+    if problem:
+        raise ConfigError(
+            f"{path} does not match its manifest in {parent}: {problem}; pass the folder {parent} to "
+            f"use its newest checkpoint that verifies"
+        )
 
 
 def _is_run_folder(path: str) -> bool:
@@ -277,14 +408,63 @@ def _from_composer_dict(obj: Any, path: str) -> LoadedWeights:
     return LoadedWeights(strip_wrappers(state), _recorded_config(obj))
 
 
-def _read_sharded(folder: Path) -> dict[str, Any]:
-    """A sharded (FSDP, torch.distributed.checkpoint) save, gathered into one dict in memory."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # ~1 s to import: only here
+def _read_sharded(folder: Path, trust: bool = False) -> dict[str, Any]:
+    """A sharded (FSDP, torch.distributed.checkpoint) save, gathered into one dict in memory.
 
-    with tempfile.TemporaryDirectory() as tmp:
-        merged = Path(tmp) / "merged.pt"
-        dcp_to_torch_save(str(folder), str(merged))
-        return torch.load(merged, map_location="cpu", weights_only=False)
+    torch.distributed.checkpoint unpickles `.metadata` and every non-tensor item in full; without
+    `trust` both go through the restricted loaders here instead (tensors it already reads with
+    weights_only=True).
+    """
+    # ~1 s to import: only here
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    source = str(folder)
+    refused: list[ConfigError] = []  # torch.distributed.checkpoint wraps what these raise: kept here
+
+    class Reader(FileSystemReader):
+        def read_metadata(self):
+            with open(folder / ".metadata", "rb") as stream:
+                try:
+                    metadata = _MetadataUnpickler(stream).load()
+                except pickle.UnpicklingError as err:
+                    refused.append(
+                        ConfigError(
+                            f"{source}/.metadata asks for {err}, not a checkpoint metadata type; {TRUST_HINT}"
+                        )
+                    )
+                    raise refused[-1] from None
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class Planner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            # Read without running code, then hand the planner our own re-pickling of the result.
+            try:
+                obj = load_pickle(value, f"{source} ({read_item.dest_index.fqn})")
+            except ConfigError as err:
+                refused.append(err)
+                raise
+            safe = io.BytesIO()
+            torch.save(obj, safe)
+            safe.seek(0)
+            super().load_bytes(read_item, safe)
+
+    state: dict[str, Any] = {}
+    reader = FileSystemReader(str(folder)) if trust else Reader(str(folder))
+    planner = _EmptyStateDictLoadPlanner() if trust else Planner()
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
+    except (Exception, CheckpointException):  # CheckpointException is a BaseException
+        if refused:
+            raise refused[0] from None
+        raise
+    return state
 
 
 def _recorded_config(obj: dict[str, Any]) -> ModelConfig | None:
@@ -303,9 +483,12 @@ def _recorded_config(obj: dict[str, Any]) -> ModelConfig | None:
 # --- loading into a model --------------------------------------------------------------------
 
 
-def load_model(path: str, recipe: str | None = None, device: str | torch.device = "cpu") -> Transformer:
-    """A Transformer with the weights at `path`, in eval mode, shaped by `recipe` or the checkpoint."""
-    weights = read_weights(path)
+def load_model(
+    path: str, recipe: str | None = None, device: str | torch.device = "cpu", *, trust: bool = False
+) -> Transformer:
+    """A Transformer with the weights at `path`, in eval mode, shaped by `recipe` or the checkpoint
+    (`trust`: see `read_weights`)."""
+    weights = read_weights(path, trust=trust)
     if recipe:
         cfg = load_config(recipe).model
     elif weights.model_config is not None:

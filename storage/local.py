@@ -1,15 +1,17 @@
 """Atomic writes to the local file system: a reader sees the old file or the new one, never half.
 
-The new bytes go to a temporary file in the same folder (named for this process, so two writers
-never share it), are flushed to disk, and replace the target with one `os.replace`; if the
-writer fails, the temporary file is removed and the target is untouched. Python's standard
-library has no such call (`pathlib.Path.write_bytes` truncates in place), and neither Composer
-nor streaming exposes one.
+The new bytes go to a temporary file in the same folder (named for this process plus a random
+part, so two writers never share it, not even two hosts with the same pid on a shared file
+system), are flushed to disk, and replace the target with one `os.replace`; if the writer fails,
+the temporary file is removed and the target is untouched. Python's standard library has no such
+call (`pathlib.Path.write_bytes` truncates in place), and neither Composer nor streaming exposes
+one.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +25,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, fsync: bool = True
     """`with atomic_open(path, "w") as f:` writes `path` whole when the block ends, or not at all."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}{TMP_MARK}{os.getpid()}")
+    tmp = target.with_name(temporary_name(target.name))
     encoding = None if "b" in mode else "utf-8"
     try:
         with open(tmp, mode, encoding=encoding) as stream:
@@ -43,6 +45,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = Tr
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def temporary_name(name: str) -> str:
+    """A hidden name beside `name` that no other writer uses (listings skip it)."""
+    return f".{name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def is_temporary(name: str) -> bool:

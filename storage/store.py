@@ -2,13 +2,18 @@
 
 Paths given to a store are relative to its root, with `/` separators. Writes are atomic on both
 sides (a local temporary file renamed into place; a single S3 PUT), so a reader sees the old
-bytes or the new ones. Reads of an absent file return None; every other failure raises
+bytes or the new ones; one small file can also be replaced compare-and-swap (`write_if`: an S3
+conditional PUT, locally a write under `flock`), which the run lock (`llm.checkpoint.lock`) needs.
+Reads of an absent file return None; every other failure raises
 `StorageError`. Used for checkpoints (`llm.checkpoint`), shards and summaries (`convert`) and
 the one-shot reads of shard metadata and weights (`read_url`, `download_url`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -17,7 +22,7 @@ from typing import Any
 
 import storage.s3 as s3
 from storage.errors import StorageError
-from storage.local import atomic_write_bytes, is_temporary
+from storage.local import TMP_MARK, atomic_write_bytes, is_temporary, temporary_name
 
 
 def open_store(root: str | os.PathLike) -> Store:
@@ -76,6 +81,18 @@ class Store:
     def list_dirs(self, rel: str = "") -> list[str]: ...
     def delete(self, rels: list[str]) -> None: ...
     def delete_tree(self, rel: str) -> None: ...
+
+    # Compare-and-swap on one small file (the run lock): a version is an opaque string (an S3
+    # ETag; a local file's SHA-256) that changes with every write.
+    def read_versioned(self, rel: str) -> tuple[bytes, str] | None: ...
+    def write_if(self, rel: str, data: bytes, expected: str | None) -> str | None:
+        """Write `data` only if the file is at version `expected` (None: only if it is absent).
+
+        Returns the new version, or None when another writer changed the file first.
+        """
+
+    def delete_if(self, rel: str, expected: str) -> bool:
+        """Delete the file only if it is still at version `expected`; False if it changed."""
 
     def exists(self, rel: str) -> bool:
         return self.size(rel) is not None
@@ -151,9 +168,12 @@ class LocalStore(Store):
             return  # already in place
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-            shutil.copyfile(local, tmp)
-            os.replace(tmp, target)
+            tmp = target.with_name(temporary_name(target.name))
+            try:
+                shutil.copyfile(local, tmp)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
         except OSError as err:
             raise StorageError(f"copying {local} to {target}: {err.strerror or err}") from err
 
@@ -165,6 +185,41 @@ class LocalStore(Store):
             raise StorageError(f"{self.path(rel)} does not exist", missing=True) from err
         except OSError as err:
             raise StorageError(f"copying {self.path(rel)} to {local}: {err.strerror or err}") from err
+
+    def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
+        data = self.read_bytes(rel)
+        return None if data is None else (data, hashlib.sha256(data).hexdigest())
+
+    def write_if(self, rel: str, data: bytes, expected: str | None) -> str | None:
+        with self._guard(rel):
+            current = self.read_versioned(rel)
+            if (current[1] if current else None) != expected:
+                return None
+            self.write_bytes(rel, data)
+        return hashlib.sha256(data).hexdigest()
+
+    def delete_if(self, rel: str, expected: str) -> bool:
+        with self._guard(rel):
+            current = self.read_versioned(rel)
+            if current is None or current[1] != expected:
+                return False
+            self.delete([rel])
+        return True
+
+    @contextlib.contextmanager
+    def _guard(self, rel: str):
+        """An exclusive `flock` on a hidden side file: one compare-and-swap at a time, across
+        processes (and hosts, on a file system whose locks cross them, e.g. NFSv4)."""
+        target = self.path(rel)
+        side = target.with_name(f".{target.name}{TMP_MARK}guard")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(side, "a")
+        except OSError as err:
+            raise StorageError(f"writing {target}: {err.strerror or err}") from err
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
     def list(self, prefix: str = "") -> dict[str, int]:
         base = self.path(prefix)
@@ -247,6 +302,49 @@ class S3Store(Store):
     def download(self, rel: str, local: str | os.PathLike) -> None:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         self._call("downloading", rel, lambda c: c.download_file(self.bucket, self.key(rel), str(local)))
+
+    def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
+        def get(client):
+            answer = client.get_object(Bucket=self.bucket, Key=self.key(rel))
+            return answer["Body"].read(), answer["ETag"]
+
+        try:
+            return self._call("reading", rel, get)
+        except StorageError as err:
+            if err.missing:
+                return None
+            raise
+
+    def write_if(self, rel: str, data: bytes, expected: str | None) -> str | None:
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        return self._conditional(
+            "writing",
+            rel,
+            lambda c: c.put_object(Bucket=self.bucket, Key=self.key(rel), Body=data, **condition)["ETag"],
+        )
+
+    def delete_if(self, rel: str, expected: str) -> bool:
+        def delete(client):
+            client.delete_object(Bucket=self.bucket, Key=self.key(rel), IfMatch=expected)
+            return True
+
+        return bool(self._conditional("deleting", rel, delete))
+
+    def _conditional(self, operation: str, rel: str, fn):
+        """`fn(client)`, or None when S3 answers that the condition failed (412, or 409 for a
+        concurrent conditional write)."""
+
+        def attempt(client):
+            try:
+                return fn(client)
+            except Exception as err:
+                if s3.error_code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    return None
+                if s3.is_missing(err) and operation == "deleting":
+                    return None
+                raise
+
+        return self._call(operation, rel, attempt)
 
     def _objects(self, prefix: str, delimiter: str | None = None):
         def pages(client):

@@ -134,3 +134,18 @@ PRESET_WRITERS = {
     "wudao": write_wudao,
     "medical": write_medical,
 }
+
+
+# --- near-duplicates ---------------------------------------------------------------------------
+
+
+def edited_copy(text: str, share: float, seed: int) -> str:
+    """`text` with about `share` of its characters replaced, one at a time, by other characters of
+    the text itself (a near-duplicate whose similarity falls as `share` grows)."""
+    import random
+
+    rng = random.Random(seed)
+    chars = list(text)
+    for _ in range(max(1, round(share * len(chars)))):
+        chars[rng.randrange(len(chars))] = rng.choice(text)
+    return "".join(chars)

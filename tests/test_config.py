@@ -148,6 +148,18 @@ def test_durations_and_choices_are_checked(recipe):
         load_config(recipe, ["scheduler.warmup=2ep"])
 
 
+def test_fsdp_settings_are_checked(recipe):
+    with pytest.raises(ConfigError, match=r"fsdp.version=1: only FSDP2 is supported \(FSDP1 was removed"):
+        load_config(recipe, ["fsdp.version=1"])
+    with pytest.raises(ConfigError, match="fsdp.replicate=0 must be at least 1"):
+        load_config(recipe, ["fsdp.replicate=0"])
+    with pytest.raises(ConfigError, match="fsdp.mixed_precision='bf16' is not one of DEFAULT, PURE, FULL"):
+        load_config(recipe, ["fsdp.mixed_precision=bf16"])
+    with pytest.raises(ConfigError, match="unknown key 'fsdp.sharding_strategy'"):
+        load_config(recipe, ["fsdp.sharding_strategy=FULL_SHARD"])
+    assert load_config(recipe, ["fsdp.replicate=8"]).fsdp.replicate == 8
+
+
 def test_zero_intervals_are_refused(recipe):
     with pytest.raises(ConfigError, match="checkpoint.save_interval='0ba' is zero; .*save_folder unset"):
         load_config(recipe, ["checkpoint.save_interval=0ba"])
@@ -207,3 +219,15 @@ def test_resolved_config_is_saved_with_credentials_redacted(recipe, tmp_path):
     reloaded = yaml.safe_load(path.read_text())
     assert reloaded["model"]["dim"] == 64
     assert reloaded["checkpoint"]["save_folder"] == "/tmp/runs/cfg-test/checkpoints"
+
+
+def test_a_tokenizer_path_that_is_a_folder_names_the_model_file_inside(recipe, tmp_path):
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.model").write_bytes(b"sentencepiece")
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe, [f"tokenizer.path={folder}"])
+    assert str(err.value) == (
+        f"tokenizer.path={folder} is a folder; give the SentencePiece .model file, "
+        f"e.g. tokenizer.path={folder / 'tokenizer.model'}"
+    )

@@ -145,3 +145,55 @@ def test_demo_corpus_subcommand(tmp_path):
     assert result.returncode == 0, result.stderr
     first = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
     assert isinstance(first["text"], str) and first["text"]
+
+
+def test_bad_near_dedup_filter_and_task_options_are_one_line_errors(tmp_path, small_corpus, small_tokenizer):  # noqa: F811
+    out = tmp_path / "o"
+    cases = [
+        (["--near-dedup", "0"], "--near-dedup threshold 0.0 must be in (0, 1]"),
+        (["--near-dedup", "1.5"], "must be in (0, 1]"),
+        (
+            ["--near-dedup", "--shingle", "8", "--min-chars", "5"],
+            "--shingle 8 is longer than the shortest document",
+        ),
+        (["--near-dedup", "--no-dedup"], "drop --no-dedup"),
+        (["--shingle", "3"], "--shingle only applies to near-duplicate removal"),
+        (["--max-symbol-share", "2"], "--max-symbol-share 2.0 must be a share in [0, 1]"),
+        (["--task-index", "1"], "--task-index 1 needs --num-tasks"),
+        (["--num-tasks", "3", "--task-index", "3"], "task index 3 is outside 0..2"),
+    ]
+    for extra, fragment in cases:
+        assert_one_line_error(
+            run_convert(*shards_args([small_corpus], small_tokenizer, out, *extra)), fragment
+        )
+        assert not out.exists(), extra  # nothing written
+
+
+def test_slurm_array_tasks_then_merge_equal_one_run(tmp_path, small_corpus_docs, small_tokenizer):  # noqa: F811
+    for i in range(3):
+        write_jsonl(
+            tmp_path / "in" / f"{i}.jsonl",
+            small_corpus_docs[i * 100 : (i + 1) * 100] + small_corpus_docs[:10],
+        )
+    inputs = [tmp_path / "in"]
+    extra = ("--near-dedup", "--filters", "--val-fraction", "0.1")
+    single = run_convert(*shards_args(inputs, small_tokenizer, tmp_path / "single", *extra))
+    assert single.returncode == 0, single.stderr
+    for array_id in (1, 2, 3):  # sbatch --array=1-3
+        env = {"SLURM_ARRAY_TASK_ID": str(array_id), "SLURM_ARRAY_TASK_MIN": "1"}
+        task = run_convert(
+            *shards_args(inputs, small_tokenizer, tmp_path / "multi", *extra, "--num-tasks", "3"), env=env
+        )
+        assert task.returncode == 0, task.stderr
+        assert f"task {array_id - 1} of 3" in task.stdout
+    merged = run_convert("merge", "--out", str(tmp_path / "multi"), "--workers", "1", "--no-progress")
+    assert merged.returncode == 0, merged.stderr
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("single", "multi")]
+    assert summaries[0]["dropped"] == summaries[1]["dropped"]
+    assert summaries[0]["dropped"]["duplicate"] == 30  # 10 inside each file: 20 of them across tasks
+    for split in ("train", "val"):
+        assert np.array_equal(
+            local_samples(str(tmp_path / "single"), split), local_samples(str(tmp_path / "multi"), split)
+        )
+    again = run_convert("merge", "--out", str(tmp_path / "multi"), "--no-progress")
+    assert_one_line_error(again, "already holds a complete conversion", "--overwrite")

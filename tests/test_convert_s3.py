@@ -74,3 +74,34 @@ def test_missing_bucket_names_endpoint_and_bucket(s3_server, small_corpus, small
             [small_corpus], tokenizer=small_tokenizer, out="s3://no-such-bucket-x/p", options=OPTIONS
         )
     assert "no-such-bucket-x" in str(err.value) and s3_server.endpoint in str(err.value)
+
+
+def test_tasks_on_s3_merge_into_the_local_single_run(
+    tmp_path, s3_server, s3_bucket, small_corpus_docs, small_tokenizer
+):
+    """Inputs sized and read on S3, task pieces and the merged shards written there."""
+    from dataclasses import replace
+
+    from corpus_fixtures import write_jsonl
+
+    from convert.jobs import TaskSpec, merge_tasks
+    from convert.options import NearDedupOptions
+
+    client = s3_server.client()
+    for i in range(3):
+        path = tmp_path / f"{i}.jsonl"
+        write_jsonl(path, small_corpus_docs[i * 60 : (i + 1) * 60] + small_corpus_docs[:5])
+        client.put_object(Bucket=s3_bucket, Key=f"in/{i}.jsonl", Body=path.read_bytes())
+    options = replace(OPTIONS, near_dedup=NearDedupOptions())
+    inputs = [f"s3://{s3_bucket}/in/"]
+    single = convert_corpus(inputs, tokenizer=small_tokenizer, out=str(tmp_path / "single"), options=options)
+    remote = f"s3://{s3_bucket}/multi"
+    for index in range(3):
+        convert_corpus(
+            inputs, tokenizer=small_tokenizer, out=remote, options=options, task=TaskSpec(3, index)
+        )
+    merged = merge_tasks(remote, workers=1, progress=False)
+    assert merged["dropped"] == single["dropped"] and single["dropped"]["duplicate"] == 15
+    for split in ("train", "val"):
+        got = streaming_samples(f"{remote}/{split}", str(tmp_path / f"cache-{split}"))
+        assert np.array_equal(got, local_samples(str(tmp_path / "single"), split))

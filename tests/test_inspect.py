@@ -51,3 +51,48 @@ def test_llm_inspect_prints_what_the_typed_library_function_returns(capsys):
     expected = describe_run(load_config(REPO / "recipes/7b.yaml"), gpus=4, gpu_gb=141.0)
     assert capsys.readouterr().out == expected + "\n"
     assert "on 4 x 141 GB GPUs" in expected
+
+
+def test_7b_dry_run_shows_the_fsdp2_plan_and_the_cost_at_40_and_50_percent_mfu(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Sharding: FSDP2 full shard over 64 GPU(s); bf16 compute, fp32 master weights and gradient "
+        "reduction, activation checkpointing per block, compile off"
+    ) in out
+    # Hand calculation: ceil(1.2e12 / 2,097,152) steps of 2,097,152 tokens at the FLOPs per token above.
+    steps = -(-1_200_000_000_000 // 2_097_152)
+    flops = steps * 2_097_152 * (6 * (6_476_271_616 + 64_000 * 4096) + 12 * 32 * 4096 * 4096)
+    for mfu, why in [(0.40, "anchors: llm-foundry"), (0.50, "our target")]:
+        seconds = flops / (64 * 989.5e12 * mfu)
+        row = next(line for line in out.splitlines() if line.startswith(f"  at {100 * mfu:.1f}% MFU"))
+        assert f"{seconds * 64 / 3600:,.0f} GPU-hours" in row and why in row, row
+        assert f"wall {seconds / 86400:.1f} days" in " ".join(row.split()), row
+    assert "on 64 x H100 (989.5 TFLOP/s dense bf16 each)" in out
+
+
+def test_hsdp_dry_run_shards_within_a_replica_group_and_a_measured_mfu_replaces_the_anchors(capsys):
+    args = [str(REPO / "recipes/7b.yaml"), "fsdp.replicate=8", "--gpus", "64", "--gpu-type", "H200"]
+    assert llm_main(["inspect", *args, "--mfu", "0.45"]) == 0
+    hsdp = capsys.readouterr().out
+    assert "Sharding: FSDP2 HSDP, 8 replica groups (fsdp.replicate) x 8-way shards over 64 GPUs" in hsdp
+    assert "on 64 x H200" in hsdp and "(measured)" in hsdp and "our target" not in hsdp
+    # Memory per GPU is that of plain FSDP over one group's 8 GPUs: the weights are sharded 8 ways.
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "8"]) == 0
+    fsdp8 = capsys.readouterr().out
+    memory = [line for line in fsdp8.splitlines() if line.startswith("  weights (fp32 master, sharded)")]
+    assert memory and memory[0] in hsdp.splitlines()
+
+
+def test_dry_run_cost_options_are_checked_in_one_line():
+    for args, message in [
+        (["--mfu", "1.5"], "--mfu must be a fraction in (0, 1]"),
+        (["--gpu-type", "B200"], "--gpu-type 'B200' is not one of H100, H200"),
+        (["fsdp.replicate=3", "--gpus", "8"], "fsdp.replicate=3 does not divide 8 GPUs"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "train.py", "recipes/7b.yaml", *args, "--dry-run"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert message in proc.stderr

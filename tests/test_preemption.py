@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 
 from resume_support import (
     MAX_BATCHES,
     assert_continues,
     assert_same_weights,
     interrupt,
+    kill_group,
     reference,  # noqa: F401 (fixture)
     run,
     shards,  # noqa: F401 (fixture)
+    start,
+    wait_for_batch,
     write_recipe,
 )
 
@@ -47,3 +52,26 @@ def test_sigint_stops_with_exit_code_130_after_saving(tmp_path, shards):
     assert f"[preemption] SIGINT: checkpoint at batch {stop} stored" in first.output
     manifest = tmp_path / "ckpt" / "manifests" / f"ba{stop:010d}-rank00000.json"
     assert json.loads(manifest.read_text())["batch"] == stop
+
+
+def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_partial_file(tmp_path, shards):
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    # Each checkpoint file stalls for 60 s after its first bytes: the second signal lands mid-save.
+    proc, record, _ = start(recipe, "first", cwd=tmp_path, sleep=0.25, env={"LLM_TEST_SAVE_STALL": "60"})
+    try:
+        wait_for_batch(record, 2, proc)  # before the first periodic save (batch 4)
+        os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "ckpt").glob("ep0-ba*-rank0.pt")):  # the save has begun
+            assert time.monotonic() < deadline and proc.poll() is None, proc.tag_log.read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        kill_group(proc)
+    output = proc.tag_log.read_text()
+    assert proc.returncode == 143, output[-3000:]
+    assert "Traceback" not in output and "unexpected pos" not in output, output[-3000:]
+    assert "[preemption] second SIGTERM: stopped at once at batch" in output
+    leftovers = [p.name for p in (tmp_path / "ckpt").iterdir()]
+    assert not [name for name in leftovers if name.startswith("ep")], leftovers  # the partial .pt is gone

@@ -53,6 +53,20 @@ def _fake_checkpoint(store, batch: int, payload: bytes, tmp_path) -> None:
     store.write_text(cm.manifest_name(batch, 0), cm.dumps(manifest))
 
 
+@pytest.mark.parametrize("bad", [b"{}", b"[1, 2]", b'{"batch": 8, "rank": 0, "writ', b'{"batch": "8"}'])
+def test_a_malformed_newest_manifest_is_reported_by_name_and_the_previous_checkpoint_is_used(
+    tmp_path, bad, caplog
+):
+    store = open_store(tmp_path / "run")
+    _fake_checkpoint(store, 4, b"older checkpoint", tmp_path)
+    _fake_checkpoint(store, 8, b"newer checkpoint", tmp_path)
+    store.write_bytes(cm.manifest_name(8, 0), bad)
+
+    point = newest_usable_checkpoint(store.root)
+    assert point.batch == 4 and open(point.load_path, "rb").read() == b"older checkpoint"
+    assert f"ignoring the manifest {store.url(cm.manifest_name(8, 0))}" in caplog.text
+
+
 @pytest.mark.s3
 def test_a_corrupt_newest_s3_checkpoint_of_the_right_size_fails_its_sha256_and_is_skipped(
     tmp_path, s3_server, s3_bucket, caplog

@@ -40,9 +40,13 @@ def test_sigterm_on_s3_then_resume_on_an_empty_machine_with_only_the_bucket(
     second_dir.mkdir()
     recipe_b = write_recipe(second_dir / "recipe.yaml", shards, save, cache=second_dir / "cache")
     shutil.rmtree(first_dir)
-    second = run(recipe_b, "second", cwd=second_dir)
+    scratch = second_dir / "tmp"  # the run's temp folder: the verified download, the save staging
+    scratch.mkdir()
+    second = run(recipe_b, "second", cwd=second_dir, env={"TMPDIR": str(scratch)})
     assert second.returncode == 0, second.output[-4000:]
     assert f"resuming run 'rs' from the checkpoint at batch {stop}" in second.output
+    leftovers = [p.name for p in scratch.iterdir() if p.name.startswith(("llm-resume-", "llm-ckpt-"))]
+    assert not leftovers, f"checkpoint copies left in the temp folder after the run: {leftovers}"
     assert_same_weights(reference.weights, second.weights)
     resumed = second.batches()
     assert resumed[0]["batch"] == stop + 1

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
+from convert_fixtures import run_convert
 from corpus_fixtures import write_json_list, write_jsonl, write_txt
 from s3server import free_port
 
 from convert.errors import ConvertError
 from convert.readers import ReadStats, read_documents
-from convert.sources import expand_inputs, open_binary
+from convert.sources import expand_inputs, open_binary, refuse_output_among_inputs
 from storage import StorageError, open_store
 
 
@@ -164,3 +166,45 @@ def test_unreachable_endpoint_names_the_endpoint(s3_server, monkeypatch):
     monkeypatch.setenv("S3_ENDPOINT_URL", dead)
     with pytest.raises(ConvertError, match=rf"cannot reach endpoint {dead}.*'bkt'.*S3_ENDPOINT_URL"):
         expand_inputs(["s3://bkt/corpus/"])
+
+
+@pytest.mark.parametrize(
+    ("inputs", "out", "refused"),
+    [
+        (["corpus"], "corpus/shards", True),
+        (["corpus/"], "corpus", True),
+        (["corpus/*"], "corpus/shards", True),  # the glob matches the shards' folder: read whole
+        (["corpus/**/*.json"], "corpus/shards", True),
+        (["corpus/*.jsonl"], "corpus/shards", False),
+        (["corpus/a.jsonl"], "corpus/shards", False),
+        (["corpus"], "shards", False),
+        (["s3://b/corpus"], "s3://b/corpus/shards", True),
+        (["s3://b/c/*.json"], "s3://b/c/out", True),  # in S3 globs `*` crosses `/`
+        (["s3://b/corpus"], "s3://b/corpus2", False),
+        (["s3://b/corpus"], "s3://other/corpus/shards", False),
+        (["s3://b/corpus"], "corpus/shards", False),
+    ],
+)
+def test_an_output_inside_an_input_is_refused_from_the_names_alone(tmp_path, monkeypatch, inputs, out, refused):
+    (tmp_path / "corpus").mkdir()
+    monkeypatch.chdir(tmp_path)
+    if refused:
+        with pytest.raises(ConvertError, match=re.escape(f"--out {out} lies inside the input {inputs[0]}:")):
+            refuse_output_among_inputs(inputs, out)
+    else:
+        refuse_output_among_inputs(inputs, out)
+
+
+def test_convert_refuses_an_out_inside_its_input_folder(tmp_path, small_corpus_docs, small_tokenizer):
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "a.jsonl", small_corpus_docs[:20])
+    out = corpus / "shards"
+    result = run_convert(
+        "shards", str(corpus), "--tokenizer", small_tokenizer, "--out", str(out), "--seq-len", "64", "--no-progress"
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"error: --out {out} lies inside the input {corpus}: a conversion of that input would read the "
+        "shards' own index.json and meta.json as text; choose an --out outside the inputs"
+    )
+    assert not out.exists()

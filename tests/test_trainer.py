@@ -139,7 +139,7 @@ def test_recipe_errors_exit_2_with_one_line(tmp_path, train_data):
     ("overrides", "message"),
     [
         (["training.precision=amp_bf16"], "training.precision=amp_bf16 needs a GPU"),
-        (["fsdp.enabled=true", "fsdp.version=1"], "fsdp.version=1 needs CUDA"),
+        (["fsdp.enabled=true", "fsdp.replicate=3"], "fsdp.replicate=3 does not divide the world size 1"),
         (["training.device=gpu"], "no CUDA GPU is visible"),
         (["checkpoint.load_path=/elsewhere/ep0-ba4-rank0.pt"], "allow_untrusted_load_path=true"),
         (["scheduler.warmup=24ba"], "shorten the warmup"),

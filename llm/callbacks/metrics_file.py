@@ -16,7 +16,10 @@ from composer.core import State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
-# metrics.jsonl field -> Composer metric name (lr is matched by prefix: "lr-AdamW/group0")
+# metrics.jsonl field -> Composer metric name (lr is matched by prefix: "lr-AdamW/group0"). Also
+# written: each eval stream's `eval_loss/<name>` and `eval_perplexity/<name>` (from
+# metrics/eval/<name>/...; eval_loss itself is their token-weighted total, llm/callbacks/eval_sources.py)
+# and every multiple-choice result under its own name, `tasks/<task>/acc` ... (callbacks/task_eval.py).
 FIELDS = {
     "loss": "loss/train/total",
     "eval_loss": "metrics/eval/LanguageCrossEntropy",
@@ -25,6 +28,18 @@ FIELDS = {
     "mfu": "throughput/device/mfu",
 }
 _EVAL_KEYS = ("eval_loss", "eval_perplexity")
+_EVAL_METRICS = {FIELDS[k] for k in _EVAL_KEYS}
+_SOURCE_FIELDS = {"LanguageCrossEntropy": "eval_loss", "LanguagePerplexity": "eval_perplexity"}
+
+
+def _per_run_field(key: str) -> str | None:
+    """The metrics.jsonl field of a per-source or task metric, or None for other metrics."""
+    if key.startswith("tasks/"):
+        return key
+    parts = key.split("/")
+    if len(parts) == 4 and parts[:2] == ["metrics", "eval"] and parts[3] in _SOURCE_FIELDS:
+        return f"{_SOURCE_FIELDS[parts[3]]}/{parts[2]}"
+    return None
 
 
 class MetricsFile(LoggerDestination):
@@ -55,7 +70,7 @@ class MetricsFile(LoggerDestination):
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch)
-        has_eval = any(FIELDS[k] in self._latest for k in _EVAL_KEYS)
+        has_eval = any(key in _EVAL_METRICS or _per_run_field(key) for key in self._latest)
         if step % self.interval == 0 or has_eval:
             self._write(state)
 
@@ -72,6 +87,8 @@ class MetricsFile(LoggerDestination):
         lr = next((v for k, v in self._latest.items() if k.startswith("lr-")), None)
         if lr is not None:
             record["lr"] = lr
+        for key in [k for k in self._latest if _per_run_field(k)]:  # an evaluation belongs to its step
+            record[_per_run_field(key)] = self._latest.pop(key)
         for name in _EVAL_KEYS:  # an evaluation belongs to the step it ran at only
             self._latest.pop(FIELDS[name], None)
         self._last_written = step

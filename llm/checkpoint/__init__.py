@@ -4,6 +4,7 @@
   resume.py      which checkpoint a run (or `llm generate/export`) starts from, verified
   manifest.py    what makes a checkpoint complete; how its files are checked
   publisher.py   stores what Composer's saver wrote, writes manifests, moves latest.json, retention
+  lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)
   preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch, then exit 143/130
 
 Storage (local folder or S3, retries, atomic writes) is `storage`'s, not this package's. The

@@ -9,7 +9,8 @@ has stored its files, it writes a manifest next to them:
          "timestamp": {...}, "recipe": {...}}
 
 A checkpoint is complete when all of its `writers` manifests exist (one for a monolithic
-checkpoint, one per rank for a sharded one) and every file they list is present with the
+checkpoint, one per writing rank for a sharded one: every rank, or the first replica group's
+ranks with HSDP) and every file they list is present with the
 recorded size (and, where it is checked, the recorded SHA-256). `latest.json` is written only
 after that, so it never points at a half-stored checkpoint; resume does not even need it: it scans
 the manifests and takes the newest complete checkpoint that verifies.
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 MANIFEST_DIR = "manifests"
 LATEST = "latest.json"
 _MANIFEST_RE = re.compile(r"^manifests/ba(\d+)-rank(\d+)\.json$")
+# what Composer's saver writes with CHECKPOINT_FILENAME: ep0-ba12-rank0.pt, or ep0-ba12/ when sharded
+_CHECKPOINT_FILE_RE = re.compile(r"^ep\d+-ba(\d+)(?:-rank\d+\.pt$|/)")
 
 
 def manifest_name(batch: int, rank: int) -> str:
@@ -120,6 +123,27 @@ _SCHEMA: dict[str, tuple[type, ...]] = {
     "files": (dict,),
     "timestamp": (dict,),
 }
+
+
+def unclaimed_files(listing: dict[str, int], after_batch: int | None = None) -> list[str]:
+    """Checkpoint files of saves that no manifest claims: what an interrupted save left behind.
+
+    Only batches after `after_batch` count (default: after the newest batch that has any manifest,
+    valid or not; none at all when no batch has one, so a folder this project did not write is
+    never touched). A batch with any manifest file, even an incomplete or unreadable one, is left
+    to retention.
+    """
+    claimed = {int(m.group(1)) for rel in listing if (m := _MANIFEST_RE.match(rel))}
+    if after_batch is None:
+        if not claimed:
+            return []
+        after_batch = max(claimed)
+    found = []
+    for rel in listing:
+        match = _CHECKPOINT_FILE_RE.match(rel)
+        if match and int(match.group(1)) > after_batch and int(match.group(1)) not in claimed:
+            found.append(rel)
+    return sorted(found)
 
 
 def schema_problem(manifest: Any, batch: int, rank: int) -> str | None:

@@ -1,24 +1,33 @@
 """The one entry point of checkpointing: `plan_checkpointing(cfg, ...)`, called before the Trainer.
 
-It decides where training starts (`llm.checkpoint.resume`) and builds the callbacks that save,
-publish and handle preemption, in the only order that works:
+It checks that `save_folder` can take a checkpoint, takes the folder's run lock on rank 0
+(`llm.checkpoint.lock`: one run per folder), decides where training starts
+(`llm.checkpoint.resume`) and builds the callbacks that save, publish, hold the lock and handle
+preemption, in the only order that works:
 
-  CheckpointSaver (Composer) -> CheckpointPublisher -> PreemptionCallback (last of all)
+  CheckpointSaver (Composer) -> CheckpointPublisher -> RunLockCallback (rank 0) -> PreemptionCallback
 
-The publisher stores what the saver just wrote, at the same event, so it must follow it; the
-preemption callback exits the process at `fit_end`, so every other callback must have run
-before it. `CheckpointPlan.callbacks_after(others)` is the only way the trainer adds them, and
+The publisher stores what the saver just wrote, at the same event, so it must follow it; the lock
+is released after the publisher's last tidying at fit end and close; the preemption callback exits
+the process at `fit_end`, so every other callback must have run before it. `CheckpointPlan.callbacks_after(others)` is the only way the trainer adds them, and
 both callbacks check their place again when the Trainer is built (Composer's Event.INIT), so a
 wrong order fails at once instead of at the first save or the first SIGTERM.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from llm.checkpoint.lock import RunLock, RunLockHeld
 from llm.checkpoint.resume import (
     ResumePoint,
     announce,
@@ -30,9 +39,12 @@ from llm.checkpoint.resume import (
 )
 from llm.config import TrainConfig
 from llm.errors import ConfigError
-from storage import open_store
+from llm.memory_plan import count_params
+from storage import StorageError, Store, open_store
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+# The least one checkpoint takes: fp32 weights and AdamW's two fp32 moments, 4 bytes each.
+CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,7 @@ class CheckpointPlan:
 
     resume: ResumePoint
     trainer_kwargs: dict[str, Any]
-    callbacks: tuple  # (CheckpointSaver, CheckpointPublisher)? + (PreemptionCallback,)
+    callbacks: tuple  # (CheckpointSaver, CheckpointPublisher, RunLockCallback?)? + (PreemptionCallback,)
 
     def callbacks_after(self, others: Sequence) -> list:
         """`others` followed by this plan's callbacks; refuses checkpointing callbacks in `others`."""
@@ -50,7 +62,7 @@ class CheckpointPlan:
         from llm.checkpoint.preemption import PreemptionCallback
         from llm.checkpoint.publisher import CheckpointPublisher
 
-        ours = (CheckpointSaver, CheckpointPublisher, PreemptionCallback)
+        ours = (CheckpointSaver, CheckpointPublisher, RunLockCallback, PreemptionCallback)
         stray = [type(cb).__name__ for cb in others if isinstance(cb, ours)]
         if stray:
             raise ValueError(f"{', '.join(stray)} must come from plan_checkpointing, not the callback list")
@@ -63,12 +75,18 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
     - `checkpoint.num_to_keep` and the load-path safety rule (ConfigError: a `load_path` outside
       `save_folder` needs `checkpoint.allow_untrusted_load_path: true`, because Composer 0.32.1
       unpickles checkpoints);
+    - rank 0 checks that `save_folder` can be written and has room for one checkpoint, and takes
+      its run lock (RunLockHeld, naming the holder, if another run has it); every rank learns
+      the outcome, so all of them stop together;
     - deletes the stale `./s3:/<bucket>/...` copy Composer's autoresume leaves in the working
-      directory, so it can never shadow a newer remote checkpoint;
+      directory, so it can never shadow a newer remote checkpoint, and (rank 0) the files of an
+      interrupted save that no manifest claims;
     - with autoresume (on when `run_name` and `save_folder` are set) takes the newest complete
       checkpoint that verifies (`newest_usable_checkpoint`), else `checkpoint.load_path`, and says
       which; raises RunAlreadyComplete when that checkpoint already reached max_duration;
     - warns about every recipe value that differs from the checkpoint's recipe (docs/resume.md).
+
+    The lock is released again if anything here fails; once the Trainer runs, its callback holds it.
     """
     from llm.checkpoint.preemption import PreemptionCallback
 
@@ -78,14 +96,13 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
             f"checkpoint.num_to_keep={ck.num_to_keep}: keep at least 1 checkpoint, or -1 for all"
         )
     check_load_path_allowed(cfg)
-    if ck.save_folder:
-        remove_stale_composer_copy(ck.save_folder)
-    point = choose_resume_point(cfg, rank=rank)
-    if rank == 0:
-        announce(cfg, point, world_size)
-    stop_if_complete(cfg, point)
-    if point.checkpoint is not None and point.checkpoint.recipe and rank == 0:
-        warn_recipe_changes(point.checkpoint.recipe, cfg.to_dict(redact=True))
+    lock = take_run_lock(cfg, rank=rank, world_size=world_size) if ck.save_folder else None
+    try:
+        point = _starting_point(cfg, rank, world_size)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
     kwargs: dict[str, Any] = {
         "save_folder": None,  # saving is done by the saver below, not by Composer's own
@@ -94,10 +111,106 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
         "load_path": point.load_path,
         "load_weights_only": point.weights_only,
     }
+    held = (RunLockCallback(lock),) if lock is not None else ()
     callbacks = (
-        (*_saving_callbacks(cfg, rank), PreemptionCallback()) if ck.save_folder else (PreemptionCallback(),)
+        (*_saving_callbacks(cfg, rank), *held, PreemptionCallback())
+        if ck.save_folder
+        else (PreemptionCallback(),)
     )
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
+
+
+def _starting_point(cfg: TrainConfig, rank: int, world_size: int) -> ResumePoint:
+    ck = cfg.checkpoint
+    if ck.save_folder:
+        remove_stale_composer_copy(ck.save_folder)
+        if rank == 0:  # under the run lock: nobody else is saving there
+            from llm.checkpoint.publisher import remove_unclaimed
+
+            remove_unclaimed(open_store(ck.save_folder))
+    point = choose_resume_point(cfg, rank=rank)
+    if rank == 0:
+        announce(cfg, point, world_size)
+    stop_if_complete(cfg, point)
+    if point.checkpoint is not None and point.checkpoint.recipe and rank == 0:
+        warn_recipe_changes(point.checkpoint.recipe, cfg.to_dict(redact=True))
+    return point
+
+
+class RunLockCallback(Callback):
+    """Holds the run lock (`llm.checkpoint.lock`) while the Trainer runs, on rank 0: checked after
+    every batch, released at fit end and at close (which also follows an error or a signal)."""
+
+    def __init__(self, lock: RunLock):
+        self.lock = lock
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self.lock.check()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self.lock.release()
+
+    def close(self, state: State, logger: Logger) -> None:
+        self.lock.release()
+
+
+def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | None:
+    """Rank 0: check `save_folder` (`check_save_folder`) and take its run lock, returned; other
+    ranks get None. If rank 0 fails, every rank raises the same error (one broadcast)."""
+    lock, failure, error = None, [None], None
+    if rank == 0:
+        store = open_store(cfg.checkpoint.save_folder)
+        try:
+            check_save_folder(cfg, store, world_size)
+            try:
+                lock = RunLock(store, cfg.run_name).acquire()
+            except StorageError as err:  # the lease is the first write: the folder refuses writes
+                if store.is_remote:
+                    raise
+                raise _unwritable(cfg, err) from None
+        except (ConfigError, StorageError) as err:
+            failure, error = [(type(err).__name__, str(err))], err
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is None:
+        return lock
+    if error is not None:
+        raise error
+    kind, message = failure[0]
+    raise {"RunLockHeld": RunLockHeld, "StorageError": StorageError}.get(kind, ConfigError)(message)
+
+
+def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> None:
+    """ConfigError if a local `save_folder` cannot be written, or if the disk a checkpoint is first
+    written to (the local save_folder, or the temp folder Composer stages an S3 save in) has less
+    free space than one checkpoint of this model needs at the least."""
+    need = CHECKPOINT_BYTES_PER_PARAM * count_params(cfg.model).total
+    if store.is_remote:
+        where = Path(tempfile.gettempdir())
+        if cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded":
+            need //= world_size  # each rank stages only its shard
+        what = f"the temp folder {where} (where an S3 save is staged)"
+    else:
+        try:
+            store.check_writable()
+        except StorageError as err:
+            raise _unwritable(cfg, err) from None
+        root = Path(store.root).absolute()
+        where = next(p for p in [root, *root.parents] if p.exists())
+        what = f"checkpoint.save_folder={cfg.checkpoint.save_folder}"
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise ConfigError(
+            f"{what} has {free / 2**30:.1f} GiB free, but one checkpoint of this model needs at least "
+            f"{need / 2**30:.1f} GiB ({CHECKPOINT_BYTES_PER_PARAM} bytes per parameter: fp32 weights and "
+            "AdamW's two moments); free some space or choose another folder"
+        )
+
+
+def _unwritable(cfg: TrainConfig, err: StorageError) -> ConfigError:
+    return ConfigError(
+        f"checkpoint.save_folder={cfg.checkpoint.save_folder} cannot be written ({err}); fix its "
+        "permissions or choose another folder"
+    )
 
 
 def _saving_callbacks(cfg: TrainConfig, rank: int) -> tuple:

@@ -3,7 +3,9 @@
 Composer 0.32.1 turns SIGTERM/SIGINT into `sys.exit(128 + signal)` at once and saves nothing.
 This callback replaces that handler while training runs:
 
-- the handler only records the signal (a second signal exits at once, through Composer's handler);
+- the handler only records the signal (a second signal exits at once, through Composer's handler:
+  if that cuts a save short, the publisher deletes the partial file at close, and `exit_request`
+  lets the command exit with 128 + signal even where torch.save turned the exit into an error);
 - at every `batch_end` all ranks agree (`all_reduce` MAX), so a signal seen by any rank stops all
   of them after the same batch; `state.stop_training()` then makes that batch the last one, and
   Composer's saver writes its end-of-training checkpoint there (the publisher stores it);
@@ -39,6 +41,7 @@ class PreemptionCallback(Callback):
         self.received_at: float | None = None
         self.stop_signal: int | None = None  # the signal all ranks agreed to stop on
         self.stop_batch: int | None = None
+        self.second: int | None = None  # a second signal, which stops the process at once
         self._previous: dict[int, object] = {}
 
     def init(self, state: State, logger: Logger) -> None:
@@ -57,6 +60,7 @@ class PreemptionCallback(Callback):
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.received is not None:
+            self.second = signum
             self._chain(signum, frame)  # second signal: stop now, as Composer would
             return
         self.received = signum
@@ -93,6 +97,16 @@ class PreemptionCallback(Callback):
         sys.stdout.flush()
         sys.exit(code)
 
+    def close(self, state: State, logger: Logger) -> None:
+        self._restore()
+        if self.second is not None:
+            print(
+                f"[preemption] second {signal.Signals(self.second).name}: stopped at once at batch "
+                f"{int(state.timestamp.batch)} without storing a checkpoint; the newest complete "
+                f"checkpoint stays the resume point; exiting with code {128 + self.second}",
+                flush=True,
+            )
+
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -113,3 +127,19 @@ def stop_requested(state: State) -> bool:
     checkpoint, to exit quickly).
     """
     return any(isinstance(cb, PreemptionCallback) and cb.stop_signal is not None for cb in state.callbacks)
+
+
+def exit_request(err: BaseException) -> SystemExit | None:
+    """The `SystemExit` a signal raised, if `err` replaced it on the way out, else None.
+
+    A second SIGTERM during a save raises `SystemExit` inside `torch.save`, whose zip writer then
+    fails while closing ("unexpected pos ...") and raises a RuntimeError in its place; the exit
+    the signal asked for is still in that error's context.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, SystemExit):
+            return err
+        seen.add(id(err))
+        err = err.__context__
+    return None

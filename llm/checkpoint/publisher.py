@@ -11,6 +11,10 @@ after it at the same event (it must come after the saver in the callback list), 
    newest `num_to_keep` complete ones (manifests first, so a half-deleted checkpoint is never
    taken for a complete one), across all earlier runs, not only this process's saves.
 
+At fit end and at close (also after an error or a second signal that cut a save short), rank 0
+deletes the files of this run's saves that no manifest claims (`remove_unclaimed`: a partial
+`.pt`), and every rank removes its private staging folder.
+
 Uploads run on the training thread: a save blocks training until it is stored. That keeps the
 order of steps simple and makes a checkpoint written on preemption durable before the process
 exits.
@@ -18,7 +22,9 @@ exits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -46,9 +52,29 @@ class CheckpointPublisher(Callback):
         self.last_batch: int | None = None
         self.last_stored_at: float | None = None  # time.monotonic() of the last completed save
         self._seen_saves = 0
+        self._start_batch: int | None = None  # the batch this fit started at
 
     def init(self, state: State, logger: Logger) -> None:
         check_order(state.callbacks)  # Event.INIT runs inside Trainer(): a wrong order fails there
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self._start_batch = int(state.timestamp.batch)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._remove_interrupted_saves()
+
+    def close(self, state: State, logger: Logger) -> None:
+        self._remove_interrupted_saves()
+        if self.store.is_remote:
+            shutil.rmtree(self.staging_root, ignore_errors=True)
+
+    def _remove_interrupted_saves(self) -> None:
+        if self._start_batch is None or dist.get_global_rank() != 0:
+            return
+        try:
+            remove_unclaimed(self.store, after_batch=self._start_batch)
+        except StorageError as err:  # the next run's start removes them
+            log.warning("could not remove the files of an interrupted save from %s: %s", self.store.root, err)
 
     # Composer saves at one of these events; publish right after, at the same one.
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
@@ -109,7 +135,7 @@ class CheckpointPublisher(Callback):
         manifest = {
             "batch": self.last_batch,
             "rank": rank,
-            "writers": dist.get_world_size() if sharded else 1,
+            "writers": _sharded_writers(state) if sharded else 1,
             "world_size": dist.get_world_size(),
             "sharded": sharded,
             "load_path": load_target.relative_to(self.staging_root).as_posix(),
@@ -154,6 +180,32 @@ class CheckpointPublisher(Callback):
             self.store.delete([cm.manifest_name(ckpt.batch, m["rank"]) for m in ckpt.manifests])
             self.store.delete(sorted(ckpt.files))
             log.info("deleted old checkpoint at batch %d from %s", ckpt.batch, self.store.root)
+
+
+def remove_unclaimed(store: Store, after_batch: int | None = None) -> list[str]:
+    """Delete checkpoint files no manifest claims (`manifest.unclaimed_files`); return their names.
+
+    Only while this run holds the folder's run lock: nobody else is saving there.
+    """
+    doomed = cm.unclaimed_files(store.list(), after_batch)
+    if doomed:
+        store.delete(doomed)
+        if not store.is_remote:  # the folder of a sharded save, once empty
+            for folder in {Path(store.root, rel).parent for rel in doomed} - {Path(store.root)}:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        log.warning("removed %s of an interrupted save from %s", ", ".join(doomed), store.root)
+    return doomed
+
+
+def _sharded_writers(state: State) -> int:
+    """Ranks that write a sharded checkpoint: all of them, or with HSDP the first replica group
+    (global ranks 0 .. shard size - 1; Composer's `save_checkpoint` skips the other replicas)."""
+    mesh = state.device_mesh
+    names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
+    if "data_parallel_replicate" in names:
+        return mesh.size(names.index("data_parallel_shard"))
+    return dist.get_world_size()
 
 
 def _find_saver(state: State) -> CheckpointSaver:

@@ -8,6 +8,7 @@ Composer an explicit `load_path`; see docs/resume.md for why Composer's own auto
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -94,10 +95,14 @@ def newest_usable_checkpoint(save_folder: str, *, rank: int = 0) -> ResumePoint 
     return None
 
 
+def verify_limit() -> int:
+    """Checkpoints up to this many bytes in total are SHA-256 checked before they are loaded."""
+    return int(os.environ.get("LLM_CKPT_VERIFY_MAX_BYTES", DEFAULT_VERIFY_MAX_BYTES))
+
+
 def _verified_load_path(store: Store, ckpt: cm.Checkpoint, rank: int) -> tuple[str | None, str | None]:
     """(path to give Composer, None) or (None, why the checkpoint cannot be used)."""
-    limit = int(os.environ.get("LLM_CKPT_VERIFY_MAX_BYTES", DEFAULT_VERIFY_MAX_BYTES))
-    small = sum(f["size"] for f in ckpt.files.values()) <= limit
+    small = sum(f["size"] for f in ckpt.files.values()) <= verify_limit()
     if not store.is_remote:
         problem = cm.hash_problem(ckpt.files, Path(store.root)) if small else None
         return (None, problem) if problem else (store.url(ckpt.load_path), None)
@@ -105,6 +110,9 @@ def _verified_load_path(store: Store, ckpt: cm.Checkpoint, rank: int) -> tuple[s
         # Each rank reads only its shards straight from S3; sizes were checked against the listing.
         return store.url(ckpt.load_path), None
     local_root = Path(tempfile.mkdtemp(prefix=f"llm-resume-rank{rank}-"))
+    # A full copy of the checkpoint: removed when this process exits (normally, on an error or on
+    # SIGTERM through Composer's handler), once Composer or `llm generate` has read it.
+    atexit.register(shutil.rmtree, local_root, ignore_errors=True)
     for rel in ckpt.files:
         (local_root / rel).parent.mkdir(parents=True, exist_ok=True)
         store.download(rel, local_root / rel)

@@ -1,4 +1,4 @@
-"""The `llm` command: inspect a recipe, generate text, export and import weights.
+"""The `llm` command: inspect a recipe, generate text, evaluate, export and import weights.
 
 Each sub-command is a module here, named like the command, with `add_arguments(parser)` and
 `run(args) -> int`; it parses and prints, and calls library functions with typed arguments.
@@ -23,7 +23,20 @@ COMMANDS = {
     "generate": ("llm.commands.generate", "continue prompts from a checkpoint (Composer or exported)"),
     "export": ("llm.commands.export", "write a checkpoint in the Hugging Face Llama layout"),
     "import": ("llm.commands.import_", "convert baby-llama2-chinese or Baichuan-7B weights for training"),
+    "eval": ("llm.commands.eval", "multiple-choice accuracy (C-Eval / CMMLU layout) of a checkpoint"),
 }
+
+
+def add_trust_argument(parser: argparse.ArgumentParser) -> None:
+    """`--trust`, for the sub-commands that read checkpoints (generate, export, import)."""
+    parser.add_argument(
+        "--trust",
+        action="store_true",
+        help="the checkpoint is trusted: unpickle it in full, which can run code from it, and skip "
+        "the manifest check of a file inside a run folder (like checkpoint.allow_untrusted_load_path "
+        "in training). Without it, checkpoints are read as weights only and one that needs more is "
+        "refused",
+    )
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -2,7 +2,8 @@
 
 Writes the model in the Hugging Face Llama layout (`llm.hf_export.export_hf`). CHECKPOINT is a
 checkpoint file, a run's checkpoint folder (its newest verified checkpoint), an `llm import`
-output or an exported folder, local or s3://.
+output or an exported folder, local or s3://. It is read without running code from it (see
+`llm generate --help`); --trust lifts that for a file you trust.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 
 import torch
 
+from llm.commands import add_trust_argument
 from llm.hf_export import export_hf
 from llm.weights import load_model
 
@@ -23,10 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="SentencePiece .model to ship with the export")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    add_trust_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.checkpoint, args.recipe)
+    model = load_model(args.checkpoint, args.recipe, trust=args.trust)
     out = export_hf(model, args.out, args.tokenizer, getattr(torch, args.dtype))
     print(f"exported {model.num_params():,} parameters to {out} (Hugging Face Llama layout)")
     return 0

@@ -9,6 +9,9 @@ CHECKPOINT is a checkpoint file, a run's checkpoint folder (its newest verified 
 `llm import` output or an `llm export` folder. The model's shape comes from --recipe if given,
 else from what the checkpoint records (the generation callback and `llm import` store it; an
 export has config.json).
+
+Checkpoints are read without running code from them (`llm.weights`): a file inside a run folder
+must match its manifest; a pickle that needs more than weights is refused unless --trust.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from llm.commands import add_trust_argument
 from llm.errors import ConfigError
 from llm.generate import generate
 from llm.tokenizer import Tokenizer
@@ -41,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None, help="fix the sample (default: random)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    add_trust_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer(args.tokenizer)
     ids = [tokenizer.encode_prompt(p) for p in prompts]  # empty prompts fail before the slow load
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    model = load_model(args.checkpoint, args.recipe, device=device)
+    model = load_model(args.checkpoint, args.recipe, device=device, trust=args.trust)
     tokenizer.check_fits(model.cfg.vocab_size)
     sampling = dict(
         max_new_tokens=args.max_new_tokens,

@@ -2,13 +2,15 @@
 
 Converts the weights (`llm.import_weights`), refusing a source whose own configuration
 contradicts the recipe, and writes a checkpoint the trainer loads with
-`checkpoint.load_path=OUT.pt checkpoint.load_weights_only=true`.
+`checkpoint.load_path=OUT.pt checkpoint.load_weights_only=true`. SRC is read without running code
+from it (a `.pth`/`.bin` pickle that needs more than weights is refused unless --trust).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from llm.commands import add_trust_argument
 from llm.config import load_config
 from llm.import_weights import IMPORTERS
 from llm.weights import save_composer_weights
@@ -19,11 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", required=True, choices=sorted(IMPORTERS))
     parser.add_argument("--recipe", required=True, help="the recipe to continue training with")
     parser.add_argument("--out", required=True, help="output .pt for checkpoint.load_path")
+    add_trust_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe).model
-    tensors = IMPORTERS[args.source](args.src, cfg)
+    tensors = IMPORTERS[args.source](args.src, cfg, trust=args.trust)
     out = save_composer_weights(tensors, cfg, args.out)
     print(
         f"wrote {out} ({len(tensors)} tensors); train from it with checkpoint.load_path={out} "

@@ -2,7 +2,8 @@
 
 Builds the model on the meta device (nothing allocated, no data read) and prints its parameters,
 training FLOPs per token, tokens per optimizer step, the length of the run, and the memory plan
-per GPU under FSDP full sharding (`llm.memory_plan.describe_run`, as `train.py --dry-run`).
+per GPU under the recipe's sharding (FSDP2 or HSDP), and the run's wall time and GPU-hours on
+`--gpus` GPUs of `--gpu-type` at `--mfu` (`llm.memory_plan.describe_run`, as `train.py --dry-run`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from llm.config import load_config
-from llm.memory_plan import DEFAULT_GPU_GB, DEFAULT_GPUS, describe_run
+from llm.memory_plan import DEFAULT_GPU_GB, DEFAULT_GPU_TYPE, DEFAULT_GPUS, PEAK_BF16_FLOPS, describe_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +28,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_GPU_GB,
         help=f"memory per GPU in GB (default {DEFAULT_GPU_GB:g})",
     )
+    add_cost_arguments(parser)
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--gpu-type` and `--mfu`, for the run's cost (shared with `train.py --dry-run`)."""
+    parser.add_argument(
+        "--gpu-type",
+        choices=sorted(PEAK_BF16_FLOPS),
+        default=DEFAULT_GPU_TYPE,
+        help=f"GPU model for the cost estimate (default {DEFAULT_GPU_TYPE})",
+    )
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        help="measured MFU as a fraction (e.g. 0.45 from make gpu-check); default: 40%% and 50%%",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    print(describe_run(load_config(args.recipe, args.overrides), args.gpus, args.gpu_gb))
+    cfg = load_config(args.recipe, args.overrides)
+    print(describe_run(cfg, args.gpus, args.gpu_gb, gpu_type=args.gpu_type, mfu=args.mfu))
     return 0

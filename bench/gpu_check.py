@@ -1,0 +1,619 @@
+"""The GPU acceptance run of the real trainer: `make gpu-check` (one H100/H200, under 8 minutes).
+
+Every figure comes from `train.py`'s own code path (`llm.trainer.build_trainer`, FSDP2, the
+recipe's precision), each check in its own process, and the script ends with one table:
+
+- tiny:       recipes/tiny.yaml (58.5 M parameters, 32 x 512 tokens a step, bf16, FSDP2 on one
+              GPU) for a few hundred steps over synthetic shards: tokens/s, MFU, the share of
+              step time spent waiting for the data loader, peak GPU memory; compile off and on.
+              Target >= 600,000 tokens/s on one H200 (the seed's blog: 136 M tokens in 15
+              minutes on an A100, about 151,000 tokens/s).
+- 7b-slice:   recipes/7b.yaml at full width (hidden 4096, 32 heads, SwiGLU 11,008, vocab
+              64,000, 4096 tokens, micro-batch 4) with as many layers as the dry-run memory plan
+              fits on this GPU (at most 8, to stay within time), FSDP2 with meta-device init:
+              MFU and peak memory against the plan's prediction (the ratio). Target MFU >= 50%
+              (llm-foundry 46.4% for MPT-7B on 8 x H100 at 2048 tokens; torchtitan 33.7-39%).
+- 7b-init:    the full 7B recipe's trainer built on this GPU host (meta device, each parameter
+              materialised on the GPU): host memory, against the plan's 4 bytes x the largest
+              parameter (0.98 GiB; an ordinary build needs 26 GiB).
+- resume:     a save, SIGTERM and resume of the tiny recipe, compared bit for bit with an
+              uninterrupted run (the CPU soak's check: bench/resume_harness.py), fewer steps.
+- generation: the generation callback in that uninterrupted run, on the GPU.
+
+Tokens are uniform random ids written as real MDS shards: speed does not depend on their values.
+The tokenizer (for generation only) is trained on the repository's own documentation.
+
+`--smoke` runs the same checks on the CPU at toy sizes (fp32, no compile, a few steps; the test
+suite runs it so the script cannot rot). `--json FILE` also writes the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from bench import resume_harness as rs
+from llm.memory_plan import PEAK_BF16_FLOPS, plan_memory
+from llm.model import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = Path(__file__).with_name("gpu_check_driver.py")
+TINY_TARGET_TOKENS_PER_S = 600_000
+SLICE_TARGET_MFU = 0.50
+BUDGET_SECONDS = 480  # the whole check on one H200: 8 minutes
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big and how long each check is: the GPU run, or the CPU smoke run."""
+
+    smoke: bool
+    tiny_model: list[str]  # overrides of recipes/tiny.yaml's model and batch (none on the GPU)
+    tiny_steps: int
+    tiny_warmup: int
+    slice_shape: ModelConfig
+    slice_batch: int
+    slice_steps: int
+    slice_warmup: int
+    max_layers: int
+    init_model: list[str]  # overrides of recipes/7b.yaml's model for the init check (none on the GPU)
+    resume_steps: int
+    resume_save_every: int
+    resume_stop: int
+    generate_tokens: int
+    compile_modes: tuple[bool, ...]
+
+
+GPU = Sizes(
+    smoke=False,
+    tiny_model=[],
+    tiny_steps=300,
+    tiny_warmup=30,
+    slice_shape=ModelConfig(
+        vocab_size=64000, dim=4096, n_layers=1, n_heads=32, hidden_dim=11008, max_seq_len=4096, norm_eps=1e-6
+    ),
+    slice_batch=4,
+    slice_steps=10,
+    slice_warmup=3,
+    max_layers=8,
+    init_model=[],
+    resume_steps=40,
+    resume_save_every=10,
+    resume_stop=15,
+    generate_tokens=32,
+    compile_modes=(False, True),
+)
+SMOKE_TINY = ["model.vocab_size=512", "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=64",
+              "training.global_batch_size=4", "training.device_microbatch_size=4"]  # fmt: skip
+SMOKE = Sizes(
+    smoke=True,
+    tiny_model=SMOKE_TINY,
+    tiny_steps=3,
+    tiny_warmup=1,
+    # The slice's proportions (hidden ~2.7 x dim, 128-wide heads) at toy size.
+    slice_shape=ModelConfig(
+        vocab_size=512, dim=128, n_layers=1, n_heads=1, hidden_dim=344, max_seq_len=64, norm_eps=1e-6
+    ),
+    slice_batch=2,
+    slice_steps=2,
+    slice_warmup=1,
+    max_layers=8,
+    init_model=[
+        "model.vocab_size=512",
+        "model.dim=128",
+        "model.n_layers=2",
+        "model.n_heads=1",
+        "model.hidden_dim=344",
+        "model.max_seq_len=64",
+        "training.precision=auto",
+    ],
+    resume_steps=6,
+    resume_save_every=2,
+    resume_stop=3,
+    generate_tokens=8,
+    compile_modes=(False,),
+)
+SMOKE_MEMORY_BYTES = 24 * 2**20  # a pretend device, so the smoke run fits some layers, not all
+
+
+@dataclass
+class Row:
+    check: str
+    setting: str
+    result: str = ""
+    target: str = ""
+    ok: bool | None = None  # None: no verdict (smoke, or no target)
+    error: str | None = None
+    figures: dict = field(default_factory=dict)
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def write_tokenizer(out: Path) -> Path:
+    """A small SentencePiece model trained on the repository's Markdown (for generation only)."""
+    from convert.tokenizer import train_tokenizer
+
+    if out.exists():
+        return out
+    files = [REPO / "README.md", REPO / "convert" / "FORMAT.md", *sorted((REPO / "docs").glob("*.md"))]
+    texts = [p.read_text(encoding="utf-8") for p in files if p.exists()]
+    train_tokenizer(texts, vocab_size=512, out=str(out))
+    return out
+
+
+def write_token_shards(split: Path, samples: int, seq_len: int, vocab: int, tokenizer: Path) -> Path:
+    """`samples` uniform random token samples as an MDS split with its meta.json (convert/FORMAT.md)."""
+    from streaming import MDSWriter
+
+    if (split / "index.json").exists():
+        return split
+    rng = np.random.default_rng(0)
+    dtype = "uint16" if vocab <= 1 << 16 else "uint32"
+    with MDSWriter(out=str(split), columns={"tokens": f"ndarray:{dtype}"}, hashes=["xxh64"]) as writer:
+        for _ in range(samples):
+            writer.write({"tokens": rng.integers(0, vocab, size=seq_len, dtype=dtype)})
+    meta = {
+        "format": "llm-pretrain-tokens", "format_version": 1, "split": "train", "seq_len": seq_len,
+        "dtype": dtype, "vocab_size": vocab, "eos_id": 2, "bos_id": 1, "add_bos": False,
+        "tokenizer_sha256": _sha256(tokenizer), "num_samples": samples, "num_tokens": samples * seq_len,
+        "num_documents": samples, "dropped": {},
+    }  # fmt: skip
+    (split / "meta.json").write_text(json.dumps(meta))
+    return split
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def common_overrides(work: Path, name: str, shards: Path, tokenizer: Path, device: str) -> list[str]:
+    """A bare, local run: no eval, no checkpoints, no plots, its own run and cache folders."""
+    return [
+        f"run_name={name}",
+        f"run_dir={work / 'runs' / name}",
+        f"tokenizer.path={tokenizer}",
+        f"data.train=[{{remote: {shards}}}]",
+        "data.eval=[]",
+        f"data.cache_root={work / 'cache' / name}",
+        "checkpoint.save_folder=null",
+        "callbacks.generate.enabled=false",
+        "callbacks.loss_plot=false",
+        "loggers.metrics_file=false",
+        "loggers.progress_bar=false",
+        "training.log_interval=1000",
+        "scheduler.warmup=1ba",
+        f"training.device={device}",
+    ]
+
+
+# --- one training process ---------------------------------------------------------------------
+
+
+@dataclass
+class Budget:
+    seconds: float
+    started: float = field(default_factory=time.monotonic)
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.started)
+
+
+def train_probe(recipe: str, overrides: list[str], warmup: int, work: Path, tag: str, timeout: float) -> dict:
+    """Run the real trainer with the probe; returns the probe's figures (raises with the log's tail)."""
+    out = work / f"{tag}.probe.json"
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "LLM_GPU_CHECK_PROBE": str(out), "LLM_GPU_CHECK_WARMUP": str(warmup),
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}  # fmt: skip
+    log = work / f"{tag}.log"
+    with log.open("w") as f:
+        proc = subprocess.run(
+            [sys.executable, str(DRIVER), str(REPO / recipe), *overrides],
+            cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+        )  # fmt: skip
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"exit {proc.returncode}; {_tail(log)}")
+    return json.loads(out.read_text())
+
+
+def _tail(log: Path, lines: int = 3) -> str:
+    text = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    return " | ".join(line.strip()[:200] for line in text[-lines:]) + f" (log: {log})"
+
+
+def speed_figures(probe: dict) -> dict:
+    seconds = probe["seconds"]
+    tokens_per_s = probe["tokens"] / seconds
+    flops_per_s = probe["flops_per_batch"] * probe["timed_batches"] / seconds
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in probe["device_name"]), None)
+    return {
+        **probe,
+        "tokens_per_s": tokens_per_s,
+        "tflops_per_s": flops_per_s / 1e12,
+        "mfu": flops_per_s / peak if peak else None,
+        "data_wait_share": probe["data_wait_seconds"] / seconds,
+    }
+
+
+def _mfu(f: dict) -> str:
+    return f"{100 * f['mfu']:.1f}%" if f.get("mfu") is not None else "n/a"
+
+
+def _gib(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value / GIB:.1f} GiB" if value >= GIB else f"{value / 2**20:.1f} MiB"
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every check needs: sizes, the working folder, the inputs, the device."""
+
+    sizes: Sizes
+    work: Path
+    data: dict  # tokenizer, tiny and slice shard folders
+    device: str  # "gpu" | "cpu"
+    memory_bytes: float  # the GPU's memory (a pretend 24 MiB device in the smoke run)
+    slice_checkpointing: bool
+
+
+def check_tiny(ctx: Context, compiled: bool, timeout: float) -> Row:
+    sizes = ctx.sizes
+    row = Row(
+        "tiny", f"compile {'on' if compiled else 'off'}", target=f">= {TINY_TARGET_TOKENS_PER_S:,} tokens/s"
+    )
+    tag = f"tiny-compile-{'on' if compiled else 'off'}"
+    overrides = [
+        *common_overrides(ctx.work, tag, ctx.data["tiny"], ctx.data["tokenizer"], ctx.device),
+        *sizes.tiny_model,
+        f"training.max_duration={sizes.tiny_warmup + sizes.tiny_steps}ba",
+        f"training.compile={str(compiled).lower()}",
+    ]
+    f = speed_figures(train_probe("recipes/tiny.yaml", overrides, sizes.tiny_warmup, ctx.work, tag, timeout))
+    row.figures = f
+    row.result = (
+        f"{f['tokens_per_s']:,.0f} tokens/s, MFU {_mfu(f)}, data wait {100 * f['data_wait_share']:.1f}%, "
+        f"peak {_gib(f['peak_memory_bytes'])}, loss {f['first_loss']:.2f} -> {f['last_loss']:.2f}"
+    )
+    row.ok = None if sizes.smoke else f["tokens_per_s"] >= TINY_TARGET_TOKENS_PER_S
+    return row
+
+
+def slice_layers(sizes: Sizes, memory_bytes: float, checkpointing: bool) -> int:
+    """Most layers (<= max_layers) whose one-GPU plan fits `memory_bytes` less 15%."""
+    best = 0
+    for layers in range(1, sizes.max_layers + 1):
+        if slice_plan(sizes, layers, checkpointing).fits(memory_bytes, reserve_fraction=0.15):
+            best = layers
+    if not best:
+        raise RuntimeError(f"not even one 7B-shaped layer fits {memory_bytes / GIB:.0f} GiB")
+    return best
+
+
+def slice_plan(sizes: Sizes, layers: int, checkpointing: bool):
+    """The dry-run memory plan of the slice on one GPU (the prediction the peak is compared with)."""
+    shape = replace(sizes.slice_shape, n_layers=layers)
+    return plan_memory(
+        shape, n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len,
+        compute="fp32" if sizes.smoke else "bf16", activation_checkpointing=checkpointing,
+    )  # fmt: skip
+
+
+def check_slice(ctx: Context, compiled: bool, timeout: float) -> Row:
+    sizes, shape, ac = ctx.sizes, ctx.sizes.slice_shape, ctx.slice_checkpointing
+    layers = slice_layers(sizes, ctx.memory_bytes, ac)
+    setting = f"{layers} layers, AC {'on' if ac else 'off'}, compile {'on' if compiled else 'off'}"
+    row = Row("7b-slice", setting, target=f"MFU >= {100 * SLICE_TARGET_MFU:.0f}%")
+    tag = f"slice-compile-{'on' if compiled else 'off'}"
+    toy_shape = [f"model.vocab_size={shape.vocab_size}", f"model.dim={shape.dim}", f"model.n_heads={shape.n_heads}",
+                 f"model.hidden_dim={shape.hidden_dim}", f"model.max_seq_len={shape.max_seq_len}",
+                 "training.precision=auto"]  # fmt: skip
+    overrides = [
+        *common_overrides(ctx.work, tag, ctx.data["slice"], ctx.data["tokenizer"], ctx.device),
+        *(toy_shape if sizes.smoke else []),
+        f"model.n_layers={layers}",
+        f"training.global_batch_size={sizes.slice_batch}",
+        f"training.device_microbatch_size={sizes.slice_batch}",
+        f"training.max_duration={sizes.slice_warmup + sizes.slice_steps}ba",
+        f"training.compile={str(compiled).lower()}",
+        f"fsdp.activation_checkpointing={str(ac).lower()}",
+    ]
+    f = speed_figures(train_probe("recipes/7b.yaml", overrides, sizes.slice_warmup, ctx.work, tag, timeout))
+    planned = slice_plan(sizes, layers, ac).total
+    measured = f["peak_memory_bytes"]
+    f.update(planned_bytes=planned, layers=layers, memory_ratio=measured / planned if measured else None)
+    ratio = f"{measured / planned:.2f} x the plan's {_gib(planned)}" if measured else f"plan {_gib(planned)}"
+    row.figures = f
+    row.result = (
+        f"MFU {_mfu(f)} ({f['tflops_per_s']:.1f} TFLOP/s, {f['tokens_per_s']:,.0f} tokens/s), "
+        f"peak {_gib(measured)} = {ratio}"
+    )
+    row.ok = None if sizes.smoke or f["mfu"] is None else f["mfu"] >= SLICE_TARGET_MFU
+    return row
+
+
+def check_init(ctx: Context, timeout: float) -> Row:
+    """Build the full 7B recipe's trainer (meta device on GPUs) in its own process; host memory."""
+    sizes = ctx.sizes
+    row = Row("7b-init", "7b recipe at toy size" if sizes.smoke else "full 7B recipe, one GPU")
+    out = ctx.work / "init.json"
+    out.unlink(missing_ok=True)
+    overrides = [
+        *common_overrides(ctx.work, "init", ctx.data["slice"], ctx.data["tokenizer"], ctx.device),
+        *sizes.init_model,
+        "training.global_batch_size=1",
+        "training.device_microbatch_size=1",
+        "training.max_duration=2ba",  # never trained: the schedule only has to be valid
+    ]
+    log = ctx.work / "init.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    with log.open("w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.gpu_check", "--init-only", str(out), "recipes/7b.yaml", *overrides],
+            cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+        )  # fmt: skip
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"exit {proc.returncode}; {_tail(log)}")
+    f = json.loads(out.read_text())
+    row.figures = f
+    grew = f["host_peak_bytes"] - f["host_before_bytes"]
+    where = "on the meta device, shards materialised on the GPU" if f["on_meta"] else "built for real (CPU)"
+    row.result = (
+        f"{f['params']:,} parameters {where}: host memory +{_gib(grew)} "
+        f"(plan: {_gib(f['plan_host_meta'])} meta, {_gib(f['plan_host_eager'])} ordinary), "
+        f"GPU {_gib(f['device_bytes'])}, {f['seconds']:.0f} s"
+    )
+    row.target = "host growth < 4 x the plan's meta figure (the CUDA context takes some)"
+    row.ok = None if sizes.smoke else grew < 4 * f["plan_host_meta"]
+    return row
+
+
+def init_only(out: Path, recipe: str, overrides: list[str]) -> int:
+    """The 7b-init worker: build the trainer, measure, close (no training)."""
+    import torch
+
+    from llm.config import load_config
+    from llm.memory_plan import count_params
+    from llm.trainer import build_trainer, resolve_device
+
+    cfg = load_config(REPO / recipe, overrides)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    started = time.monotonic()
+    trainer = build_trainer(cfg)
+    seconds = time.monotonic() - started
+    counts = count_params(cfg.model)
+    device = resolve_device(cfg)
+    result = {
+        "params": counts.total,
+        "on_meta": bool(cfg.fsdp.enabled and cfg.fsdp.init_on_meta and device == "gpu"),
+        "host_before_bytes": before,
+        "host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "device_bytes": torch.cuda.memory_allocated() if device == "gpu" else None,
+        "plan_host_meta": 4 * counts.largest,
+        "plan_host_eager": 4 * counts.total,
+        "seconds": seconds,
+    }
+    trainer.close()
+    out.write_text(json.dumps(result))
+    return 0
+
+
+def check_resume_and_generation(ctx: Context, timeout: float) -> list[Row]:
+    """The CPU soak's bit-identity check on fewer steps, and the generation callback in the reference."""
+    sizes = ctx.sizes
+    folder = ctx.work / "resume"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    recipe = folder / "recipe.yaml"
+    shutil.copy(REPO / "recipes" / "tiny.yaml", recipe)
+    steps = sizes.resume_steps
+    base = [
+        *common_overrides(folder, "resume", ctx.data["tiny"], ctx.data["tokenizer"], ctx.device),
+        *sizes.tiny_model,
+        f"training.max_duration={steps}ba",
+        f"checkpoint.save_interval={sizes.resume_save_every}ba",
+        "checkpoint.num_to_keep=2",
+    ]
+    env = {"LLM_GPU_CHECK_DETERMINISTIC": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    reference = [
+        f"checkpoint.save_folder={folder / 'ckpt-reference'}",
+        f"run_dir={folder / 'runs' / 'reference'}",
+        "callbacks.generate.enabled=true",
+        f"callbacks.generate.interval={steps}ba",
+        f"callbacks.generate.max_new_tokens={sizes.generate_tokens}",
+    ]
+    ref = _harness_run(recipe, "reference", [*base, *reference], env, timeout)
+    interrupted = [*base, f"checkpoint.save_folder={folder / 'ckpt'}"]
+    first = rs.interrupt(recipe, "first", cwd=REPO, at_batch=sizes.resume_stop, sig=signal.SIGTERM,
+                         overrides=interrupted, env=env, driver=DRIVER)  # fmt: skip
+    stop = first.batches()[-1]["batch"] if first.batches() else None
+    second = _harness_run(recipe, "second", interrupted, env, timeout)
+    return [_resume_row(ref, first, second, stop, steps), _generation_row(folder / "runs" / "reference", ref)]
+
+
+def _harness_run(recipe: Path, tag: str, overrides: list[str], env: dict, timeout: float):
+    result = rs.run(recipe, tag, cwd=REPO, overrides=overrides, env=env, timeout=timeout, driver=DRIVER)
+    if result.returncode != 0:
+        raise RuntimeError(f"{tag} run: exit {result.returncode}; {_tail(recipe.parent / f'{tag}.log')}")
+    return result
+
+
+def _resume_row(ref, first, second, stop: int | None, steps: int) -> Row:
+    import torch
+
+    row = Row("resume", f"SIGTERM + resume, {steps} steps", target="bit-identical to an uninterrupted run")
+    if stop is None or not 0 < stop < steps:
+        raise RuntimeError(f"the interrupted run stopped at batch {stop}: {first.output[-300:]}")
+    done = [b for b in first.batches() if b["batch"] <= stop]
+    combined = [*done, *second.batches()]
+    reference = ref.batches()
+    same_samples = [b["ids"] for b in combined] == [b["ids"] for b in reference]
+    same_losses = [b["loss"] for b in combined] == [b["loss"] for b in reference]
+    wa, wb = rs.load_weights(ref.weights), rs.load_weights(second.weights)
+    same_weights = wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    worst = max((float((wa[k].float() - wb[k].float()).abs().max()) for k in wa if k in wb), default=math.nan)
+    row.figures = {"stop": stop, "same_samples": same_samples, "same_losses": same_losses,
+                   "same_weights": same_weights, "max_weight_difference": worst}  # fmt: skip
+    row.result = (
+        f"stopped after batch {stop}, resumed to {steps}: samples {'same' if same_samples else 'DIFFER'}, "
+        f"losses {'equal' if same_losses else 'DIFFER'}, final weights "
+        f"{'bit-identical' if same_weights else f'differ by up to {worst:.3g}'}"
+    )
+    row.ok = same_samples and same_losses and same_weights
+    return row
+
+
+def _generation_row(run_dir: Path, ref) -> Row:
+    row = Row("generation", "callback at the end of the reference run", target="runs, writes samples.jsonl")
+    samples = run_dir / "samples.jsonl"
+    rows = [json.loads(line) for line in samples.read_text().splitlines()] if samples.exists() else []
+    announced = [line for line in ref.output.splitlines() if line.startswith("[generate] step")]
+    row.figures = {"samples": len(rows), "announced": announced}
+    first = f"{rows[0]['prompt']}|{rows[0]['text'][:20]!r}" if rows else "none"
+    row.result = (
+        f"{len(rows)} continuations written ({announced[-1][11:] if announced else 'no log line'}); {first}"
+    )
+    row.ok = bool(rows) and all(isinstance(r.get("text"), str) for r in rows)
+    return row
+
+
+# --- orchestration ----------------------------------------------------------------------------
+
+
+def prepare(sizes: Sizes, work: Path) -> dict:
+    tokenizer = write_tokenizer(work / "tokenizer.model")
+    tiny_vocab, tiny_seq, batch = (512, 64, 4) if sizes.smoke else (64793, 512, 32)
+    tiny_samples = max(sizes.tiny_warmup + sizes.tiny_steps, sizes.resume_steps) * batch + batch
+    s = sizes.slice_shape
+    slice_samples = (sizes.slice_warmup + sizes.slice_steps) * sizes.slice_batch + sizes.slice_batch
+    return {
+        "tokenizer": tokenizer,
+        "tiny": write_token_shards(work / "tiny" / "train", tiny_samples, tiny_seq, tiny_vocab, tokenizer),
+        "slice": write_token_shards(work / "slice" / "train", slice_samples, s.max_seq_len, s.vocab_size, tokenizer),
+    }  # fmt: skip
+
+
+def plan_checks(ctx: Context) -> list:
+    """(name, estimated seconds on an H200, function of the timeout returning rows), most important first."""
+    checks = [
+        ("tiny, compile off", 40, lambda t: [check_tiny(ctx, False, t)]),
+        ("7b-slice, compile off", 60, lambda t: [check_slice(ctx, False, t)]),
+        ("7b-init", 90, lambda t: [check_init(ctx, t)]),
+        ("resume + generation", 90, lambda t: check_resume_and_generation(ctx, t)),
+    ]
+    if True in ctx.sizes.compile_modes:
+        checks += [
+            ("tiny, compile on", 90, lambda t: [check_tiny(ctx, True, t)]),
+            ("7b-slice, compile on", 100, lambda t: [check_slice(ctx, True, t)]),
+        ]
+    return checks
+
+
+def run_checks(checks, budget: Budget, smoke: bool) -> list[Row]:
+    rows: list[Row] = []
+    for name, estimate, check in checks:
+        left = budget.left()
+        if not smoke and left < estimate:
+            rows.append(
+                Row(name, "", error=f"skipped: {left:.0f} s of the time budget left, needs ~{estimate} s")
+            )
+            continue
+        print(f"[gpu-check] {name} ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        try:
+            rows += check(max(60.0, left) if not smoke else 900.0)
+        except Exception as err:  # one failed check must not hide the others' figures
+            rows.append(Row(name, "", ok=False, error=f"{type(err).__name__}: {err}"))
+        print(f"[gpu-check] {name}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def format_table(rows: list[Row], header: str) -> str:
+    width = max(len(f"{r.check} ({r.setting})") for r in rows) if rows else 10
+    lines = [header, f"{'check':<{width}}  {'ok':<4}  result   [target]"]
+    for r in rows:
+        name = f"{r.check} ({r.setting})" if r.setting else r.check
+        ok = "-" if r.ok is None else "yes" if r.ok else "NO"
+        body = r.error if r.error else f"{r.result}   [{r.target}]" if r.target else r.result
+        lines.append(f"{name:<{width}}  {ok:<4}  {body}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU, toy sizes, fp32, no compile (the test suite's run)"
+    )
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--work", help="working folder (default: a new temporary one, removed at the end)")
+    parser.add_argument(
+        "--slice-checkpointing",
+        choices=["on", "off"],
+        default="off",
+        help="activation checkpointing in the 7b-slice (default off: the layers that fit, no recompute)",
+    )
+    parser.add_argument("--budget", type=float, default=BUDGET_SECONDS, help="seconds for all checks (GPU)")
+    parser.add_argument("--init-only", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.init_only:
+        out, recipe, *overrides = args.init_only
+        return init_only(Path(out), recipe, overrides)
+    import torch
+
+    sizes = SMOKE if args.smoke else GPU
+    if not args.smoke and not torch.cuda.is_available():
+        print(
+            "error: no CUDA GPU visible; run on an H100/H200, or pass --smoke for the CPU check",
+            file=sys.stderr,
+        )
+        return 2
+    device = "cpu" if args.smoke else "gpu"
+    memory = SMOKE_MEMORY_BYTES if args.smoke else torch.cuda.get_device_properties(0).total_memory
+    if args.smoke:
+        name = "cpu (smoke: fp32, toy sizes, a pretend 24 MiB device)"
+    else:
+        name = f"{torch.cuda.get_device_name(0)} ({memory / GIB:.0f} GiB)"
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="llm-gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget)
+    try:
+        ctx = Context(sizes, work, prepare(sizes, work), device, memory, args.slice_checkpointing == "on")
+        rows = run_checks(plan_checks(ctx), budget, args.smoke)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    spent = time.monotonic() - budget.started
+    header = (f"gpu-check: {name}, torch {torch.__version__}, "
+              f"{len(rows)} checks in {spent:.0f} s (budget {args.budget:.0f} s)")  # fmt: skip
+    print(format_table(rows, header), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1, default=str))
+    failed = [r for r in rows if r.error or r.ok is False]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Score the same exported model on the same task with lm-evaluation-harness and with `llm.eval`.
+
+Shared by the agreement test (tests/test_eval_lm_harness.py) and `make bench-eval`, which prints the
+figures. lm-eval (`pip install 'lm-eval[hf]'`) reads the `llm export` folder with its Hugging Face
+backend and a YAML task written here for each subject: the same CSV files, the same prompt (the
+description, the first `shots` dev examples joined by a blank line, the question), the same
+continuations. Our scorer starts every prompt with the tokenizer's EOS, the document boundary our
+models train on; lm-eval is given the same start by a tokenizer whose BOS is that EOS.
+
+Nothing is downloaded: the model, tokenizer and CSVs are local, and the Hugging Face libraries run
+offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm.eval import harness
+from llm.eval.prompts import ANSWER_CUE, LETTERS, description
+from llm.eval.tasks import Subject, Task
+from llm.tokenizer import Tokenizer
+from llm.weights import load_model
+
+
+@dataclass
+class Agreement:
+    questions: int
+    max_abs_diff: float  # the largest |ours - lm-eval| over every option's log-likelihood
+    same_choices: int  # questions where both pick the same option
+    ours: dict[str, tuple[float, float]]  # "task/subject" -> (acc, acc_norm)
+    theirs: dict[str, tuple[float, float]]
+
+
+def lm_eval_yaml(task: Task, subject: Subject, name: str, shots: int) -> dict:
+    """An lm-eval task config scoring `subject` as `llm.eval` does."""
+    letters = list(LETTERS[: len(subject.questions[0].options)])
+    if task.style == "cloze":
+        text, choices = "{{question}}", "{{[" + ", ".join(letters) + "]}}"
+    else:
+        options = "".join(f"\n{x}. {{{{{x}}}}}" for x in letters)
+        text, choices = "{{question}}" + options + "\n" + ANSWER_CUE, letters
+    split_dir = Path(subject.source).parent
+    config = {
+        "task": name,
+        "dataset_path": "csv",
+        "dataset_kwargs": {
+            "data_files": {
+                "val": subject.source,
+                "dev": str(split_dir.parent / "dev" / Path(subject.source).name),
+            }
+        },
+        "test_split": "val",
+        "output_type": "multiple_choice",
+        "doc_to_text": text,
+        "doc_to_choice": choices,
+        "doc_to_target": "{{" + repr(letters) + ".index(answer)}}",
+        "target_delimiter": "",
+        "fewshot_delimiter": "\n\n",
+        "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}],
+    }
+    if shots:
+        config |= {"fewshot_split": "dev", "fewshot_config": {"sampler": "first_n"}}
+    header = description(task, subject)
+    if header:
+        config["description"] = header
+    return config
+
+
+def compare(hf_dir: str, task_roots: list[str], shots: int, limit: int, batch_size: int = 8) -> Agreement:
+    """Score with both and compare (local task folders whose subjects have a dev/ twin if shots > 0)."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tasks = harness.load_tasks(task_roots, "val", limit)
+    tokenizer = Tokenizer(Path(hf_dir) / "tokenizer.model")
+    model = load_model(hf_dir)
+    report = harness.run(
+        model, harness.prepare(tasks, tokenizer, shots, tokenizer.start_id), batch_size=batch_size
+    )
+    ours_ll = {
+        f"{t.name}/{s.name}": [q.loglikelihoods for q in s.questions]
+        for t in report.tasks
+        for s in t.subjects
+    }
+    ours = {f"{t.name}/{s.name}": (s.acc, s.acc_norm) for t in report.tasks for s in t.subjects}
+    theirs_ll, theirs = run_lm_eval(hf_dir, tasks, shots, limit, batch_size)
+    diffs = [
+        abs(a - b)
+        for key in ours_ll
+        for qa, qb in zip(ours_ll[key], theirs_ll[key], strict=True)
+        for a, b in zip(qa, qb, strict=True)
+    ]
+    same = sum(
+        _argmax(qa) == _argmax(qb)
+        for key in ours_ll
+        for qa, qb in zip(ours_ll[key], theirs_ll[key], strict=True)
+    )
+    return Agreement(sum(map(len, ours_ll.values())), max(diffs), same, ours, theirs)
+
+
+def run_lm_eval(
+    hf_dir: str, tasks: list[Task], shots: int, limit: int, batch_size: int
+) -> tuple[dict[str, list[list[float]]], dict[str, tuple[float, float]]]:
+    """lm-eval's per-question option log-likelihoods and (acc, acc_norm), keyed "task/subject"."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoTokenizer
+
+    eos = json.loads((Path(hf_dir) / "special_tokens_map.json").read_text())["eos_token"]
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, bos_token=eos, add_bos_token=True)
+    model = HFLM(pretrained=hf_dir, tokenizer=tokenizer, batch_size=batch_size, device="cpu", dtype="float32")
+    names = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for task in tasks:
+            for subject in task.subjects:
+                name = re.sub(r"\W", "_", f"llm_agree_{task.name}_{subject.name}")
+                names[name] = f"{task.name}/{subject.name}"
+                config = lm_eval_yaml(task, subject, name, shots)
+                (Path(folder) / f"{name}.yaml").write_text(json.dumps(config, ensure_ascii=False))
+        results = lm_eval.simple_evaluate(
+            model=model,
+            tasks=sorted(names),
+            num_fewshot=shots,
+            task_manager=TaskManager(include_path=folder),
+            log_samples=True,
+            limit=limit,
+            verbosity="ERROR",
+        )
+    lls, accs = {}, {}
+    for name, key in names.items():
+        samples = sorted(results["samples"][name], key=lambda s: s["doc_id"])
+        lls[key] = [[float(r[0]) for r in s["filtered_resps"]] for s in samples]
+        found = results["results"][name]
+        accs[key] = (found["acc,none"], found["acc_norm,none"])
+    return lls, accs
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=lambda i: (values[i], -i))

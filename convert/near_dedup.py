@@ -1,0 +1,299 @@
+"""Near-duplicate decisions, in input order (main process), from the workers' MinHash signatures.
+
+The workers send, per document, its LSH band keys and its 8-bit sketch (convert/minhash.py).
+Here each batch of documents, in input order:
+
+  1. looks its band keys up in the band index: every earlier document sharing a band key is a
+     candidate (an earlier document of the same batch too);
+  2. verifies each candidate pair by the sketches: the document goes, as a near-duplicate of the
+     candidate with the highest estimate, when an estimate is >= the threshold. Without this
+     step a band collision alone would decide, and LSH's S-curve lets through many pairs well
+     below the threshold: on `make bench-dedup`'s brute-force sample, LSH alone (datasketch,
+     same bands) has a precision of 0.39 at threshold 0.8, with the check 0.91, its errors
+     within 0.04 of the threshold;
+  3. indexes every document of the batch, removed or not, under each band key that has fewer
+     than `per_key` documents yet.
+
+So a document is removed exactly when it is near an earlier document, whatever batches the
+documents came in: the result is the same for any number of workers, on resume, and in a merge
+of tasks (convert/tasks.py), which replays these decisions over the tasks' signatures. The first
+document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A and C are not
+near each other. `per_key` bounds the work on boilerplate: a key shared by thousands of
+documents keeps the first `per_key`, and a new document is compared with those.
+
+Memory: the band index holds 12 bytes (64-bit key, 32-bit position) per band and document,
+the sketches `bins` bytes per document: with the defaults (26 bands at threshold 0.8, 256
+bins) about 570 bytes per document, 5.7 GB per 10 M documents (`make bench-dedup` measures
+it). The index is a log-structured set of sorted numpy arrays: lookups are binary searches in a
+few levels, and a level is merged into the next (a linear merge, no sort) when it grows to half
+its size, so inserting costs O(log n) per key and the index never holds Python objects per key
+(datasketch's in-memory MinHashLSH, a dict of Python sets per band, holds about 8,900 bytes per
+document with the same bands: `make bench-dedup`).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from convert.minhash import estimate_jaccard, jaccard
+from convert.options import NearDedupOptions
+
+_BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
+_MAX_POSITIONS = (1 << 32) - 1
+
+
+class BandIndex:
+    """Band key -> positions of the documents that have it, oldest first, in sorted levels."""
+
+    def __init__(self) -> None:
+        self.levels: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, positions), oldest first
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys, _ in self.levels)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(keys.nbytes + positions.nbytes for keys, positions in self.levels)
+
+    def lookup(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each query key: how many documents have it; and every (query index, position) hit.
+
+        Queries in ascending order are much faster (binary searches that start where the last
+        one ended stay in cache)."""
+        counts = np.zeros(len(queries), dtype=np.int64)
+        hit_queries, hit_positions = [], []
+        for keys, positions in self.levels:
+            low = keys.searchsorted(queries, side="left")
+            found = np.zeros(len(queries), dtype=np.int64)
+            present = np.flatnonzero(keys[np.minimum(low, len(keys) - 1)] == queries)
+            if len(present):
+                found[present] = keys.searchsorted(queries[present], side="right") - low[present]
+            counts += found
+            which = np.flatnonzero(found)
+            if len(which):
+                query, offset = _expand(which, found[which])
+                hit_queries.append(query)
+                hit_positions.append(positions[low[query] + offset])
+        if not hit_queries:
+            return counts, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint32)
+        return counts, np.concatenate(hit_queries), np.concatenate(hit_positions)
+
+    def insert(self, keys: np.ndarray, positions: np.ndarray) -> None:
+        """Add entries; among equal keys, these come after every entry already there."""
+        if not len(keys):
+            return
+        order = np.argsort(keys, kind="stable")
+        self.levels.append((keys[order], positions[order]))
+        while len(self.levels) > 1 and 2 * len(self.levels[-1][0]) >= len(self.levels[-2][0]):
+            newer = self.levels.pop()
+            older = self.levels.pop()
+            self.levels.append(_merge_sorted(older, newer))
+
+
+def _expand(items: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each item repeated `count` times, with 0..count-1 beside it."""
+    repeated = np.repeat(items, counts)
+    starts = np.cumsum(counts) - counts
+    return repeated, np.arange(len(repeated)) - np.repeat(starts, counts)
+
+
+def _merge_sorted(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]):
+    """Two sorted levels as one; equal keys keep the older level's entries first."""
+    (old_keys, old_pos), (new_keys, new_pos) = older, newer
+    total = len(old_keys) + len(new_keys)
+    slots = old_keys.searchsorted(new_keys, side="right") + np.arange(len(new_keys))
+    from_old = np.ones(total, dtype=bool)
+    from_old[slots] = False
+    keys = np.empty(total, dtype=old_keys.dtype)
+    positions = np.empty(total, dtype=old_pos.dtype)
+    keys[slots], positions[slots] = new_keys, new_pos
+    keys[from_old], positions[from_old] = old_keys, old_pos
+    return keys, positions
+
+
+class SketchStore:
+    """Every indexed document's 8-bit sketch, by position, in fixed-size blocks (no regrowth copies)."""
+
+    def __init__(self, bins: int) -> None:
+        self.bins = bins
+        self.blocks: list[np.ndarray] = []
+        self.size = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.bins
+
+    def append(self, sketches: np.ndarray) -> None:
+        done = 0
+        while done < len(sketches):
+            if self.size == len(self.blocks) * _BLOCK_ROWS:
+                self.blocks.append(np.empty((_BLOCK_ROWS, self.bins), dtype=np.uint8))
+            row = self.size % _BLOCK_ROWS
+            take = min(len(sketches) - done, _BLOCK_ROWS - row)
+            self.blocks[-1][row : row + take] = sketches[done : done + take]
+            done += take
+            self.size += take
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        out = np.empty((len(positions), self.bins), dtype=np.uint8)
+        block = positions // _BLOCK_ROWS
+        for b in np.unique(block).tolist():
+            where = np.flatnonzero(block == b)
+            out[where] = self.blocks[b][positions[where] % _BLOCK_ROWS]
+        return out
+
+
+class NearDuplicates:
+    """The near-duplicate decisions of one conversion (see the module docstring)."""
+
+    def __init__(self, options: NearDedupOptions) -> None:
+        self.options = options
+        self.index = BandIndex()
+        self.sketches = SketchStore(options.bins)
+        self.candidates = 0  # pairs verified, for the benchmark
+
+    @property
+    def size(self) -> int:
+        return self.sketches.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes + self.sketches.nbytes
+
+    def add(self, keys: np.ndarray, sketches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Decide and index a batch of documents in input order (rows of `keys`, `sketches`).
+
+        Returns, per document, the position of the earlier document it is a near-duplicate of
+        (-1: none) and that pair's estimated Jaccard. The batch's documents get positions
+        `size`, `size + 1`, ... (read `size` before the call).
+        """
+        count, per_key = len(keys), self.options.per_key
+        base = self.size
+        if base + count > _MAX_POSITIONS:
+            raise OverflowError("more than 2**32 documents in one near-duplicate index")
+        self.sketches.append(sketches)
+        flat = keys.ravel()
+        doc = np.repeat(np.arange(count), keys.shape[1])
+        # Equal keys in document order (the index is searched with the keys sorted).
+        order = np.argsort(flat, kind="stable")
+        sorted_keys, sorted_doc = flat[order], doc[order]
+        stored_before, hit_query, hit_position = self.index.lookup(sorted_keys)
+
+        # Within the batch: each key takes the documents that fit, in document order.
+        starts_group = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
+        group_start = np.flatnonzero(starts_group)[np.cumsum(starts_group) - 1]
+        rank = np.arange(len(sorted_keys)) - group_start
+        room = np.maximum(per_key - stored_before, 0)
+        earlier = np.minimum(rank, room)  # stored documents of this batch before this one
+        source, offset = _expand(np.arange(len(sorted_keys)), earlier)
+
+        later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
+        before = np.concatenate(
+            [hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]]
+        )
+        match, estimate = self._verify(later, before, base, count, sketches)
+
+        stored = rank < room
+        self.index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32))
+        return match, estimate
+
+    def _verify(self, later: np.ndarray, before: np.ndarray, base: int, count: int, sketches: np.ndarray):
+        match = np.full(count, -1, dtype=np.int64)
+        estimate = np.zeros(count, dtype=np.float64)
+        width = base + count
+        pairs = np.unique(later * width + before)
+        later, before = pairs // width, pairs % width
+        keep = before != base + later  # (a document's two bands with one key: never itself)
+        later, before = later[keep], before[keep]
+        self.candidates += len(later)
+        if not len(later):
+            return match, estimate
+        scores = np.empty(len(later))
+        step = max(1, (1 << 24) // self.options.bins)  # bounded temporary arrays
+        for lo in range(0, len(later), step):
+            hi = lo + step
+            scores[lo:hi] = estimate_jaccard(sketches[later[lo:hi]], self.sketches.take(before[lo:hi]))
+        near = scores >= self.options.threshold
+        if near.any():
+            later, before, scores = later[near], before[near], scores[near]
+            best = np.lexsort((before, -scores, later))  # per document: highest estimate, then earliest
+            first = best[np.r_[True, later[best][1:] != later[best][:-1]]]
+            match[later[first]] = before[first]
+            estimate[later[first]] = scores[first]
+        return match, estimate
+
+
+class PairSample:
+    """A fixed-size, deterministic sample of near-duplicate pairs with their texts, for the report.
+
+    Members are the indexed documents whose first band key is among the `keys` smallest distinct
+    first band keys seen, at most `per_key` per key (the first in input order). Near-duplicates
+    often share that key, so a member's match is often a member too; the report shows the removed
+    members whose match is one. The members depend only on the documents, not on batches or
+    workers, and the smallest keys of several tasks together are the smallest keys of all, so a
+    merge of tasks finds the same sample (tasks keep `2 * per_key` per key as a margin for
+    documents that turn out to be exact duplicates across tasks).
+    """
+
+    def __init__(self, keys: int = 1024, per_key: int = 4) -> None:
+        self.capacity, self.per_key = keys, per_key
+        self.members: dict[int, list[tuple[int, str]]] = {}
+        self._heap: list[int] = []  # negated keys: the largest member key on top
+        self._key_of: dict[int, int] = {}  # position -> key
+        self.removed: dict[int, tuple[int, float]] = {}  # position -> (match position, estimate)
+
+    @property
+    def bound(self) -> int:
+        """Keys at or above this cannot join (2**64 while there is room)."""
+        return -self._heap[0] if len(self.members) >= self.capacity else 1 << 64
+
+    def offer(self, key: int, position: int, text: str) -> None:
+        if key in self.members:
+            members = self.members[key]
+            if len(members) < self.per_key:
+                members.append((position, text))
+                self._key_of[position] = key
+            return
+        if key >= self.bound:
+            return
+        if len(self.members) >= self.capacity:
+            self._evict(-heapq.heappop(self._heap))
+        heapq.heappush(self._heap, -key)
+        self.members[key] = [(position, text)]
+        self._key_of[position] = key
+
+    def _evict(self, key: int) -> None:
+        for position, _ in self.members.pop(key):
+            del self._key_of[position]
+            self.removed.pop(position, None)
+
+    def record(self, position: int, match: int, estimate: float) -> None:
+        if position in self._key_of:
+            self.removed[position] = (match, estimate)
+
+    def texts(self) -> list[tuple[int, int, str]]:
+        """(key, position, text) of every member, by key then position."""
+        return [(key, pos, text) for key in sorted(self.members) for pos, text in self.members[key]]
+
+    def pairs(self, ngram: int, limit: int = 100) -> list[dict]:
+        """Up to `limit` removed members with their (member) match, exact Jaccard computed."""
+        text_of = {pos: text for _, pos, text in self.texts()}
+        out = []
+        for _, position, text in self.texts():
+            if position not in self.removed:
+                continue
+            match, estimate = self.removed[position]
+            if match not in text_of:
+                continue
+            kept = text_of[match]
+            out.append({
+                "kept": {"position": match, "text": kept},
+                "removed": {"position": position, "text": text},
+                "estimated_jaccard": round(estimate, 4),
+                "jaccard": round(jaccard(kept, text, ngram), 4),
+            })  # fmt: skip
+            if len(out) == limit:
+                break
+        return out

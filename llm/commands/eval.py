@@ -1,0 +1,108 @@
+"""`llm eval CHECKPOINT --tasks PATH... [--shots 5] [--out results.json]`: multiple-choice accuracy.
+
+    llm eval runs/demo/checkpoints --tokenizer data/demo/tokenizer.model --tasks data/demo/tasks/zh-demo
+    llm eval export/demo --tasks data/ceval data/cmmlu --shots 5          # an `llm export` folder
+    llm eval s3://bkt/ckpt/ep0-ba2000-rank0.pt --tokenizer tok.model --tasks s3://bkt/ceval
+
+CHECKPOINT is whatever `llm generate` takes: a checkpoint file, a run's checkpoint folder (its
+newest verified checkpoint), an `llm import` output or an exported Hugging Face folder, local or
+s3://. Each PATH is a task folder in C-Eval's / CMMLU's CSV layout (llm/eval/tasks.py). Prints a
+table (accuracy per subject and per task) and writes JSON with every question's option
+log-likelihoods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from llm.errors import ConfigError
+from llm.eval import harness
+from llm.tokenizer import Tokenizer
+from llm.weights import load_model
+from storage import is_remote, join, open_store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "checkpoint", help="checkpoint file or run folder (local or s3://), or exported folder"
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", required=True, metavar="PATH", help="task folders (local or s3://)"
+    )
+    parser.add_argument(
+        "--shots", type=int, default=0, help="few-shot examples from each dev split (C-Eval: 5)"
+    )
+    parser.add_argument(
+        "--split", default=None, help="split to evaluate (default: val if present, else test)"
+    )
+    parser.add_argument("--max-questions", type=int, default=None, help="only the first N of each subject")
+    parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default 8)")
+    parser.add_argument(
+        "--no-shared-prompt",
+        dest="shared",
+        action="store_false",
+        help="one row per option (lm-eval's way) instead of one row per question",
+    )
+    parser.add_argument("--tokenizer", help="SentencePiece .model (default: the export's tokenizer.model)")
+    parser.add_argument("--recipe", help="recipe whose model: section gives the shape")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--out", default="eval_results.json", help="JSON results (local or s3://)")
+
+
+def run(args: argparse.Namespace) -> int:
+    tasks = harness.load_tasks(
+        args.tasks, args.split, args.max_questions
+    )  # a bad CSV fails before the model loads
+    tokenizer = Tokenizer(tokenizer_path(args.checkpoint, args.tokenizer, args.recipe))
+    prepared = harness.prepare(tasks, tokenizer, args.shots, tokenizer.start_id)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    model = load_model(args.checkpoint, args.recipe, device=device).to(getattr(torch, args.dtype))
+    tokenizer.check_fits(model.cfg.vocab_size)
+    report = harness.run(model, prepared, batch_size=args.batch_size, shared=args.shared)
+    print(report.table())
+    if report.truncated:
+        print(
+            f"warning: {report.truncated} of {report.num_questions} prompts were longer than the model's "
+            f"context of {model.cfg.max_seq_len} tokens and were cut from the left"
+            + (" (fewer --shots shortens them)" if args.shots else "")
+        )
+    rate = report.num_questions / report.seconds if report.seconds else 0.0
+    print(f"{report.num_questions} questions in {report.seconds:.1f} s ({rate:.1f} questions/s)")
+    result = {
+        "checkpoint": args.checkpoint,
+        "shots": args.shots,
+        "shared_prompt": args.shared,
+        "dtype": args.dtype,
+        **report.to_json(),
+    }
+    write_json(args.out, result)
+    print(f"results: {args.out}")
+    return 0
+
+
+def tokenizer_path(checkpoint: str, given: str | None, recipe: str | None) -> str:
+    """--tokenizer, else the tokenizer an export ships, else the recipe's tokenizer.path."""
+    if given:
+        return given
+    shipped = join(checkpoint, "tokenizer.model")
+    parent, _, name = shipped.rpartition("/")
+    if (is_remote(checkpoint) or not checkpoint.endswith((".pt", ".pth"))) and open_store(parent).exists(
+        name
+    ):
+        return shipped
+    if recipe:
+        from llm.config import load_config
+
+        return load_config(recipe).tokenizer.path
+    raise ConfigError(
+        f"{checkpoint} ships no tokenizer.model: pass --tokenizer (the SentencePiece model it was trained with)"
+    )
+
+
+def write_json(out: str, data: dict) -> None:
+    parent, _, name = out.rstrip("/").rpartition("/")
+    open_store(parent or ".").write_text(name, json.dumps(data, indent=2, ensure_ascii=False) + "\n")

@@ -1,0 +1,114 @@
+"""`llm eval`: our checkpoints (local, S3) and HF exports; a table, a JSON file, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llm.commands import main as llm_main
+from llm.model import ModelConfig, Transformer
+
+CFG = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=128, tie_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, small_tokenizer):
+    from convert.demo_tasks import write_demo_tasks
+    from llm.hf_export import export_hf
+    from llm.weights import save_composer_weights
+
+    root = tmp_path_factory.mktemp("cli")
+    model = Transformer(CFG, seed=2)
+    ckpt = save_composer_weights(dict(model.state_dict()), CFG, root / "w.pt")
+    hf = export_hf(model, root / "hf", small_tokenizer)
+    write_demo_tasks(str(root / "zh-demo"), questions=5)
+    return root, ckpt, hf
+
+
+def test_an_export_and_its_checkpoint_score_alike_and_write_json(setup, small_tokenizer, capsys):
+    root, ckpt, hf = setup
+    task = str(root / "zh-demo")
+    assert llm_main(["eval", str(hf), "--tasks", task, "--shots", "1", "--out", str(root / "hf.json")]) == 0
+    table = capsys.readouterr().out
+    assert (
+        "zh-demo (val, cloze, 1-shot)" in table and "news_next_sentence" in table and "questions/s" in table
+    )
+    args = ["eval", str(ckpt), "--tokenizer", small_tokenizer, "--tasks", task, "--shots", "1"]
+    assert llm_main([*args, "--no-shared-prompt", "--out", str(root / "ckpt.json")]) == 0
+    ours, exported = (json.loads((root / n).read_text()) for n in ("ckpt.json", "hf.json"))
+    a, b = ours["tasks"]["zh-demo"], exported["tasks"]["zh-demo"]
+    assert ours["questions"] == 10 and ours["shared_prompt"] is False and exported["shared_prompt"] is True
+    assert (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"])
+    for subject in a["subjects"]:
+        for qa, qb in zip(a["subjects"][subject]["details"], b["subjects"][subject]["details"], strict=True):
+            assert qa["loglikelihoods"] == pytest.approx(qb["loglikelihoods"], abs=1e-4)
+
+
+@pytest.mark.s3
+def test_a_checkpoint_and_a_task_on_s3(setup, small_tokenizer, s3_bucket, capsys):
+    from convert.demo_tasks import write_demo_tasks
+    from storage import open_store
+
+    root, ckpt, _ = setup
+    store = open_store(f"s3://{s3_bucket}/run")
+    store.upload(ckpt, "ckpt/ep0-ba10-rank0.pt")
+    write_demo_tasks(f"s3://{s3_bucket}/run/zh-demo", questions=3)
+    out = f"s3://{s3_bucket}/run/results.json"
+    args = ["eval", f"s3://{s3_bucket}/run/ckpt/ep0-ba10-rank0.pt", "--tokenizer", small_tokenizer]
+    assert llm_main([*args, "--tasks", f"s3://{s3_bucket}/run/zh-demo", "--out", out]) == 0
+    results = store.read_json("results.json")
+    assert results["questions"] == 6 and set(results["tasks"]["zh-demo"]["subjects"]) == {
+        "news_next_sentence",
+        "review_sentiment",
+    }
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tasks", "NOWHERE"], "task folder NOWHERE does not exist"),
+        (["--tasks", "TASK", "--shots", "6"], "6 shots asked but it has 5 dev examples"),
+        (["--tasks", "TASK", "--tokenizer", "missing.model"], "tokenizer missing.model does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(setup, extra, message, capsys):
+    root, _, hf = setup
+    extra = [str(root / "zh-demo") if a == "TASK" else a for a in extra]
+    assert llm_main(["eval", str(hf), *extra, "--out", str(root / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused(setup, capsys):
+    root, ckpt, _ = setup
+    assert llm_main(["eval", str(ckpt), "--tasks", str(root / "zh-demo")]) == 2
+    assert "ships no tokenizer.model: pass --tokenizer" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_context_is_cut_and_counted(setup, small_tokenizer, capsys, tmp_path):
+    from llm.hf_export import export_hf
+
+    root, _, _ = setup
+    short = export_hf(Transformer(ModelConfig(**{**CFG.__dict__, "max_seq_len": 48}), seed=2), tmp_path / "s")
+    args = [
+        "eval",
+        str(short),
+        "--tokenizer",
+        small_tokenizer,
+        "--tasks",
+        str(root / "zh-demo"),
+        "--shots",
+        "2",
+    ]
+    assert llm_main([*args, "--out", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    truncated = json.loads((tmp_path / "r.json").read_text())["truncated"]
+    assert (
+        truncated > 0
+        and f"warning: {truncated} of 10 prompts were longer than the model's context of 48" in out
+    )
+    assert torch.isfinite(
+        torch.tensor(json.loads((tmp_path / "r.json").read_text())["tasks"]["zh-demo"]["acc"])
+    )

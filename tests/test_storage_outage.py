@@ -1,0 +1,80 @@
+"""S3 failing while a run trains: data reading and checkpoint saving end in one clear line within
+a bounded time (never a hang), the last stored checkpoint stays intact, and the same command
+resumes once the storage is back."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fault_proxy import FaultProxy
+from resume_support import SAVE_EVERY, run, start, wait_for_batch, write_recipe, write_shards
+
+# Each request: 2 attempts of at most 1 s; streaming's shard downloads the same, twice over.
+FAST_FAILURE = {"LLM_S3_MAX_ATTEMPTS": "2", "LLM_S3_READ_TIMEOUT": "1", "LLM_S3_CONNECT_TIMEOUT": "1"}
+BOUND_SECONDS = 90  # the policy's worst case here is well under a minute, plus shutdown
+
+
+def upload(s3_server, bucket: str, split, prefix: str) -> str:
+    client = s3_server.client()
+    for path in sorted(split.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(split).as_posix()}")
+    return f"s3://{bucket}/{prefix}"
+
+
+def frozen_run(tmp_path, proxy, recipe, overrides=()):
+    """Train through the proxy; freeze the server once the checkpoint at SAVE_EVERY is stored."""
+    env = {"S3_ENDPOINT_URL": proxy.endpoint, **FAST_FAILURE}
+    proc, record, _ = start(recipe, "first", cwd=tmp_path, sleep=0.3, env=env, overrides=overrides)
+    wait_for_batch(record, SAVE_EVERY + 1, proc)
+    proxy.set("hang")
+    frozen_at = time.monotonic()
+    proc.wait(timeout=300)
+    return proc, time.monotonic() - frozen_at, proc.tag_log.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_a_remote_that_freezes_mid_epoch_ends_in_one_line_and_the_run_resumes_when_it_is_back(
+    tmp_path, s3_server, s3_bucket
+):
+    split = write_shards(tmp_path / "shards", shard_bytes=600)  # ~7 samples a shard, 14 shards
+    remote = upload(s3_server, s3_bucket, split, "frozen/train")
+    recipe = write_recipe(tmp_path / "recipe.yaml", remote, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    proxy = FaultProxy(s3_server.port)
+    lazy = ["data.predownload=4", "data.shuffle_block_size=16"]  # shards fetched as training goes
+    proc, seconds, output = frozen_run(tmp_path, proxy, recipe, lazy)
+
+    assert proc.returncode == 1, output[-3000:]
+    assert "error: reading the training data failed" in output
+    assert "re-run the same command to resume" in output
+    assert seconds < BOUND_SECONDS
+
+    proxy.set("pass")
+    second = run(recipe, "second", cwd=tmp_path, overrides=lazy, env={"S3_ENDPOINT_URL": proxy.endpoint})
+    assert second.returncode == 0, second.output[-3000:]
+    assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in second.output
+    proxy.cut()
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_a_remote_that_freezes_during_a_save_ends_in_one_line_and_keeps_the_previous_checkpoint(
+    tmp_path, s3_server, s3_bucket
+):
+    split = write_shards(tmp_path / "shards")
+    save = f"s3://{s3_bucket}/frozen-save"
+    recipe = write_recipe(tmp_path / "recipe.yaml", split, save, cache=tmp_path / "cache")
+    proxy = FaultProxy(s3_server.port)
+    proc, seconds, output = frozen_run(tmp_path, proxy, recipe)
+
+    assert proc.returncode == 1, output[-3000:]
+    assert f"error: could not store checkpoint {save} (batch {2 * SAVE_EVERY})" in output
+    assert "stopped answering" in output and seconds < BOUND_SECONDS
+
+    proxy.set("pass")
+    second = run(recipe, "second", cwd=tmp_path, env={"S3_ENDPOINT_URL": proxy.endpoint})
+    assert second.returncode == 0, second.output[-3000:]
+    assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in second.output
+    proxy.cut()
