@@ -57,6 +57,9 @@ bench-dedup: install
 bench-train: install
 	$(PY) -m bench.train
 
+bench-data: install
+	$(PY) -m bench.data
+
 soak-resume: install
 	$(PY) -m bench.soak_resume
 

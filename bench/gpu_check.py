@@ -564,7 +564,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--smoke", action="store_true", help="CPU, toy sizes, fp32, no compile (the test suite's run)"
     )
     parser.add_argument("--json", help="also write the rows to this JSON file")
-    parser.add_argument("--work", help="working folder (default: a new temporary one, removed at the end)")
+    parser.add_argument(
+        "--work", help="working folder (default: a temporary one, removed unless a check failed)"
+    )
     parser.add_argument(
         "--slice-checkpointing",
         choices=["on", "off"],
@@ -573,7 +575,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--budget", type=float, default=BUDGET_SECONDS, help="seconds for all checks (GPU)")
     parser.add_argument("--init-only", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)  # fmt: skip
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -599,19 +601,17 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="llm-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
-    try:
-        ctx = Context(sizes, work, prepare(sizes, work), device, memory, args.slice_checkpointing == "on")
-        rows = run_checks(plan_checks(ctx), budget, args.smoke)
-    finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
+    ctx = Context(sizes, work, prepare(sizes, work), device, memory, args.slice_checkpointing == "on")
+    rows = run_checks(plan_checks(ctx), budget, args.smoke)
+    failed = [r for r in rows if r.error or r.ok is False]
+    if not args.work and not failed:  # a failure keeps its logs (named in the table)
+        shutil.rmtree(work, ignore_errors=True)
     spent = time.monotonic() - budget.started
     header = (f"gpu-check: {name}, torch {torch.__version__}, "
               f"{len(rows)} checks in {spent:.0f} s (budget {args.budget:.0f} s)")  # fmt: skip
     print(format_table(rows, header), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1, default=str))
-    failed = [r for r in rows if r.error or r.ok is False]
     return 1 if failed else 0
 
 

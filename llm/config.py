@@ -34,6 +34,7 @@ from llm.model import ModelConfig
 from storage.local import atomic_write_text
 
 DEFAULT_PROMPTS = ["床前明月光", "请你讲一个童话故事：", "感冒的症状是"]
+DATA_KINDS = ("pretrain", "sft")
 
 
 @dataclass
@@ -62,6 +63,9 @@ _SPLIT_FOLDERS = {"train", "val", "valid", "validation", "eval", "test", "dev"}
 class DataConfig:
     train: list[StreamConfig]
     eval: list[StreamConfig] = field(default_factory=list)  # empty -> no evaluation
+    # pretrain: packed documents (`python -m convert shards`), every token scored. sft: prompt/answer
+    # samples (`python -m convert sft`), the loss averaged over answer tokens only. meta.json must agree.
+    kind: str = "pretrain"
     # Where remote shards are cached (local split folders are read in place, never copied).
     cache_root: str = "${oc.env:LLM_CACHE_ROOT,/tmp/llm-stream-cache}"
     # Cache size per dataset (train, eval) for remote streams: "200gb", "auto" (80% of the cache
@@ -180,10 +184,37 @@ class CallbacksConfig:
 
 
 @dataclass
+class MLflowConfig:
+    """Composer's MLFlowLogger (llm/trackers.py); needs the `mlflow` extra."""
+
+    enabled: bool = False
+    tracking_uri: str | None = None  # http://host:5000, databricks, ...; None: env MLFLOW_TRACKING_URI
+    experiment_name: str = "llm-pretrain"
+    run_name: str | None = None  # None: the recipe's run_name
+    flush_interval: float = 5.0  # seconds between sends; points logged meanwhile go in one request
+    close_timeout: float = 30.0  # seconds the end of a run waits for an unreachable server
+
+
+@dataclass
+class WandBConfig:
+    """Composer's WandBLogger (llm/trackers.py); needs the `wandb` extra."""
+
+    enabled: bool = False
+    project: str = "llm-pretrain"
+    entity: str | None = None
+    name: str | None = None  # the run's display name; None: the recipe's run_name
+    mode: str | None = None  # online | offline | disabled; None: env WANDB_MODE, else online
+    dir: str | None = None  # where W&B writes its files; None: <run_dir>
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
 class LoggersConfig:
     progress_bar: bool = True
     metrics_file: bool = True  # <run_dir>/metrics.jsonl
     tensorboard: bool = False  # <run_dir>/tensorboard
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+    wandb: WandBConfig = field(default_factory=WandBConfig)
 
 
 @dataclass
@@ -389,6 +420,10 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("fsdp.mixed_precision", cfg.fsdp.mixed_precision, ("DEFAULT", "PURE", "FULL"))
     _check_choice("fsdp.state_dict_type", cfg.fsdp.state_dict_type, ("full", "sharded"))
     _check_choice("data.validate_hash", cfg.data.validate_hash, (None, "xxh64", "sha1"))
+    _check_choice("data.kind", cfg.data.kind, DATA_KINDS)
+    _check_choice("loggers.wandb.mode", cfg.loggers.wandb.mode, (None, "online", "offline", "disabled"))
+    if cfg.loggers.mlflow.flush_interval <= 0 or cfg.loggers.mlflow.close_timeout < 0:
+        raise ConfigError("loggers.mlflow.flush_interval must be positive and close_timeout 0 or more (seconds)")
     if cfg.data.cache_limit not in (None, "auto"):
         parse_bytes(cfg.data.cache_limit, "data.cache_limit")
     for key in ("predownload", "download_retry", "shuffle_block_size", "num_canonical_nodes"):

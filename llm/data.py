@@ -2,9 +2,12 @@
 
 Two jobs, in the order the trainer needs them:
 1. `check_streams(cfg)`: read each stream's `meta.json` (local or s3://) and refuse data that
-   contradicts the recipe (vocabulary, sequence length, tokenizer), before any model is built.
+   contradicts the recipe (vocabulary, sequence length, tokenizer, pretraining vs SFT shards),
+   before any model is built.
 2. `build_dataloader(cfg, split, batch_size)`: a StreamingDataset over one or more streams
-   (mixed by proportion), shuffled deterministically, yielding `{"input_ids": LongTensor[B, L]}`.
+   (mixed by proportion), shuffled deterministically, yielding `{"input_ids": LongTensor[B, L]}`;
+   for SFT shards (`data.kind: sft`) also `loss_mask` (bool: the tokens to learn) and `segments`
+   (the example each token belongs to, 0 = padding), see convert/FORMAT.md.
 
 `batch_size` is the per-device batch: streaming partitions samples per rank with it, and Composer
 saves the dataset's `state_dict` in checkpoints so a resumed run continues mid-epoch without
@@ -25,9 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from composer.core import DataSpec
 from streaming import Stream, StreamingDataset
 from torch.utils.data import DataLoader
 
+from llm.chat_template import ChatTemplate
 from llm.config import parse_bytes
 from llm.errors import ConfigError
 from storage import RetryPolicy, StorageError, is_remote, join, open_store, read_url
@@ -81,9 +86,34 @@ def check_streams(cfg: TrainConfig) -> dict[str, list[dict[str, Any]]]:
             check_meta(meta, cfg, where, tokenizer_sha)
             check_index(stream.remote, cfg.data.validate_hash, where)
             found[split].append(meta)
+    if cfg.data.kind == "sft":
+        _check_same_template(found)
     if any(is_remote(s.remote) and not s.local for split in SPLITS for s in _streams(cfg, split)):
         check_cache_root(cfg.data.cache_root)
     return found
+
+
+def _check_same_template(found: dict[str, list[dict[str, Any]]]) -> None:
+    """ConfigError unless every SFT stream was rendered with the same chat template."""
+    seen: dict[str, str] = {}
+    for split in SPLITS:
+        for i, meta in enumerate(found[split]):
+            seen.setdefault(json.dumps(meta.get("chat_template"), sort_keys=True), f"data.{split}.{i}")
+    if len(seen) > 1:
+        first, second = list(seen.values())[:2]
+        raise ConfigError(
+            f"{first} and {second} were converted with different chat templates (meta.json "
+            "chat_template); convert every stream with the same `python -m convert sft --template`"
+        )
+
+
+def chat_template_of(cfg: TrainConfig) -> ChatTemplate | None:
+    """The chat template of an SFT recipe's shards (from the first train stream's meta.json; the
+    streams agree, see `check_streams`); None for pretraining."""
+    if cfg.data.kind != "sft":
+        return None
+    remote = cfg.data.train[0].remote
+    return ChatTemplate.from_dict(read_meta(remote).get("chat_template"), f"{join(remote, 'meta.json')}")
 
 
 def check_cache_root(cache_root: str) -> None:
@@ -130,6 +160,7 @@ def check_index(remote: str, validate_hash: str | None, where: str) -> None:
 
 def check_meta(meta: dict[str, Any], cfg: TrainConfig, where: str, tokenizer_sha: str | None) -> None:
     """ConfigError naming the stream, both values and the fix when `meta` contradicts `cfg`."""
+    check_kind(meta, cfg.data.kind, where)
     vocab, model_vocab = meta.get("vocab_size"), cfg.model.vocab_size
     if not isinstance(vocab, int) or vocab > model_vocab:
         raise ConfigError(
@@ -151,6 +182,34 @@ def check_meta(meta: dict[str, Any], cfg: TrainConfig, where: str, tokenizer_sha
             f"{tokenizer_sha}; point tokenizer.path at the tokenizer used for conversion, re-convert, "
             f"or set data.check_tokenizer_hash=false if you are sure they are equivalent"
         )
+
+
+SFT_COLUMNS = ("loss_mask", "segments")
+
+
+def check_kind(meta: dict[str, Any], kind: str, where: str) -> None:
+    """ConfigError when SFT shards meet a pretraining recipe, or pretraining shards an SFT one."""
+    found = meta.get("kind", "pretrain")  # meta.json of pretraining shards may not say
+    if found == kind:
+        if kind == "sft" and not all(c in (meta.get("columns") or {}) for c in SFT_COLUMNS):
+            raise ConfigError(
+                f"{where}: meta.json says SFT but lists no {' and '.join(SFT_COLUMNS)} columns; re-run "
+                "`python -m convert sft`"
+            )
+        return
+    if found == "sft":
+        raise ConfigError(
+            f"{where}: these are SFT shards (prompt/answer samples from `python -m convert sft`) but the "
+            "recipe pretrains (data.kind=pretrain); set data.kind: sft to fine-tune on them, or point the "
+            "stream at shards from `python -m convert shards`"
+        )
+    if found == "pretrain":
+        raise ConfigError(
+            f"{where}: these are pretraining shards (`python -m convert shards`) but the recipe fine-tunes "
+            "(data.kind=sft), which needs prompt/answer samples with a loss mask; convert the pairs with "
+            "`python -m convert sft`, or set data.kind: pretrain"
+        )
+    raise ConfigError(f"{where}: meta.json has an unknown kind {found!r}; re-run the conversion")
 
 
 def file_sha256(path: str) -> str:
@@ -318,6 +377,18 @@ class TokenDataset(StreamingDataset):
         )
 
 
+class SftDataset(TokenDataset):
+    """SFT samples: token ids, the loss mask and the segment of every position, as tensors."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        sample = StreamingDataset.__getitem__(self, index)
+        return {
+            "input_ids": torch.from_numpy(np.asarray(sample["tokens"]).astype(np.int64)),
+            "loss_mask": torch.from_numpy(np.asarray(sample["loss_mask"]).astype(np.bool_)),
+            "segments": torch.from_numpy(np.asarray(sample["segments"]).astype(np.int32)),
+        }
+
+
 def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | None = None) -> TokenDataset:
     """A (mixed, shuffled) StreamingDataset over the streams of `split` ("train" or "eval"), or over
     its stream number `stream` alone (evaluation reports each eval stream on its own)."""
@@ -352,7 +423,8 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
                 keep_zip=data.keep_zip,
             )
         )
-    return TokenDataset(
+    dataset_class = SftDataset if data.kind == "sft" else TokenDataset
+    return dataset_class(
         streams=streams,
         batch_size=batch_size,
         shuffle=data.shuffle and split == "train",
@@ -413,6 +485,25 @@ def collate_tokens(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"input_ids": torch.stack(samples)}
 
 
+def collate_sft(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
+
+
+def sft_token_counts(batch: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Tokens of an SFT batch: all of them, and those the loss scores (`loss_generating`)."""
+    return {"total": batch["input_ids"].numel(), "loss_generating": int(batch["loss_mask"][:, 1:].sum())}
+
+
+def train_data_spec(cfg: TrainConfig, loader: DataLoader):
+    """What the Trainer gets as training data: the loader, or for SFT a DataSpec counting the answer
+    tokens, so that with `accumulate_train_batch_on_tokens` Composer weights each micro-batch by
+    its answer tokens and the step's loss is the mean over all answer tokens of the global batch
+    (not a mean of per-micro-batch means)."""
+    if cfg.data.kind != "sft":
+        return loader
+    return DataSpec(loader, get_num_tokens_in_batch=sft_token_counts)
+
+
 def build_dataloader(cfg: TrainConfig, split: str, batch_size: int, stream: int | None = None) -> DataLoader:
     """DataLoader yielding `{"input_ids": LongTensor[batch_size, seq_len]}` for one rank (over one
     stream of the split when `stream` is given)."""
@@ -421,7 +512,7 @@ def build_dataloader(cfg: TrainConfig, split: str, batch_size: int, stream: int 
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        collate_fn=collate_tokens,
+        collate_fn=collate_sft if cfg.data.kind == "sft" else collate_tokens,
         num_workers=workers,
         pin_memory=torch.cuda.is_available(),
         drop_last=split == "train",

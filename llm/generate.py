@@ -34,6 +34,7 @@ def generate(
     seed: int | None = None,
     use_cache: bool = True,
     sync_tokens: Callable[[Tensor], Tensor] | None = None,
+    on_step: Callable[[Tensor], None] | None = None,
 ) -> list[list[int]]:
     """Continue each prompt (token ids) by up to `max_new_tokens` tokens; returns the new tokens.
 
@@ -41,7 +42,8 @@ def generate(
     (0 = all) and to the smallest set whose probability reaches `top_p`, then sampled. A row stops
     at `eos_id` (the EOS itself is not returned); the batch stops when every row has. `seed=None`
     seeds from the OS. `sync_tokens`, if given, maps the chosen tokens `[B]` to the ones all ranks
-    use (e.g. a broadcast from rank 0), keeping distributed ranks in lockstep.
+    use (e.g. a broadcast from rank 0), keeping distributed ranks in lockstep. `on_step`, if given,
+    receives each step's tokens `[B]` as they are chosen (`llm chat` streams them this way).
     The model's train/eval mode is restored afterwards.
     """
     _check_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p)
@@ -60,12 +62,13 @@ def generate(
                 seed,
                 use_cache,
                 sync_tokens,
+                on_step,
             )
     finally:
         model.train(was_training)
 
 
-def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache, sync):
+def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache, sync, on_step):
     device = _device_of(model)
     tokens, mask = left_pad(prompts, device)
     # A mask costs an explicit [B, 1, T, S] tensor; equal-length prompts can use the causal kernel.
@@ -89,6 +92,8 @@ def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id,
         if sync is not None:
             chosen = sync(chosen)
         new_tokens.append(chosen)
+        if on_step is not None:
+            on_step(chosen)
         if eos_id is not None:
             finished |= chosen == eos_id
             if bool(finished.all()):

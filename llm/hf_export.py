@@ -6,6 +6,7 @@ The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
     model.safetensors        weights under Llama names (no lm_head when tied: HF re-ties it)
     tokenizer.model          the SentencePiece model, copied
     tokenizer_config.json    LlamaTokenizer settings and the special tokens
+    chat_template.json       an SFT model's chat template (`llm.chat_template`), for `llm chat`
 Names and config keys come from `llm.weights`, which also reads such a folder back. Our rotary
 embeddings already use HF's rotate_half layout, so q/k rows are copied as they are.
 """
@@ -18,15 +19,20 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from llm.chat_template import TEMPLATE_FILE
 from llm.model import Transformer
 from llm.tokenizer import Tokenizer
 from llm.weights import hf_config, to_hf, write_json
 
 
 def export_hf(
-    model: Transformer, out: str | Path, tokenizer_path: str | None = None, dtype: torch.dtype = torch.float32
+    model: Transformer,
+    out: str | Path,
+    tokenizer_path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    chat_template: dict | None = None,
 ) -> Path:
-    """Write `model` (and the tokenizer, if given) into the folder `out`; returns it."""
+    """Write `model` (and the tokenizer and chat template, if given) into the folder `out`; returns it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(tokenizer_path) if tokenizer_path else None
@@ -40,6 +46,8 @@ def export_hf(
     write_json(out / "config.json", hf_config(model.cfg, bos, eos, str(dtype).removeprefix("torch.")))
     if tok is not None:
         write_tokenizer_files(tok, out, model.cfg.max_seq_len)
+    if chat_template is not None:
+        write_json(out / TEMPLATE_FILE, chat_template)
     return out
 
 

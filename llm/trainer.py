@@ -20,23 +20,32 @@ from typing import Any
 import torch
 from composer import Trainer
 from composer.algorithms import GradientClipping
-from composer.callbacks import LRMonitor, MemoryMonitor, SpeedMonitor
+from composer.callbacks import LRMonitor, MemoryMonitor, RuntimeEstimator, SpeedMonitor
 from composer.core import Callback, Evaluator
 from composer.loggers import LoggerDestination
 from composer.utils import dist
 
+from llm.callbacks.chat_record import chat_record_callbacks
 from llm.callbacks.eval_sources import EvalSources, eval_sources_callbacks, source_label
-from llm.callbacks.generation import generation_callbacks
+from llm.callbacks.generation import first_and_last_samples, generation_callbacks
 from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.metrics_file import MetricsFile
+from llm.callbacks.progress import ProgressLine
 from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint.plan import plan_checkpointing
 from llm.composer_model import LanguageModel
 from llm.config import TrainConfig, save_resolved, to_yaml
-from llm.data import all_stream_locals, build_dataloader, check_streams, clean_stale_shared_memory
+from llm.data import (
+    all_stream_locals,
+    build_dataloader,
+    check_streams,
+    clean_stale_shared_memory,
+    train_data_spec,
+)
 from llm.errors import ConfigError
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import all_reduce_between_replicas, compile_blocks, report, sharding_config
+from llm.trackers import build_trackers, check_extras
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -97,7 +106,9 @@ def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
 
 def speed_callbacks(ctx: BuildContext) -> list[Callback]:
     # MFU needs the model's flops_per_batch (LanguageModel has it) and a GPU in Composer's table.
-    return [SpeedMonitor(window_size=ctx.cfg.callbacks.speed_window)]
+    # RuntimeEstimator: the seconds left (time/remaining_estimate), measured from this process's
+    # own steps, so also right after a resume (llm/callbacks/progress.py prints it).
+    return [SpeedMonitor(window_size=ctx.cfg.callbacks.speed_window), RuntimeEstimator(time_unit="seconds")]
 
 
 def lr_callbacks(ctx: BuildContext) -> list[Callback]:
@@ -122,6 +133,7 @@ CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
     loss_plot_callbacks,
     generation_callbacks,
     task_eval_callbacks,
+    chat_record_callbacks,  # SFT: the chat template goes into every checkpoint
 ]
 
 
@@ -134,22 +146,9 @@ def build_loggers(ctx: BuildContext) -> list[LoggerDestination]:
     loggers: list[LoggerDestination] = []
     if cfg.loggers.metrics_file:
         loggers.append(MetricsFile(ctx.run_dir / "metrics.jsonl", interval=cfg.training.log_interval))
-    if cfg.loggers.tensorboard:
-        loggers.append(_tensorboard(ctx.run_dir / "tensorboard"))
+    loggers.extend(build_trackers(cfg, ctx.run_dir))  # TensorBoard, MLflow, W&B: llm/trackers.py
+    loggers.append(ProgressLine(cfg.training.log_interval))  # tokens/s, MFU, time to finish
     return loggers
-
-
-def _tensorboard(log_dir: Path) -> LoggerDestination:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            "loggers.tensorboard=true needs the tensorboard package: pip install tensorboard "
-            "(or set loggers.tensorboard=false)"
-        ) from None
-    from composer.loggers import TensorboardLogger
-
-    return TensorboardLogger(log_dir=str(log_dir))
 
 
 # --- the trainer ------------------------------------------------------------------------------
@@ -191,6 +190,7 @@ def announce(cfg: TrainConfig, run_dir: Path) -> None:
 
 def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> Trainer:
     """A ready-to-fit Composer Trainer for `cfg` (raises ConfigError on unusable settings)."""
+    check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
     check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
@@ -227,7 +227,8 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     trainer = Trainer(
         run_name=cfg.run_name,
         model=model,
-        train_dataloader=train_loader,
+        train_dataloader=train_data_spec(cfg, train_loader),  # SFT: counts answer tokens
+        accumulate_train_batch_on_tokens=cfg.data.kind == "sft",  # SFT: mean over answer tokens
         eval_dataloader=evaluators or None,
         eval_interval=f"{schedule.eval_batches}ba",
         eval_subset_num_batches=cfg.training.eval_subset_num_batches,
@@ -290,6 +291,7 @@ def summarize(trainer: Trainer, cfg: TrainConfig) -> dict[str, Any]:
         "config": str(run_dir / "config.yaml"),
         "metrics_file": str(run_dir / "metrics.jsonl") if cfg.loggers.metrics_file else None,
         "loss_plot": str(run_dir / "loss.png") if cfg.callbacks.loss_plot else None,
+        "samples": first_and_last_samples(run_dir / "samples.jsonl"),
         "checkpoints": cfg.checkpoint.save_folder,
     }
 
@@ -317,6 +319,8 @@ def print_summary(result: dict[str, Any]) -> None:
     if len(result.get("eval_sources") or {}) > 1:
         for name, v in result["eval_sources"].items():
             lines.append(f"    {name:<14} {v['loss']:.4f} (perplexity {v['perplexity']:.2f})")
+    if result.get("samples"):
+        lines.append(result["samples"])
     for key, label in [
         ("loss_plot", "loss plot"),
         ("metrics_file", "metrics"),

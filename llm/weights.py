@@ -51,6 +51,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
+from llm.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE
 from llm.checkpoint import manifest
 from llm.checkpoint.resume import newest_usable_checkpoint, verify_limit
 from llm.config import load_config
@@ -213,7 +214,7 @@ def load_pickle(path: str | os.PathLike | io.BytesIO, source: str, *, trust: boo
             return torch.load(path, map_location="cpu", weights_only=False)
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
         wanted = [] if trust else _unsafe_globals(path)
         if wanted:
             raise ConfigError(
@@ -316,6 +317,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 class LoadedWeights:
     tensors: dict[str, Tensor]  # our parameter names
     model_config: ModelConfig | None  # the shape, when the source records it
+    chat_template: dict | None = None  # an SFT run's chat template, when recorded (llm.chat_template)
 
 
 def read_weights(path: str, *, trust: bool = False) -> LoadedWeights:
@@ -334,7 +336,9 @@ def read_weights(path: str, *, trust: bool = False) -> LoadedWeights:
         return _from_composer_dict(_read_sharded(local, trust), path)
     if local.is_dir() and (local / "config.json").is_file():
         data = json.loads((local / "config.json").read_text(encoding="utf-8"))
-        return LoadedWeights(from_hf(read_hf_tensors(local, trust), str(local)), config_from_hf(data))
+        template_file = local / TEMPLATE_FILE
+        template = json.loads(template_file.read_text(encoding="utf-8")) if template_file.is_file() else None
+        return LoadedWeights(from_hf(read_hf_tensors(local, trust), str(local)), config_from_hf(data), template)
     if local.is_dir():
         raise ConfigError(
             f"{path} is a folder with neither checkpoint manifests nor config.json: pass a checkpoint "
@@ -405,7 +409,7 @@ def _from_composer_dict(obj: Any, path: str) -> LoadedWeights:
             f"{path} is not a Composer checkpoint (no state.model); for baby-llama2-chinese or "
             f"Baichuan weights run `llm import` first"
         )
-    return LoadedWeights(strip_wrappers(state), _recorded_config(obj))
+    return LoadedWeights(strip_wrappers(state), _recorded_config(obj), _recorded(obj, CHAT_TEMPLATE_KEY))
 
 
 def _read_sharded(folder: Path, trust: bool = False) -> dict[str, Any]:
@@ -467,13 +471,19 @@ def _read_sharded(folder: Path, trust: bool = False) -> dict[str, Any]:
     return state
 
 
-def _recorded_config(obj: dict[str, Any]) -> ModelConfig | None:
-    """The model config stored by `llm import` or by the generation callback, if any."""
-    recorded = obj.get(MODEL_CONFIG_KEY)
+def _recorded(obj: dict[str, Any], key: str) -> Any:
+    """What the checkpoint stores under `key`, at its top level or in a callback's state."""
+    recorded = obj.get(key)
     callbacks = obj.get("state", {}).get("callbacks") or {}
     for cb_state in callbacks.values():
         if recorded is None and isinstance(cb_state, dict):
-            recorded = cb_state.get(MODEL_CONFIG_KEY)
+            recorded = cb_state.get(key)
+    return recorded
+
+
+def _recorded_config(obj: dict[str, Any]) -> ModelConfig | None:
+    """The model config stored by `llm import` or by the generation callback, if any."""
+    recorded = _recorded(obj, MODEL_CONFIG_KEY)
     if not recorded:
         return None
     names = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -488,7 +498,13 @@ def load_model(
 ) -> Transformer:
     """A Transformer with the weights at `path`, in eval mode, shaped by `recipe` or the checkpoint
     (`trust`: see `read_weights`)."""
-    weights = read_weights(path, trust=trust)
+    return model_from_weights(read_weights(path, trust=trust), path, recipe, device)
+
+
+def model_from_weights(
+    weights: LoadedWeights, path: str, recipe: str | None = None, device: str | torch.device = "cpu"
+) -> Transformer:
+    """`load_model` for weights already read (`read_weights`) from `path`."""
     if recipe:
         cfg = load_config(recipe).model
     elif weights.model_config is not None:

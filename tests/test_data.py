@@ -70,15 +70,19 @@ def test_streams_mix_by_proportion(tmp_path, train_data):
 
 def test_each_dataset_gets_its_own_cache_folder(tmp_path, train_data):
     cfg = _cfg(tmp_path, train_data)
-    stream = cfg.data.train[0]
+    remote = type(cfg.data.train[0])(remote="s3://bkt/shards/train")  # remote splits are cached
+    other = type(remote)(remote="s3://bkt/shards/val")
     locals_ = {
-        stream_local(cfg, "train", 0, stream),
-        stream_local(cfg, "eval", 0, stream),
-        stream_local(cfg, "train", 1, stream),
-        stream_local(cfg, "train", 0, type(stream)(remote=str(train_data.val))),
+        stream_local(cfg, "train", 0, remote, "idx1"),
+        stream_local(cfg, "eval", 0, remote, "idx1"),
+        stream_local(cfg, "train", 1, remote, "idx1"),
+        stream_local(cfg, "train", 0, other, "idx1"),
+        stream_local(cfg, "train", 0, remote, "idx2"),  # the remote's index.json changed
     }
-    assert len(locals_) == 4
+    assert len(locals_) == 5
     assert all(p.startswith(str(tmp_path / "run" / "cache" / "test")) for p in locals_)
+    # a local split is read where it is
+    assert stream_local(cfg, "train", 0, cfg.data.train[0]) == str(train_data.train.resolve())
 
 
 # --- metadata --------------------------------------------------------------------------------
@@ -227,7 +231,7 @@ def _tampered_copy(split: Path, dest: Path) -> Path:
     """A copy of `split` whose first shard holds other tokens, still valid zstd of the same size."""
     import zstd
 
-    shutil.copytree(split, dest)
+    shutil.copytree(split, dest, ignore=shutil.ignore_patterns("*.mds"))  # as converted: zstd only
     index = json.loads((dest / "index.json").read_text())
     zip_path = dest / index["shards"][0]["zip_data"]["basename"]
     raw = bytearray(zstd.decompress(zip_path.read_bytes()))

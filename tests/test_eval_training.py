@@ -16,6 +16,7 @@ from llm.callbacks.task_eval import TaskEvalCallback
 from llm.composer_model import LanguageModel
 from llm.errors import ConfigError
 from llm.model import ModelConfig
+from llm.plots import load_run
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +80,11 @@ def test_each_eval_stream_reports_its_loss_and_the_token_weighted_total(
     # The state, the summary and the plot read the total; the plot also has each source's curve.
     assert result["eval_loss"] == pytest.approx(evals[-1]["eval_loss"])
     assert set(result["eval_sources"]) == {"news", "seen"}
-    assert [s for s, _ in plot.eval] == [12, 24] and {
-        n: [s for s, _ in v] for n, v in plot.sources.items()
-    } == {
-        "news": [12, 24],
-        "seen": [12, 24],
-    }
+    curves = load_run(str(tmp_path / "run"))  # what loss.png is drawn from
+    tokens_at = [12 * 8 * train_data.seq_len, 24 * 8 * train_data.seq_len]
+    assert curves.points("eval_loss")[0] == tokens_at and curves.eval_sources() == ["news", "seen"]
+    assert all(curves.points(f"eval_loss/{n}")[0] == tokens_at for n in ("news", "seen"))
+    assert plot.path.read_bytes()[:4] == b"\x89PNG"
     assert "[eval] step 24: loss" in out and "| news " in out and "| seen " in out and "    news " in out
 
     # The multiple-choice task ran at 12 and at the end, into tasks.jsonl and metrics.jsonl.

@@ -60,3 +60,11 @@ def test_demo_is_cpu_sized_over_make_demo_outputs():
     assert cfg.run_name == "demo" and cfg.checkpoint.save_folder == "runs/demo/checkpoints"
     assert cfg.callbacks.generate.prompts == ["中国", "北京", "经济"]
     assert cfg.training.precision == "auto" and not cfg.fsdp.enabled
+
+
+def test_the_7b_recipe_caches_on_a_data_disk_not_tmp(monkeypatch):
+    monkeypatch.delenv("LLM_CACHE_ROOT", raising=False)
+    cfg = load_config(RECIPES / "7b.yaml")
+    assert not cfg.data.cache_root.startswith("/tmp") and cfg.data.cache_limit == "auto"
+    monkeypatch.setenv("LLM_CACHE_ROOT", "/nvme/cache")
+    assert load_config(RECIPES / "7b.yaml").data.cache_root == "/nvme/cache"

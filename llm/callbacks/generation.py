@@ -10,6 +10,10 @@ Training is not changed: sampling draws from its own generator (the global RNG i
 model's train mode is restored, and nothing runs with gradients. Each call reuses the same seed,
 so the samples of different steps differ only because the weights did. A run stopping on
 SIGTERM/SIGINT skips the end-of-training samples: its checkpoint comes first.
+
+In an SFT run (data.kind=sft) each prompt is put in the shards' chat template, as `llm chat`
+puts it (`llm.chat_template`), so the samples show the model answering; otherwise a prompt starts
+a document, as in the pretraining shards.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from composer.loggers import Logger
 from composer.utils import create_interval_scheduler, dist
 from torch import Tensor, nn
 
+from llm.chat_template import ChatTemplate
 from llm.checkpoint.preemption import stop_requested
+from llm.data import chat_template_of
 from llm.generate import generate
 from llm.tokenizer import Tokenizer
 from llm.weights import MODEL_CONFIG_KEY
@@ -45,8 +51,10 @@ class GenerationCallback(Callback):
         top_k: int = 50,
         top_p: float = 1.0,
         seed: int = 1234,
+        chat_template: ChatTemplate | None = None,
     ):
         self.prompts = list(prompts)
+        self.chat_template = chat_template
         self.interval = interval
         self.tokenizer_path = tokenizer_path
         self.samples_path = Path(run_dir) / "samples.jsonl"
@@ -62,7 +70,7 @@ class GenerationCallback(Callback):
         self.last_seconds = 0.0
 
     @classmethod
-    def from_config(cls, cfg) -> GenerationCallback:
+    def from_config(cls, cfg, chat_template: ChatTemplate | None = None) -> GenerationCallback:
         """From a `TrainConfig` (its `callbacks.generate` section, tokenizer and run_dir)."""
         g = cfg.callbacks.generate
         return cls(
@@ -75,6 +83,7 @@ class GenerationCallback(Callback):
             top_k=g.top_k,
             top_p=g.top_p,
             seed=g.seed,
+            chat_template=chat_template,
         )
 
     # --- Composer events ----------------------------------------------------------------------
@@ -83,7 +92,10 @@ class GenerationCallback(Callback):
         model = transformer_of(state.model)
         self._tokenizer = Tokenizer(self.tokenizer_path)
         self._tokenizer.check_fits(model.cfg.vocab_size)
-        self._prompt_ids = [self._tokenizer.encode_prompt(p) for p in self.prompts]
+        template, tokenizer = self.chat_template, self._tokenizer
+        self._prompt_ids = [
+            template.prompt_ids(tokenizer, p) if template else tokenizer.encode_prompt(p) for p in self.prompts
+        ]
         self._model_config = dataclasses.asdict(model.cfg)
 
     def batch_end(self, state: State, logger: Logger) -> None:
@@ -185,8 +197,37 @@ def _from_rank_zero(tokens: Tensor) -> Tensor:
     return tokens
 
 
+def first_and_last_samples(path: str | Path) -> str:
+    """The samples of the first and the last generation of a run, prompt by prompt, for the end
+    of the run: how far the text came. "" when samples.jsonl has fewer than two generations."""
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and {"step", "prompt", "text"} <= row.keys():
+            rows.append(row)
+    steps = sorted({r["step"] for r in rows})
+    if len(steps) < 2:
+        return ""
+    first, last = steps[0], steps[-1]
+    width = len(str(last))
+    out = [f"samples, first generation (step {first}) and last (step {last}):"]
+    for prompt in dict.fromkeys(r["prompt"] for r in rows):
+        out.append(f"  {prompt}")
+        for step in (first, last):
+            text = next((r["text"] for r in rows if r["step"] == step and r["prompt"] == prompt), "")
+            out.append(f"    step {step:>{width}} | {' '.join(text.split())}")
+    return "\n".join(out)
+
+
 def generation_callbacks(ctx) -> list[Callback]:
     """For `llm.trainer.CALLBACK_BUILDERS`: the callback when the recipe enables it."""
     if not ctx.cfg.callbacks.generate.enabled or not ctx.cfg.callbacks.generate.prompts:
         return []
-    return [GenerationCallback.from_config(ctx.cfg)]
+    return [GenerationCallback.from_config(ctx.cfg, chat_template=chat_template_of(ctx.cfg))]

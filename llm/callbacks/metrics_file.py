@@ -16,6 +16,8 @@ from composer.core import State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
+from llm.checkpoint.preemption import stop_requested
+
 # metrics.jsonl field -> Composer metric name (lr is matched by prefix: "lr-AdamW/group0"). Also
 # written: each eval stream's `eval_loss/<name>` and `eval_perplexity/<name>` (from
 # metrics/eval/<name>/...; eval_loss itself is their token-weighted total, llm/callbacks/eval_sources.py)
@@ -26,6 +28,7 @@ FIELDS = {
     "eval_perplexity": "metrics/eval/LanguagePerplexity",
     "tokens_per_sec": "throughput/tokens_per_sec",
     "mfu": "throughput/device/mfu",
+    "eta_seconds": "time/remaining_estimate",  # Composer's RuntimeEstimator (llm/trainer.py: seconds)
 }
 _EVAL_KEYS = ("eval_loss", "eval_perplexity")
 _EVAL_METRICS = {FIELDS[k] for k in _EVAL_KEYS}
@@ -46,7 +49,10 @@ class MetricsFile(LoggerDestination):
     """Write step, tokens, loss, lr, eval loss/perplexity and tokens/s every `interval` steps.
 
     Steps with an evaluation and the final step are always written. A resumed run appends; a run
-    that starts from step 0 starts a fresh file.
+    that starts from step 0 starts a fresh file. A run stopping on SIGTERM/SIGINT writes no extra
+    "final" line for the step it stopped at: the resumed run writes the lines an uninterrupted run
+    would have, so the file of a run preempted any number of times equals an uninterrupted run's
+    (the lines past the checkpoint resumed from are cut at start, llm/checkpoint/records.py).
     """
 
     def __init__(self, path: str | Path, interval: int = 1):
@@ -75,6 +81,8 @@ class MetricsFile(LoggerDestination):
             self._write(state)
 
     def fit_end(self, state: State, logger: Logger) -> None:
+        if stop_requested(state):
+            return
         if int(state.timestamp.batch) != self._last_written:
             self._write(state)
 

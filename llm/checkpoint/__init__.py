@@ -4,6 +4,7 @@
   resume.py      which checkpoint a run (or `llm generate/export`) starts from, verified
   manifest.py    what makes a checkpoint complete; how its files are checked
   publisher.py   stores what Composer's saver wrote, writes manifests, moves latest.json, retention
+  records.py     the run's records (metrics, samples, plot, config) beside the checkpoints; restored at start
   lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)
   preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch, then exit 143/130
 

@@ -28,6 +28,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint.lock import RunLock, RunLockHeld
+from llm.checkpoint.records import RunRecords
 from llm.checkpoint.resume import (
     ResumePoint,
     announce,
@@ -40,6 +41,7 @@ from llm.checkpoint.resume import (
 from llm.config import TrainConfig
 from llm.errors import ConfigError
 from llm.memory_plan import count_params
+from llm.plots import draw_run_plot
 from storage import StorageError, Store, open_store
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
@@ -84,7 +86,10 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
     - with autoresume (on when `run_name` and `save_folder` are set) takes the newest complete
       checkpoint that verifies (`newest_usable_checkpoint`), else `checkpoint.load_path`, and says
       which; raises RunAlreadyComplete when that checkpoint already reached max_duration;
-    - warns about every recipe value that differs from the checkpoint's recipe (docs/resume.md).
+    - warns about every recipe value that differs from the checkpoint's recipe (docs/resume.md);
+    - (rank 0) brings the run's records (metrics.jsonl, samples, plot ...) back from beside the
+      checkpoints and cuts them to the resume step, or clears them for a fresh start
+      (`llm.checkpoint.records`).
 
     The lock is released again if anything here fails; once the Trainer runs, its callback holds it.
     """
@@ -134,7 +139,26 @@ def _starting_point(cfg: TrainConfig, rank: int, world_size: int) -> ResumePoint
     stop_if_complete(cfg, point)
     if point.checkpoint is not None and point.checkpoint.recipe and rank == 0:
         warn_recipe_changes(point.checkpoint.recipe, cfg.to_dict(redact=True))
+    if rank == 0 and point.source != "load_path":  # metrics, samples ... continue from the resume point
+        run_records(cfg).restore(point.batch or 0)
     return point
+
+
+def run_records(cfg: TrainConfig) -> RunRecords:
+    """The run's records (`llm.checkpoint.records`): mirrored beside the checkpoints when
+    `save_folder` is remote, the loss plot redrawn before each store when the recipe draws it."""
+    ck = cfg.checkpoint
+    store = open_store(ck.save_folder) if ck.save_folder else None
+    if store is None or not store.is_remote:
+        return RunRecords(cfg.run_dir)
+    redraw = None
+    if cfg.callbacks.loss_plot:
+        plot, title = Path(cfg.run_dir) / "loss.png", f"{cfg.run_name}: loss"
+
+        def redraw():
+            return draw_run_plot(plot, title)
+
+    return RunRecords(cfg.run_dir, store, before_store=redraw)
 
 
 class RunLockCallback(Callback):
@@ -232,5 +256,8 @@ def _saving_callbacks(cfg: TrainConfig, rank: int) -> tuple:
         overwrite=True,
         num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
     )
-    publisher = CheckpointPublisher(store, staging, ck.num_to_keep, recipe=cfg.to_dict(redact=True))
+    records = run_records(cfg) if store.is_remote else None
+    publisher = CheckpointPublisher(
+        store, staging, ck.num_to_keep, recipe=cfg.to_dict(redact=True), records=records
+    )
     return saver, publisher

@@ -5,6 +5,8 @@ Composer's `CheckpointSaver` writes the files (into a local staging folder when 
 after it at the same event (it must come after the saver in the callback list), and on every rank:
 
 1. uploads the files this rank wrote (retried by the store; the staging copy is then removed),
+   and on rank 0 first the run's records when the recipe gives any (`llm.checkpoint.records`:
+   metrics, samples, plot, config beside the checkpoints),
 2. writes this rank's manifest (sizes + SHA-256 of those files) after its files are stored,
 3. agrees with the other ranks that all of them succeeded (`all_reduce` MIN),
 4. on rank 0 only: moves `latest.json` to this checkpoint, then deletes checkpoints beyond the
@@ -13,7 +15,8 @@ after it at the same event (it must come after the saver in the callback list), 
 
 At fit end and at close (also after an error or a second signal that cut a save short), rank 0
 deletes the files of this run's saves that no manifest claims (`remove_unclaimed`: a partial
-`.pt`), and every rank removes its private staging folder.
+`.pt`) and stores the records once more (what fit end added: the last samples, the final plot),
+and every rank removes its private staging folder.
 
 Uploads run on the training thread: a save blocks training until it is stored. That keeps the
 order of steps simple and makes a checkpoint written on preemption durable before the process
@@ -36,6 +39,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint import manifest as cm
+from llm.checkpoint.records import RunRecords
 from storage import StorageError, Store
 
 log = logging.getLogger(__name__)
@@ -43,9 +47,15 @@ log = logging.getLogger(__name__)
 
 class CheckpointPublisher(Callback):
     def __init__(
-        self, store: Store, staging_root: str, num_to_keep: int, recipe: dict[str, Any] | None = None
+        self,
+        store: Store,
+        staging_root: str,
+        num_to_keep: int,
+        recipe: dict[str, Any] | None = None,
+        records: RunRecords | None = None,
     ):
         self.store = store
+        self.records = records  # stored by rank 0 with every checkpoint, before its manifests
         self.staging_root = Path(staging_root)
         self.num_to_keep = num_to_keep
         self.recipe = recipe
@@ -53,6 +63,7 @@ class CheckpointPublisher(Callback):
         self.last_stored_at: float | None = None  # time.monotonic() of the last completed save
         self._seen_saves = 0
         self._start_batch: int | None = None  # the batch this fit started at
+        self._records_final = False
 
     def init(self, state: State, logger: Logger) -> None:
         check_order(state.callbacks)  # Event.INIT runs inside Trainer(): a wrong order fails there
@@ -62,17 +73,27 @@ class CheckpointPublisher(Callback):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._remove_interrupted_saves()
+        self._store_records_at_end()
 
     def close(self, state: State, logger: Logger) -> None:
         self._remove_interrupted_saves()
+        self._store_records_at_end()
         if self.store.is_remote:
             shutil.rmtree(self.staging_root, ignore_errors=True)
 
+    def _store_records_at_end(self) -> None:
+        if self.records is not None and dist.get_global_rank() == 0 and not self._records_final:
+            self._records_final = True
+            self.records.save_quietly()
+
     def _remove_interrupted_saves(self) -> None:
+        # Once (fit_end, or close after an error or a signal), while the run lock is still held:
+        # it is given back after this callback at both events.
         if self._start_batch is None or dist.get_global_rank() != 0:
             return
+        start, self._start_batch = self._start_batch, None
         try:
-            remove_unclaimed(self.store, after_batch=self._start_batch)
+            remove_unclaimed(self.store, after_batch=start)
         except StorageError as err:  # the next run's start removes them
             log.warning("could not remove the files of an interrupted save from %s: %s", self.store.root, err)
 
@@ -99,6 +120,8 @@ class CheckpointPublisher(Callback):
             new_paths = saver.saved_checkpoints[self._seen_saves :]
             self._seen_saves = len(saver.saved_checkpoints)
             if new_paths:
+                if self.records is not None and dist.get_global_rank() == 0:
+                    self.records.save()  # before the manifests: a complete checkpoint has its records
                 self._store_rank_files(state, new_paths[-1])
         except Exception as err:  # reported after the ranks agree, so no rank hangs in a collective
             error = err

@@ -56,8 +56,26 @@ def choose_resume_point(cfg: TrainConfig, *, rank: int = 0) -> ResumePoint:
         if found is not None:
             return found
     if ck.load_path:
-        return ResumePoint(load_path=ck.load_path, weights_only=ck.load_weights_only, source="load_path")
+        load_path = run_folder_checkpoint(ck.load_path, rank=rank) or ck.load_path
+        return ResumePoint(load_path=load_path, weights_only=ck.load_weights_only, source="load_path")
     return ResumePoint(load_path=None)
+
+
+def run_folder_checkpoint(path: str, *, rank: int = 0) -> str | None:
+    """When `path` is a run's checkpoint folder (it holds manifests), its newest verified checkpoint
+    (what resume would pick there; ConfigError if it has none); else None: `path` is a file.
+    Lets `checkpoint.load_path` name another run's folder, e.g. the pretraining run an SFT run
+    starts from."""
+    store = open_store(path)
+    if not store.list(cm.MANIFEST_DIR):
+        return None
+    found = newest_usable_checkpoint(path, rank=rank)
+    if found is None:
+        raise ConfigError(
+            f"checkpoint.load_path={path} is a run folder without a complete checkpoint; point it at a "
+            "checkpoint file, or at the folder once its run has saved one"
+        )
+    return found.load_path
 
 
 def newest_usable_checkpoint(save_folder: str, *, rank: int = 0) -> ResumePoint | None:

@@ -1,4 +1,4 @@
-"""The `llm` command: inspect a recipe, generate text, evaluate, export and import weights.
+"""The `llm` command: inspect a recipe, generate text, chat, evaluate, export and import weights.
 
 Each sub-command is a module here, named like the command, with `add_arguments(parser)` and
 `run(args) -> int`; it parses and prints, and calls library functions with typed arguments.
@@ -21,14 +21,16 @@ COMMANDS = {
         "dry run: parameters, FLOPs, tokens per step, memory plan per GPU",
     ),
     "generate": ("llm.commands.generate", "continue prompts from a checkpoint (Composer or exported)"),
+    "chat": ("llm.commands.chat", "ask a fine-tuned (SFT) model, in its chat template, interactively or once"),
     "export": ("llm.commands.export", "write a checkpoint in the Hugging Face Llama layout"),
     "import": ("llm.commands.import_", "convert baby-llama2-chinese or Baichuan-7B weights for training"),
     "eval": ("llm.commands.eval", "multiple-choice accuracy (C-Eval / CMMLU layout) of a checkpoint"),
+    "plot": ("llm.commands.plot", "compare runs: loss vs tokens of several runs in one figure, and a table"),
 }
 
 
 def add_trust_argument(parser: argparse.ArgumentParser) -> None:
-    """`--trust`, for the sub-commands that read checkpoints (generate, export, import)."""
+    """`--trust`, for the sub-commands that read checkpoints (generate, chat, export, import)."""
     parser.add_argument(
         "--trust",
         action="store_true",

@@ -14,7 +14,7 @@ import torch
 
 from llm.commands import add_trust_argument
 from llm.hf_export import export_hf
-from llm.weights import load_model
+from llm.weights import model_from_weights, read_weights
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.checkpoint, args.recipe, trust=args.trust)
-    out = export_hf(model, args.out, args.tokenizer, getattr(torch, args.dtype))
+    weights = read_weights(args.checkpoint, trust=args.trust)
+    model = model_from_weights(weights, args.checkpoint, args.recipe)
+    out = export_hf(model, args.out, args.tokenizer, getattr(torch, args.dtype), weights.chat_template)
     print(f"exported {model.num_params():,} parameters to {out} (Hugging Face Llama layout)")
     return 0

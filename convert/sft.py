@@ -1,0 +1,581 @@
+"""Prompt/answer pairs -> SFT shards with a loss mask: `python -m convert sft`.
+
+    read records (JSON list, JSON lines or CSV; local or s3://) -> clean both texts (the shards'
+    cleaner: controls, Unicode form, whitespace) -> length rules in characters -> exact
+    duplicates -> tokenize -> fit the sequence (truncate, or drop with --drop-truncated) ->
+    render with the chat template (convert/chat_template.py) -> train/val by the pair's digest ->
+    pack whole examples into samples -> MDS shards, meta.json, summary.json, index.json last.
+
+Each sample holds `seq_len` values in three columns (convert/FORMAT.md): `tokens`; `loss_mask`,
+1 on every token the model must learn to write (the template's answer parts: the answer and its
+closing EOS), 0 on the prompt parts and on padding; `segments`, the example each token belongs
+to (1, 2, ... within the sample; 0 = padding). The trainer predicts `tokens[1:]` and counts the
+loss only where `loss_mask[1:]` is 1, so nothing trains `EOS -> padding`, and the mask, not a
+token id, says what is padding (baby-llama2-chinese's `ignore_index=0` also ignored every real
+id 0).
+
+Packing (the default; `--no-pack` puts one example per sample, as baby-llama2-chinese does):
+examples are placed whole, in input order, into the current sample while they fit, and the rest
+of a sample is padding. The trainer lets each token attend only to earlier tokens of its own
+segment and restarts the rotary positions at each segment, so a packed example is computed, and
+scored, exactly as it would be alone. The summary and meta.json report the padding share.
+
+Fitting: a sample has `seq_len` tokens, of which the template's fixed parts take F; the prompt
+and the answer share the rest, R = seq_len - F. A pair longer than that keeps the start of
+each: the prompt keeps at most `--max-prompt-tokens` (default: whatever leaves the answer room,
+but never less than R // 2) and the answer the rest. So the sample never outgrows `seq_len`
+(baby-llama2-chinese's pad length went negative with both at their maximum) and the answer
+always ends with its EOS.
+
+Records without the prompt or the answer field are malformed (counted, with file:line, or
+refused with --strict); empty texts and length-rule misses are dropped, each counted by reason.
+A run where no record has the fields, a CSV whose header lacks them, or a template that does not
+fit `seq_len` is refused in one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from convert.chat_template import DEFAULT_TEMPLATE, TemplateRenderer, get_template
+from convert.cleaning import Cleaner, DropCounts, text_digest
+from convert.errors import ConvertError
+from convert.readers import AUTO, ReadStats, read_json_records
+from convert.report import progress_bar
+from convert.selection import in_val
+from convert.sources import expand_inputs, open_binary, refuse_output_among_inputs
+from convert.tokenizer import load_processor, load_tokenizer
+from convert.writer import ShardWriter, index_json, open_output
+from storage import Store
+
+FORMAT_NAME = "llm-pretrain-tokens"  # the same container as pretraining shards; `kind` tells them apart
+FORMAT_VERSION = 1
+KIND = "sft"
+EXTRA_COLUMNS = {"loss_mask": "uint8", "segments": "uint16"}
+MAX_SEGMENTS = (1 << 16) - 1
+PAD_ID = 0  # any id: padding is never attended to by real tokens nor scored (the mask says so)
+SPLITS = ("train", "val")
+FORMATS = ("json", "jsonl", "csv")
+_BATCH = 2048  # pairs tokenized together (SentencePiece encodes a list in one call)
+_ROWS_PER_WRITE = 1024
+
+
+# --- where the prompt and the answer are ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SftLayout:
+    """Where a record keeps its prompt and answer."""
+
+    fmt: str = AUTO  # auto | json | jsonl | csv
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    input_field: str | None = None  # Alpaca's "input": added to the prompt after a newline when not empty
+
+
+PRESETS = {
+    # alpaca_data_zh / alpaca_gpt4_data_zh and shibing624/medical's finetune files: a JSON list
+    # (or JSON lines) of {"instruction", "input", "output"}.
+    "alpaca": SftLayout(AUTO, "instruction", "output", "input"),
+    # BelleGroup's releases (Belle_open_source_1M.json, school_math_0.25M.json): JSON lines of the
+    # same fields.
+    "belle": SftLayout(AUTO, "instruction", "output", "input"),
+    # baby-llama2-chinese's sft_data.csv: a header `prompt,answer`, one pair per row.
+    "baby-llama2": SftLayout("csv", "prompt", "answer"),
+}
+
+
+def layout_for(
+    preset: str | None,
+    fmt: str = AUTO,
+    prompt_field: str | None = None,
+    answer_field: str | None = None,
+    input_field: str | None = None,
+) -> SftLayout:
+    """The layout of a preset, or of the given fields (not both); ConvertError naming the fix."""
+    given = {"--prompt-field": prompt_field, "--answer-field": answer_field, "--input-field": input_field}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConvertError(f"unknown --preset {preset!r}; use one of: {', '.join(PRESETS)}")
+        named = [flag for flag, value in given.items() if value]
+        if named:
+            raise ConvertError(f"--preset {preset} fixes the fields; drop {named[0]}")
+        base = PRESETS[preset]
+        return base if fmt == AUTO else SftLayout(fmt, base.prompt_field, base.answer_field, base.input_field)
+    if fmt not in (AUTO, *FORMATS):
+        raise ConvertError(
+            f"unknown --format {fmt!r} for SFT records; use one of: {', '.join(FORMATS)}, auto"
+        )
+    return SftLayout(fmt, prompt_field or "prompt", answer_field or "answer", input_field or None)
+
+
+class Pair(NamedTuple):
+    prompt: str
+    answer: str
+    source: str
+    line: int
+
+
+def read_pairs(paths: list[str], layout: SftLayout, *, strict: bool, stats: ReadStats) -> Iterator[Pair]:
+    """The prompt/answer pairs of every file, in order; bad records counted in `stats`."""
+    for path in paths:
+        fmt = _format_of(path, layout.fmt)
+        if fmt == "csv":
+            yield from _read_csv(path, layout, strict, stats)
+            continue
+        extract = _extractor(layout)
+        for doc in read_json_records(path, fmt, extract, strict=strict, stats=stats):
+            prompt, answer = doc.text
+            yield Pair(prompt, answer, doc.source, doc.line)
+
+
+def _format_of(path: str, fmt: str) -> str:
+    if fmt != AUTO:
+        return fmt
+    name = path.lower().removesuffix(".gz")
+    if name.endswith(".csv"):
+        return "csv"
+    if name.endswith((".json", ".jsonl", ".json-lines", ".jsonlines", ".ndjson")):
+        return AUTO  # the JSON reader tells a list from lines by the first character
+    raise ConvertError(
+        f"cannot tell the format of {path} from its name; pass --format ({', '.join(FORMATS)})"
+    )
+
+
+def _extractor(layout: SftLayout):
+    def extract(obj: object) -> tuple[tuple[str, str] | None, str]:
+        if not isinstance(obj, dict):
+            return None, "expected a JSON object with the prompt and answer fields"
+        texts = []
+        for name, role in ((layout.prompt_field, "prompt"), (layout.answer_field, "answer")):
+            value = obj.get(name)
+            if value is None:
+                fields = ", ".join(map(str, list(obj)[:6])) or "none"
+                return (
+                    None,
+                    f"no {role} field {name!r} (its fields: {fields}); set --{role}-field or --preset",
+                )
+            if not isinstance(value, str):
+                return None, f"the {role} field {name!r} is not a string"
+            texts.append(value)
+        extra = obj.get(layout.input_field) if layout.input_field else None
+        if isinstance(extra, str) and extra.strip():
+            texts[0] = f"{texts[0]}\n{extra}"
+        return (texts[0], texts[1]), ""
+
+    return extract
+
+
+def _read_csv(path: str, layout: SftLayout, strict: bool, stats: ReadStats) -> Iterator[Pair]:
+    stats.files += 1
+    with open_binary(path) as raw:
+        binary = gzip.GzipFile(fileobj=raw, mode="rb") if path.lower().endswith(".gz") else raw
+        text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="strict", newline="")
+        rows = csv.reader(text)
+        try:
+            header = next(rows, None)
+        except (UnicodeDecodeError, csv.Error) as err:
+            raise ConvertError(f"{path}: cannot read the CSV header ({err})") from None
+        needed = [layout.prompt_field, layout.answer_field]
+        if header is None or any(name not in header for name in needed):
+            shown = ",".join(header or []) or "nothing"
+            raise ConvertError(
+                f"{path}: the CSV header is {shown!r} but the columns {needed[0]!r} and {needed[1]!r} are needed; "
+                "fix the header or pass --prompt-field/--answer-field"
+            )
+        columns = {name: header.index(name) for name in needed}
+        extra = header.index(layout.input_field) if layout.input_field in header else None
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except (UnicodeDecodeError, csv.Error) as err:
+                _malformed(stats, strict, path, rows.line_num, f"unreadable CSV ({err}); the rest is skipped")
+                return
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                _malformed(
+                    stats, strict, path, rows.line_num, f"{len(row)} fields, the header has {len(header)}"
+                )
+                continue
+            stats.documents += 1
+            prompt, answer = row[columns[needed[0]]], row[columns[needed[1]]]
+            if extra is not None and row[extra].strip():
+                prompt = f"{prompt}\n{row[extra]}"
+            yield Pair(prompt, answer, path, rows.line_num)
+
+
+def _malformed(stats: ReadStats, strict: bool, path: str, line: int, reason: str) -> None:
+    if strict:
+        raise ConvertError(f"{path}:{line}: {reason}; fix the line or drop --strict")
+    stats.record_malformed(path, line, reason)
+
+
+# --- options ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SftOptions:
+    seq_len: int = 512
+    template: str = DEFAULT_TEMPLATE  # a built-in template's name or a JSON file
+    pack: bool = True
+    val_fraction: float = 0.01
+    # baby-llama2-chinese's data rules, in characters; None: no limit
+    min_prompt_chars: int = 10
+    min_answer_chars: int = 5
+    max_prompt_chars: int | None = 256
+    max_answer_chars: int | None = 256
+    max_prompt_tokens: int | None = None  # None: see the module docstring ("Fitting")
+    drop_truncated: bool = False
+    normalization: str = "NFKC"
+    dedup: bool = True
+    strict: bool = False
+    dtype: str = "auto"
+    shard_size_mb: float = 64.0
+    overwrite: bool = False
+    progress: bool = True
+
+    @property
+    def size_limit(self) -> int:
+        return int(self.shard_size_mb * (1 << 20))
+
+    def check(self) -> None:
+        if self.seq_len < 3:
+            raise ConvertError(f"--seq-len {self.seq_len} must be at least 3")
+        if not 0 <= self.val_fraction < 1:
+            raise ConvertError(f"--val-fraction {self.val_fraction} must be in [0, 1)")
+        for name in ("min_prompt_chars", "min_answer_chars", "max_prompt_chars", "max_answer_chars"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConvertError(f"--{name.replace('_', '-')} {value} must be 0 or more")
+        if self.shard_size_mb <= 0:
+            raise ConvertError(f"--shard-size-mb {self.shard_size_mb} must be positive")
+
+
+# --- examples ---------------------------------------------------------------------------------
+
+
+class Fitter:
+    """Cuts a tokenized pair to the room the template leaves in a sample (module docstring)."""
+
+    def __init__(self, room: int, max_prompt_tokens: int | None) -> None:
+        self.room, self.max_prompt = room, max_prompt_tokens
+
+    def fit(self, prompt: list[int], answer: list[int]) -> tuple[list[int], list[int]]:
+        if self.max_prompt is not None:
+            prompt = prompt[: self.max_prompt]
+        if len(prompt) + len(answer) <= self.room:
+            return prompt, answer
+        keep_prompt = min(len(prompt), max(self.room // 2, self.room - len(answer)))
+        return prompt[:keep_prompt], answer[: self.room - keep_prompt]
+
+
+@dataclass
+class SplitTotals:
+    examples: int = 0
+    samples: int = 0
+    target_tokens: int = 0
+    padding_tokens: int = 0
+    shards: list[dict] = field(default_factory=list)
+
+    def summary(self, seq_len: int) -> dict:
+        tokens = self.samples * seq_len
+        return {
+            "examples": self.examples,
+            "samples": self.samples,
+            "tokens": tokens,
+            "target_tokens": self.target_tokens,
+            "padding_tokens": self.padding_tokens,
+            "padding_share": round(self.padding_tokens / tokens, 4) if tokens else 0.0,
+            "shards": len(self.shards),
+        }
+
+
+class SamplePacker:
+    """Whole examples into samples of `seq_len` (several per sample when packing), written as rows
+    of the three columns."""
+
+    def __init__(self, writer: ShardWriter, seq_len: int, pack: bool, totals: SplitTotals) -> None:
+        self.writer, self.seq_len, self.pack, self.totals = writer, seq_len, pack, totals
+        self._tokens: list[int] = []
+        self._mask: list[int] = []
+        self._segments: list[int] = []
+        self._rows: list[tuple[list[int], list[int], list[int]]] = []
+
+    def add(self, prompt: list[int], answer: list[int]) -> None:
+        """One rendered example: its prompt part ids and answer part ids (together <= seq_len)."""
+        length = len(prompt) + len(answer)
+        segment = (self._segments[-1] if self._segments else 0) + 1
+        room = self.seq_len - len(self._tokens)
+        if self._tokens and (not self.pack or length > room or segment > MAX_SEGMENTS):
+            self._close_sample()
+            segment = 1
+        self._tokens += prompt + answer
+        self._mask += [0] * len(prompt) + [1] * len(answer)
+        self._segments += [segment] * length
+        self.totals.examples += 1
+        self.totals.target_tokens += len(answer)
+
+    def finish(self) -> list[dict]:
+        if self._tokens:
+            self._close_sample()
+        self._write_rows()
+        return self.writer.finish()
+
+    def _close_sample(self) -> None:
+        pad = self.seq_len - len(self._tokens)
+        self._rows.append((self._tokens + [PAD_ID] * pad, self._mask + [0] * pad, self._segments + [0] * pad))
+        self.totals.samples += 1
+        self.totals.padding_tokens += pad
+        self._tokens, self._mask, self._segments = [], [], []
+        if len(self._rows) >= _ROWS_PER_WRITE:
+            self._write_rows()
+
+    def _write_rows(self) -> None:
+        if not self._rows:
+            return
+        tokens, mask, segments = (
+            np.array(column, dtype=np.uint32) for column in zip(*self._rows, strict=True)
+        )
+        self.writer.write({"tokens": tokens, "loss_mask": mask, "segments": segments})
+        self._rows = []
+
+
+# --- the conversion ---------------------------------------------------------------------------
+
+
+@dataclass
+class Counts:
+    """What was read, dropped and cut, over all splits."""
+
+    read: ReadStats = field(default_factory=ReadStats)
+    dropped: DropCounts = field(default_factory=DropCounts)
+    truncated_prompts: int = 0
+    truncated_answers: int = 0
+
+
+def convert_sft(
+    inputs: list[str],
+    *,
+    tokenizer: str,
+    out: str,
+    layout: SftLayout = SftLayout(),
+    options: SftOptions = SftOptions(),
+    command: str = "",
+) -> dict:
+    """Convert prompt/answer records into `out`/train and `out`/val; returns the summary."""
+    start = time.monotonic()
+    options.check()
+    template = get_template(options.template)
+    model_bytes, info = load_tokenizer(tokenizer)
+    processor = load_processor(model_bytes, tokenizer)
+    renderer = TemplateRenderer(template, processor, bos_id=info.bos_id, eos_id=info.eos_id)
+    room = options.seq_len - renderer.fixed_tokens
+    if room < 2:
+        raise ConvertError(
+            f"the chat template {template.name!r} takes {renderer.fixed_tokens} tokens of every sample, so "
+            f"--seq-len {options.seq_len} leaves {room} for the prompt and the answer; raise --seq-len"
+        )
+    if options.max_prompt_tokens is not None and not 1 <= options.max_prompt_tokens < room:
+        raise ConvertError(
+            f"--max-prompt-tokens {options.max_prompt_tokens} must be between 1 and {room - 1} (the room "
+            f"--seq-len {options.seq_len} leaves besides the template and at least one answer token)"
+        )
+    dtype = info.token_dtype(options.dtype)
+    paths = expand_inputs(inputs)
+    refuse_output_among_inputs(inputs, out)
+    store = open_output(out)
+    prepare_output(store, options.overwrite)
+
+    counts = Counts()
+    totals = {split: SplitTotals() for split in SPLITS}
+    packers = {
+        split: SamplePacker(
+            ShardWriter(
+                store,
+                split,
+                seq_len=options.seq_len,
+                dtype=dtype,
+                size_limit=options.size_limit,
+                extra_columns=EXTRA_COLUMNS,
+            ),
+            options.seq_len,
+            options.pack,
+            totals[split],
+        )  # fmt: skip
+        for split in SPLITS
+    }
+    fitter = Fitter(room, options.max_prompt_tokens)
+    pairs = read_pairs(paths, layout, strict=options.strict, stats=counts.read)
+    with progress_bar(None, "pair", "sft", enabled=options.progress) as bar:
+        for batch in _batches(_selected(pairs, options, counts.dropped), _BATCH):
+            prompts = processor.encode([p for p, _, _ in batch])
+            answers = processor.encode([a for _, a, _ in batch])
+            for (_, _, digest), prompt, answer in zip(batch, prompts, answers, strict=True):
+                fitted = fitter.fit(prompt, answer)
+                cut_prompt, cut_answer = len(fitted[0]) < len(prompt), len(fitted[1]) < len(answer)
+                if (cut_prompt or cut_answer) and options.drop_truncated:
+                    counts.dropped.add("too_long_tokens")
+                    continue
+                counts.truncated_prompts += cut_prompt
+                counts.truncated_answers += cut_answer
+                split = "val" if in_val(digest, options.val_fraction)[0] else "train"
+                packers[split].add(renderer.prompt_ids(fitted[0]), renderer.answer_ids(fitted[1]))
+            bar.update(len(batch))
+    if totals["train"].examples == 0:
+        raise _nothing_kept(paths, counts)
+    for split in SPLITS:
+        totals[split].shards = packers[split].finish()
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "kind": KIND,
+        "seq_len": options.seq_len,
+        "dtype": dtype,
+        "columns": {"tokens": dtype, **EXTRA_COLUMNS},
+        "vocab_size": info.vocab_size,
+        "eos_id": info.eos_id,
+        "bos_id": info.bos_id,
+        "add_bos": False,
+        "tokenizer_sha256": info.sha256,
+        "chat_template": {**template.as_meta(), "normalization": options.normalization},
+        "packed": options.pack,
+    }
+    dropped = {
+        **counts.dropped.as_dict(),
+        **({"malformed": counts.read.malformed} if counts.read.malformed else {}),
+    }
+    truncated = {"prompts": counts.truncated_prompts, "answers": counts.truncated_answers}
+    for split in SPLITS:
+        t = totals[split].summary(options.seq_len)
+        store.write_json(f"{split}/meta.json", {
+            **meta, "split": split, "num_samples": t["samples"], "num_tokens": t["tokens"],
+            "num_documents": t["examples"], "num_examples": t["examples"], "target_tokens": t["target_tokens"],
+            "padding_tokens": t["padding_tokens"], "padding_share": t["padding_share"],
+            "truncated": truncated, "dropped": dropped,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
+        })  # fmt: skip
+    elapsed = time.monotonic() - start
+    summary = {
+        "out": store.url(),
+        "kind": KIND,
+        "read": counts.read.as_dict(),
+        "dropped": dropped,
+        "truncated": truncated,
+        "splits": {split: totals[split].summary(options.seq_len) for split in SPLITS},
+        "seq_len": options.seq_len,
+        "packed": options.pack,
+        "chat_template": template.name,
+        "options": asdict(options),
+        "elapsed_s": round(elapsed, 3),
+    }
+    store.write_json("summary.json", summary)
+    for split in ("val", "train"):  # last: an index.json marks its split complete
+        store.write_json(f"{split}/index.json", index_json(totals[split].shards))
+    print_summary(summary, sys.stdout)
+    return summary
+
+
+def prepare_output(store: Store, overwrite: bool) -> None:
+    """Refuse a complete output unless `overwrite`; otherwise clear both splits (index.json first,
+    so an interrupted run is never taken for complete)."""
+    complete = all(store.exists(f"{split}/index.json") for split in SPLITS)
+    if complete and not overwrite:
+        raise ConvertError(
+            f"{store.url()} already holds a complete conversion (train/ and val/ index.json); "
+            "pass --overwrite to replace it, or choose another --out"
+        )
+    for split in SPLITS:
+        store.delete_tree(f"{split}/index.json")
+    for rel in (*SPLITS, "summary.json"):
+        store.delete_tree(rel)
+
+
+def _selected(
+    pairs: Iterable[Pair], options: SftOptions, dropped: DropCounts
+) -> Iterator[tuple[str, str, bytes]]:
+    """Cleaned (prompt, answer, digest) of the pairs the character rules and de-duplication keep."""
+    cleaner = Cleaner(normalization=options.normalization, min_chars=0, dedup=options.dedup)
+    limits = (
+        ("prompt", options.min_prompt_chars, options.max_prompt_chars),
+        ("answer", options.min_answer_chars, options.max_answer_chars),
+    )
+    for pair in pairs:
+        texts = (cleaner.normalize(pair.prompt), cleaner.normalize(pair.answer))
+        reason = None
+        for text, (role, least, most) in zip(texts, limits, strict=True):
+            if not text:
+                reason = f"empty_{role}"
+            elif len(text) < least:
+                reason = f"{role}_too_short"
+            elif most is not None and len(text) > most:
+                reason = f"{role}_too_long"
+            if reason:
+                break
+        if reason:
+            dropped.add(reason)
+            continue
+        digest = text_digest(f"{texts[0]}\x00{texts[1]}")
+        if not cleaner.first_seen(digest):
+            dropped.add("duplicate")
+            continue
+        yield texts[0], texts[1], digest
+
+
+def _batches(items: Iterable, size: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _nothing_kept(paths: list[str], counts: Counts) -> ConvertError:
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    read = counts.read
+    message = f"no prompt/answer pair to write from {shown}: {read.documents} read"
+    if read.malformed_examples:
+        source, line, reason = read.malformed_examples[0]
+        message += f", {read.malformed} malformed (first at {source}:{line}: {reason})"
+    if counts.dropped.total:
+        message += f", dropped {counts.dropped.as_dict()}"
+    return ConvertError(message + "; check the files, --preset or the field options, and the length rules")
+
+
+def print_summary(summary: dict, stream) -> None:
+    read = summary["read"]
+    lines = [f"converted SFT pairs into {summary['out']} in {summary['elapsed_s']:.1f} s"]
+    lines.append(f"  records read: {read['documents']} from {read['files']} file(s)")
+    if read["malformed"]:
+        lines.append(f"  malformed records skipped: {read['malformed']}")
+        for example in read["malformed_examples"][:5]:
+            lines.append(f"    {example['source']}:{example['line']}: {example['reason']}")
+    dropped = summary["dropped"]
+    lines.append("  dropped: " + (", ".join(f"{k} {v}" for k, v in dropped.items()) if dropped else "none"))
+    cut = summary["truncated"]
+    lines.append(
+        f"  truncated to fit {summary['seq_len']} tokens: {cut['prompts']} prompts, {cut['answers']} answers"
+    )
+    how = "packed" if summary["packed"] else "one example per sample"
+    for name, s in summary["splits"].items():
+        lines.append(
+            f"  {name}: {s['examples']} examples in {s['samples']} samples x {summary['seq_len']} ({how}), "
+            f"{s['target_tokens']} answer tokens, padding {s['padding_tokens']} tokens "
+            f"({100 * s['padding_share']:.1f}%), {s['shards']} shards"
+        )
+    lines.append(f"  chat template: {summary['chat_template']}")
+    stream.write("\n".join(lines) + "\n")

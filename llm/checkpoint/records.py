@@ -1,0 +1,113 @@
+"""A run's records beside its checkpoints, so that a resume on an empty machine continues them.
+
+The records are the files a person reads after a run, written to `run_dir` by the callbacks and
+loggers: `config.yaml`, `metrics.jsonl`, `samples.jsonl`, `tasks.jsonl`, `loss.png`, and
+`trackers.json` (the MLflow / W&B run ids, llm/trackers.py). When `checkpoint.save_folder` is
+remote, rank 0 stores them under `<save_folder>/records/` as part of every checkpoint save (before
+the checkpoint's manifests, so a complete checkpoint always has records at least as new as itself)
+and again at the end of the run.
+
+At start, `restore(step)` brings them back and cuts them to the checkpoint the run resumes from:
+
+- resuming at step N: the stored records replace the local ones (the bucket is the source of
+  truth; a local folder may be missing or stale), then every line of the JSON-lines files whose
+  `step` is past N is dropped: a run killed after its last checkpoint logged steps that the
+  resumed run logs again. The run appends from there, so a run interrupted any number of times ends
+  with exactly one line per logged step, as an uninterrupted run;
+- starting fresh (step 0): the JSON-lines files and `trackers.json` of an earlier attempt are
+  removed, locally only (the next save overwrites the stored copies).
+
+With a local `save_folder` nothing is copied (run_dir is on the same machine), but the lines past
+the resume step are cut all the same.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from storage import StorageError, Store, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+RECORDS_DIR = "records"
+STEP_FILES = ("metrics.jsonl", "samples.jsonl", "tasks.jsonl")  # JSON lines, each with a "step"
+OTHER_FILES = ("config.yaml", "loss.png", "trackers.json")
+RECORD_FILES = (*STEP_FILES, *OTHER_FILES)
+
+
+class RunRecords:
+    """The record files of one run: `run_dir` on this machine, mirrored to `store`/records/ if given.
+
+    `before_store`, when given, runs before each store (the trainer passes the loss plot's redraw).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        store: Store | None = None,
+        before_store: Callable[[], object] | None = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.store = store
+        self.before_store = before_store
+        self.stored = 0  # how many times the records were stored
+
+    def save(self) -> list[str]:
+        """Store every record file that exists (rank 0); returns the names stored."""
+        if self.store is None:
+            return []
+        if self.before_store is not None:
+            try:
+                self.before_store()
+            except Exception as err:  # a plot that cannot be drawn must not fail a checkpoint
+                log.warning("records: could not refresh before storing: %s", err)
+        names = [name for name in RECORD_FILES if (self.run_dir / name).is_file()]
+        for name in names:
+            self.store.upload(self.run_dir / name, f"{RECORDS_DIR}/{name}")
+        self.stored += 1
+        return names
+
+    def save_quietly(self) -> None:
+        """`save`, with a failure reported as one warning (the end of a run; the next save retries)."""
+        try:
+            self.save()
+        except StorageError as err:
+            log.warning("could not store the run records in %s: %s", self.store.url(RECORDS_DIR), err)
+            print(f"[records] WARNING could not store the run records: {err}", flush=True)
+
+    def restore(self, step: int) -> dict[str, int]:
+        """Bring the records back for a run starting at `step` (see the module docstring).
+
+        Returns, per JSON-lines file, how many lines it holds afterwards.
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if step <= 0:
+            for name in (*STEP_FILES, "trackers.json"):
+                (self.run_dir / name).unlink(missing_ok=True)
+            return {}
+        if self.store is not None:
+            stored = self.store.list(f"{RECORDS_DIR}/")
+            for name in RECORD_FILES:
+                if f"{RECORDS_DIR}/{name}" in stored:
+                    self.store.download(f"{RECORDS_DIR}/{name}", self.run_dir / name)
+        return {name: cut_after(self.run_dir / name, step) for name in STEP_FILES}
+
+
+def cut_after(path: Path, step: int) -> int:
+    """Drop the lines of a JSON-lines file whose `step` is past `step` (and torn lines); return the
+    lines kept. The file is replaced atomically; an absent file stays absent."""
+    if not path.is_file():
+        return 0
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line torn by a kill mid-write
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line)
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    return len(kept)

@@ -1,0 +1,156 @@
+"""`llm chat CHECKPOINT --tokenizer T.model [--prompt TEXT | --prompts-file F]`: ask a fine-tuned model.
+
+    llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model            # interactive
+    llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model --prompt '...' --temperature 0
+    llm chat s3://bkt/ckpt/sft-001 --tokenizer tok.model --prompts-file questions.txt --json
+    llm chat export/sft --tokenizer export/sft/tokenizer.model
+
+Each prompt is put in the chat template the model was fine-tuned with (`llm.chat_template`): the
+one the checkpoint records (the trainer records it in every checkpoint of an SFT run; `llm export`
+writes it beside an export), or `--template` (an SFT split folder such as data/sft/train, its
+meta.json, or a JSON file with prompt and answer lists; needed for weights fine-tuned elsewhere,
+e.g. imported from baby-llama2-chinese, or to ask a model before its fine-tuning). Generation uses
+the KV cache, prints the answer as it is written, and stops at EOS or when the context is full.
+Each prompt is a conversation of its own: the templates are single-turn, as in training.
+
+CHECKPOINT is read as `llm generate` reads it (a file, a run's checkpoint folder, an `llm import`
+output or an export; local or s3://; no code run from it without --trust).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from llm.chat_template import ChatTemplate, read_template
+from llm.commands import add_trust_argument
+from llm.commands.generate import read_prompts
+from llm.errors import ConfigError
+from llm.generate import generate
+from llm.tokenizer import Tokenizer
+from llm.weights import model_from_weights, read_weights
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "checkpoint", help="checkpoint file or run folder (local or s3://), or exported folder"
+    )
+    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model the model was trained with")
+    parser.add_argument("--prompt", action="append", default=[], help="ask this and exit (repeatable)")
+    parser.add_argument("--prompts-file", help="a text file with one prompt per line")
+    parser.add_argument(
+        "--template",
+        help="chat template: an SFT split folder, its meta.json or a template JSON file "
+        "(default: the one the checkpoint records)",
+    )
+    parser.add_argument("--json", action="store_true", help='one JSON line {"prompt", "answer"} per prompt')
+    parser.add_argument("--recipe", help="recipe whose model: section gives the shape")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="at most this many (and the context)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=50, help="0 = no top-k cut")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None, help="fix the sample (default: random)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    add_trust_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = read_prompts(args.prompt, args.prompts_file)
+    tokenizer = Tokenizer(args.tokenizer)
+    given = read_template(args.template) if args.template else None
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    weights = read_weights(args.checkpoint, trust=args.trust)
+    template = given or recorded_template(weights.chat_template, args.checkpoint)
+    model = model_from_weights(weights, args.checkpoint, args.recipe, device)
+    tokenizer.check_fits(model.cfg.vocab_size)
+    chat = Chat(model, tokenizer, template, args)
+    if prompts:
+        for prompt in prompts:
+            chat.answer(prompt, json_line=args.json)
+        return 0
+    print("type a prompt and press Enter; an empty line or Ctrl-D ends", file=sys.stderr)
+    while True:
+        try:
+            prompt = input("> ")
+        except EOFError:
+            return 0
+        if not prompt.strip():
+            return 0
+        try:
+            chat.answer(prompt, json_line=args.json)
+        except ConfigError as err:  # a prompt too long for the context: say so and go on
+            print(f"error: {err}", file=sys.stderr)
+
+
+def recorded_template(recorded: dict | None, checkpoint: str) -> ChatTemplate:
+    if recorded is None:
+        raise ConfigError(
+            f"{checkpoint} records no chat template (not fine-tuned with data.kind: sft here): pass --template "
+            "with the SFT shards' split folder (e.g. data/sft/train), its meta.json, or a template JSON file"
+        )
+    return ChatTemplate.from_dict(recorded, checkpoint)
+
+
+class Chat:
+    """Answers one prompt at a time with the model, printing the answer as it is written."""
+
+    def __init__(self, model, tokenizer: Tokenizer, template: ChatTemplate, args: argparse.Namespace) -> None:
+        self.model, self.tokenizer, self.template = model, tokenizer, template
+        self.max_new_tokens = args.max_new_tokens
+        self.sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+    def answer(self, prompt: str, *, json_line: bool = False) -> str:
+        ids = self.template.prompt_ids(self.tokenizer, prompt)
+        room = self.model.cfg.max_seq_len - len(ids)
+        if room < 1:
+            raise ConfigError(
+                f"the prompt takes {len(ids)} tokens with its template, the model's whole context of "
+                f"{self.model.cfg.max_seq_len}: shorten it"
+            )
+        stream = None if json_line else TextStream(self.tokenizer)
+        outputs = generate(
+            self.model,
+            [ids],
+            max_new_tokens=min(self.max_new_tokens, room),
+            eos_id=self.tokenizer.eos_id,
+            on_step=stream.add if stream else None,
+            **self.sampling,
+        )
+        text = self.tokenizer.decode(outputs[0])
+        if stream:
+            stream.close()
+        else:
+            print(json.dumps({"prompt": prompt, "answer": text}, ensure_ascii=False), flush=True)
+        return text
+
+
+class TextStream:
+    """Prints the text of the tokens so far as each arrives (until EOS); a piece that ends inside a
+    multi-byte character (byte fallback) waits for the rest of it."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""
+        self.ended = False
+
+    def add(self, tokens) -> None:
+        token = int(tokens[0])
+        if self.ended or token == self.tokenizer.eos_id:
+            self.ended = True
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd") or not text.startswith(self.shown):
+            return
+        sys.stdout.write(text[len(self.shown) :])
+        sys.stdout.flush()
+        self.shown = text
+
+    def close(self) -> None:
+        text = self.tokenizer.decode(self.ids)
+        sys.stdout.write((text[len(self.shown) :] if text.startswith(self.shown) else "") + "\n")
+        sys.stdout.flush()

@@ -1,0 +1,263 @@
+"""Loss curves from a run's records: one run's `loss.png`, and `llm plot`'s comparison of runs.
+
+Everything here reads `metrics.jsonl` (llm/callbacks/metrics_file.py: one JSON object per logged
+step with `step`, `tokens`, `loss`, `lr`, `eval_loss`, `eval_loss/<source>`, `tokens_per_sec`),
+never a checkpoint: the curves of a 7B run hold hundreds of thousands of points, which would
+otherwise travel in every checkpoint. The x axis is tokens, as baby-llama2-chinese plots it, so
+runs with different batch sizes or sequence lengths line up.
+
+A run is found as a folder (local or `s3://`) holding `metrics.jsonl` (a `run_dir`) or
+`records/metrics.jsonl` (a checkpoint save folder, llm/checkpoint/records.py). No Composer import:
+`llm plot` stays quick.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llm.errors import ConfigError
+from storage import StorageError, open_store
+
+METRICS = "metrics.jsonl"
+RECORDS_DIR = "records"  # inside a checkpoint save folder
+
+
+@dataclass
+class RunCurves:
+    """One run's records: where they came from, a label, and its metrics.jsonl rows."""
+
+    source: str
+    label: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def points(self, key: str) -> tuple[list[int], list[float]]:
+        """(tokens, values) of the rows that hold `key`."""
+        rows = [r for r in self.rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+        return [int(r["tokens"]) for r in rows], [float(r[key]) for r in rows]
+
+    def eval_sources(self) -> list[str]:
+        names = {k.split("/", 1)[1] for r in self.rows for k in r if k.startswith("eval_loss/")}
+        return sorted(names)
+
+    def summary(self) -> dict[str, Any]:
+        """Final train and eval loss, tokens, steps and the median logged tokens/s."""
+        last = self.rows[-1] if self.rows else {}
+        _, train = self.points("loss")
+        _, evals = self.points("eval_loss")
+        _, speed = self.points("tokens_per_sec")
+        return {
+            "run": self.label,
+            "steps": last.get("step"),
+            "tokens": last.get("tokens"),
+            "train_loss": train[-1] if train else None,
+            "eval_loss": evals[-1] if evals else None,
+            "tokens_per_sec": statistics.median(speed) if speed else None,
+        }
+
+
+def parse_metrics(text: str) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl text; a torn last line (a run killed mid-write) is skipped."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("tokens"), int):
+            rows.append(row)
+    return rows
+
+
+def load_run(source: str) -> RunCurves:
+    """The records of the run at `source`: a run_dir or a checkpoint save folder, local or s3://.
+
+    ConfigError (one line) when `source` holds neither `metrics.jsonl` nor `records/metrics.jsonl`.
+    """
+    store = open_store(source)
+    for prefix in ("", f"{RECORDS_DIR}/"):
+        try:
+            text = store.read_text(prefix + METRICS)
+        except StorageError as err:
+            if err.missing:
+                continue
+            raise
+        if text is None:
+            continue
+        return RunCurves(source=source, label=_run_name(store, prefix, source), rows=parse_metrics(text))
+    raise ConfigError(
+        f"{source} is not a run: it has no {METRICS} (a run_dir such as runs/demo) and no "
+        f"{RECORDS_DIR}/{METRICS} (a checkpoint save folder, e.g. s3://bucket/ckpt/run)"
+    )
+
+
+def _run_name(store, prefix: str, source: str) -> str:
+    try:
+        config = yaml.safe_load(store.read_text(prefix + "config.yaml") or "") or {}
+    except (yaml.YAMLError, StorageError):
+        config = {}
+    name = config.get("run_name") if isinstance(config, dict) else None
+    return str(name) if name else source.rstrip("/").rsplit("/", 1)[-1] or source
+
+
+def unique_labels(runs: list[RunCurves]) -> None:
+    """Give runs that share a label their source instead, so the legend tells them apart."""
+    labels = [r.label for r in runs]
+    for run in runs:
+        if labels.count(run.label) > 1:
+            run.label = run.source
+
+
+# --- drawing --------------------------------------------------------------------------------
+
+
+def draw_run_plot(path: str | Path, title: str) -> Path | None:
+    """Draw `path` (a run's loss.png) from the metrics.jsonl beside it; None if nothing to draw."""
+    path = Path(path)
+    if not (path.parent / METRICS).is_file():
+        return None
+    run = load_run(str(path.parent))
+    return plot_run(run, path, title) if run.rows else None
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training machines
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
+
+    return plt, EngFormatter
+
+
+def plot_run(run: RunCurves, path: str | Path, title: str | None = None) -> Path:
+    """One run: train loss (raw and smoothed), eval loss (total and each source), lr below."""
+    plt, eng = _pyplot()
+    fig = run_figure(run, title)
+    return _save(fig, plt, eng, fig.axes[1], path)
+
+
+def run_figure(run: RunCurves, title: str | None = None):
+    """The matplotlib figure `plot_run` saves: loss against tokens above, learning rate below."""
+    plt, _ = _pyplot()
+    fig, (ax, ax_lr) = plt.subplots(
+        2, 1, figsize=(8, 6), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    tokens, losses = run.points("loss")
+    if losses:
+        ax.plot(tokens, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="train")
+        ax.plot(tokens, ema(losses), color="tab:blue", linewidth=1.5, label="train (smoothed)")
+    sources = run.eval_sources()
+    eval_tokens, evals = run.points("eval_loss")
+    if evals:
+        label = "eval (all sources)" if len(sources) > 1 else "eval"
+        ax.plot(eval_tokens, evals, "o-", color="tab:orange", label=label)
+    if len(sources) > 1:
+        for name in sources:
+            ax.plot(*run.points(f"eval_loss/{name}"), "x--", linewidth=1, label=f"eval {name}")
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_title(title or f"{run.label}: loss")
+    ax.grid(alpha=0.3)
+    if losses or evals:
+        ax.legend()
+    _lr_panel(ax_lr, [(run, "tab:green")])
+    ax_lr.set_xlabel("tokens")
+    return fig
+
+
+def plot_compare(runs: list[RunCurves], path: str | Path, title: str = "loss vs tokens") -> Path:
+    """Several runs in one figure: smoothed train loss (line) and eval loss (markers), one colour each."""
+    plt, eng = _pyplot()
+    fig, (ax, ax_lr) = plt.subplots(
+        2, 1, figsize=(9, 6.5), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    coloured = [(run, colours[i % len(colours)]) for i, run in enumerate(runs)]
+    for run, colour in coloured:
+        tokens, losses = run.points("loss")
+        if losses:
+            ax.plot(tokens, losses, color=colour, alpha=0.15, linewidth=0.8)
+            ax.plot(tokens, ema(losses), color=colour, linewidth=1.6, label=f"{run.label} train")
+        eval_tokens, evals = run.points("eval_loss")
+        if evals:
+            ax.plot(eval_tokens, evals, "o--", color=colour, linewidth=1, label=f"{run.label} eval")
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    _lr_panel(ax_lr, coloured)
+    return _save(fig, plt, eng, ax_lr, path)
+
+
+def _lr_panel(ax, runs) -> None:
+    for run, colour in runs:
+        tokens, lrs = run.points("lr")
+        if lrs:
+            ax.plot(tokens, lrs, color=colour, linewidth=1.2)
+    ax.set_ylabel("learning rate")
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, plt, eng, ax_bottom, path: str | Path) -> Path:
+    ax_bottom.set_xlabel("tokens")
+    ax_bottom.xaxis.set_major_formatter(eng(sep=""))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def ema(values: list[float], beta: float = 0.9) -> list[float]:
+    """Exponential moving average, debiased so the first points are not pulled towards zero."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, start=1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta**i))
+    return out
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+def summary_table(runs: list[RunCurves]) -> str:
+    """A plain-text table: one row per run (final losses, tokens, steps, median tokens/s)."""
+    header = ["run", "steps", "tokens", "train loss", "eval loss", "tokens/s"]
+    rows = []
+    for run in runs:
+        s = run.summary()
+        rows.append(
+            [
+                s["run"],
+                _num(s["steps"], "{:,}"),
+                _num(s["tokens"], "{:,}"),
+                _num(s["train_loss"], "{:.4f}"),
+                _num(s["eval_loss"], "{:.4f}"),
+                _num(s["tokens_per_sec"], "{:,.0f}"),
+            ]
+        )
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    return "\n".join(lines)
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)

@@ -1,0 +1,220 @@
+"""Experiment trackers: a real MLflow server on loopback, W&B offline, TensorBoard; resumes and outages."""
+
+# ruff: noqa: F811  (pytest injects the imported fixtures by argument name)
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from resume_support import (
+    MAX_BATCHES,
+    interrupt,
+    run,
+    shards,  # noqa: F401 (fixture)
+    write_recipe,
+)
+from tracker_fixtures import MLflowServer, mlflow_server, wandb_history  # noqa: F401
+from train_fixtures import REPO, load, read_metrics, train_data, write_recipe as write_train_recipe  # noqa: F401
+
+from llm.errors import ConfigError
+
+
+def test_one_run_reaches_mlflow_wandb_and_tensorboard(
+    tmp_path, train_data, mlflow_server, monkeypatch, capsys
+):
+    from llm.trainer import train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-env"))
+    recipe = write_train_recipe(
+        tmp_path / "r.yaml",
+        train_data,
+        callbacks={"generate": {"prompts": ["中国"], "interval": "12ba", "max_new_tokens": 8}},
+        loggers={
+            "progress_bar": False,
+            "tensorboard": True,
+            "mlflow": {"enabled": True, "tracking_uri": mlflow_server.uri, "experiment_name": "one-run"},
+            "wandb": {"enabled": True, "mode": "offline", "dir": str(tmp_path / "wandb"), "project": "t"},
+        },
+    )
+    result = train(load(recipe))
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "run"
+
+    # MLflow: one finished run named after the recipe, its config as params, every step, the files.
+    (found,) = mlflow_server.runs("one-run")
+    assert found.info.status == "FINISHED" and found.info.run_name == "test"
+    assert found.data.params["optimizer.lr"] == "0.003" and found.data.params["model.dim"] == "64"
+    assert found.data.tags["run_name"] == "test"
+    run_id = found.info.run_id
+    assert json.loads((run_dir / "trackers.json").read_text())["mlflow_run_id"] == run_id
+    assert mlflow_server.steps(run_id, "loss/train/total") == list(range(24))
+    assert mlflow_server.steps(run_id, "metrics/eval/LanguageCrossEntropy") == [12, 24]
+    assert (
+        "time/remaining_estimate" in found.data.metrics and "throughput/tokens_per_sec" in found.data.metrics
+    )
+    artifacts = {a.path for a in mlflow_server.client().list_artifacts(run_id)}
+    assert {"loss.png", "samples.jsonl", "metrics.jsonl", "config.yaml"} <= artifacts, artifacts
+    assert "[mlflow]" not in out  # no warning: the server was up all along
+
+    # W&B offline: the run files hold the same steps under the id kept in trackers.json.
+    wandb_id = json.loads((run_dir / "trackers.json").read_text())["wandb_run_id"]
+    history = wandb_history(tmp_path / "wandb", wandb_id)
+    assert sorted(r["_step"] for r in history if "loss/train/total" in r) == list(range(24))
+    files = next((tmp_path / "wandb").glob(f"wandb/offline-run-*-{wandb_id}/files"))
+    assert (files / "loss.png").exists() and (files / "samples.jsonl").exists()
+
+    assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    # Time to finish on the console: tokens/s and the estimated time left, every log_interval.
+    progress = [line for line in out.splitlines() if line.startswith("[progress] step 20/24")]
+    assert progress and "tokens/s" in progress[0] and "ETA " in progress[0], out[-3000:]
+    assert all(r.get("eta_seconds", 0) >= 0 for r in read_metrics(run_dir / "metrics.jsonl"))
+    assert "eta_seconds" in read_metrics(run_dir / "metrics.jsonl")[-2]
+    # The first and the last samples, side by side, at the end.
+    assert "samples, first generation (step 12) and last (step 24):" in out
+    assert result["step"] == 24
+
+
+def _tracked(recipe: Path, server: MLflowServer, experiment: str, **extra) -> list[str]:
+    """Overrides that send the harness's tiny run to `server` (and W&B offline)."""
+    settings = {
+        "loggers.metrics_file": "true",
+        "loggers.mlflow.enabled": "true",
+        "loggers.mlflow.tracking_uri": server.uri,
+        "loggers.mlflow.experiment_name": experiment,
+        "loggers.mlflow.flush_interval": "0.5",
+        **extra,
+    }
+    return [f"{k}={v}" for k, v in settings.items()]
+
+
+def test_a_run_stopped_by_sigterm_and_resumed_continues_the_same_tracker_runs(
+    tmp_path, shards, mlflow_server
+):
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    wandb_dir = tmp_path / "wandb"
+    overrides = _tracked(
+        recipe,
+        mlflow_server,
+        "resumed",
+        **{
+            "loggers.wandb.enabled": "true",
+            "loggers.wandb.mode": "offline",
+            "loggers.wandb.dir": str(wandb_dir),
+        },
+    )
+    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=5, sig=signal.SIGTERM, overrides=overrides)
+    assert first.returncode == 143, first.output[-4000:]
+    stop = first.batches()[-1]["batch"]
+    (after_first,) = mlflow_server.runs("resumed")
+    assert after_first.info.status == "KILLED"  # stopped, not finished: the resumed run reopens it
+
+    second = run(recipe, "second", cwd=tmp_path, overrides=overrides)
+    assert second.returncode == 0, second.output[-4000:]
+    assert f"resuming run 'rs' from the checkpoint at batch {stop}" in second.output
+
+    (found,) = mlflow_server.runs("resumed")  # the same run, not a second one
+    assert found.info.run_id == after_first.info.run_id and found.info.status == "FINISHED"
+    # Composer logs the train loss before the batch counter moves (steps 0..11), the rate after it.
+    assert mlflow_server.steps(found.info.run_id, "loss/train/total") == list(range(MAX_BATCHES))
+    lr_key = next(k for k in found.data.metrics if k.startswith("lr-"))
+    assert mlflow_server.steps(found.info.run_id, lr_key) == list(range(1, MAX_BATCHES + 1))
+    # The resumed process estimated its own time to the end.
+    assert "ETA " in next(
+        line for line in second.output.splitlines() if line.startswith(f"[progress] step {stop + 2}/")
+    )
+
+    ids = json.loads((recipe.parent / "runs" / "rs" / "trackers.json").read_text())
+    assert ids["mlflow_run_id"] == found.info.run_id
+    runs = sorted(wandb_dir.glob(f"wandb/offline-run-*-{ids['wandb_run_id']}"))
+    assert len(runs) == 2  # one offline folder per process, one W&B run id
+    steps = [r["_step"] for r in wandb_history(wandb_dir, ids["wandb_run_id"]) if "loss/train/total" in r]
+    assert sorted(steps) == list(range(MAX_BATCHES))
+
+
+@pytest.mark.slow
+def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
+    from resume_support import start, wait_for_batch
+
+    server = MLflowServer(tmp_path / "server").start()
+    try:
+        recipe = write_recipe(
+            tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache"
+        )
+        overrides = [*_tracked(recipe, server, "outage"), "training.max_duration=40ba"]
+        proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, sleep=0.3)
+        try:
+            wait_for_batch(record, 3, proc)
+            server.stop()
+            wait_for_batch(record, 12, proc)
+            server.start()  # same port, same database
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        output = proc.tag_log.read_text()
+        assert proc.returncode == 0, output[-4000:]
+        warnings = [line for line in output.splitlines() if line.startswith("[mlflow] WARNING cannot reach")]
+        assert len(warnings) == 1, output[-4000:]
+        assert "training goes on" in warnings[0]
+        assert "caught up" in output
+        (found,) = server.runs("outage")
+        assert found.info.status == "FINISHED"
+        assert server.steps(found.info.run_id, "loss/train/total") == list(range(40))
+    finally:
+        server.stop()
+
+
+def test_an_mlflow_server_that_is_down_from_the_start_costs_no_training_and_says_what_was_lost(
+    tmp_path, shards
+):
+    from s3server import free_port
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    nobody = MLflowServer(tmp_path / "none", port=free_port())  # never started
+    overrides = [*_tracked(recipe, nobody, "down"), "loggers.mlflow.close_timeout=1"]
+    result = run(recipe, "down", cwd=tmp_path, overrides=overrides)
+    assert result.returncode == 0, result.output[-4000:]
+    assert len(result.batches()) == MAX_BATCHES  # training went on
+    lines = [line for line in result.output.splitlines() if line.startswith("[mlflow]")]
+    assert len(lines) == 2, lines
+    assert (
+        lines[0].startswith(f"[mlflow] WARNING cannot reach {nobody.uri}") and "training goes on" in lines[0]
+    )
+    assert "did not answer within 1 s at the end" in lines[1] and "steps 0-12" in lines[1], lines[1]
+    assert "metrics.jsonl has every logged step" in lines[1]
+    assert "Traceback" not in result.output
+
+
+def test_a_tracker_that_is_not_installed_is_one_line_and_exit_2_before_any_work(tmp_path, train_data):
+    fake = tmp_path / "site" / "mlflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named mlflow')\n")
+    recipe = write_train_recipe(tmp_path / "r.yaml", train_data)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), str(recipe), "loggers.mlflow.enabled=true"],
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path / 'site'}:{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'llm-pretrain[mlflow]'" in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing was started: no run folder, no config.yaml
+
+
+def test_tracker_settings_are_checked_at_load(tmp_path, train_data):
+    recipe = write_train_recipe(tmp_path / "r.yaml", train_data)
+    with pytest.raises(ConfigError, match="loggers.wandb.mode='sometimes' is not one of"):
+        load(recipe, "loggers.wandb.mode=sometimes")
+    with pytest.raises(
+        ConfigError, match="unknown key 'loggers.mlflow.trackinguri': did you mean 'tracking_uri'"
+    ):
+        load(recipe, "loggers.mlflow.trackinguri=http://x")
