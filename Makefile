@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume bench-restart bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install demo demo-sft test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume bench-restart bench-gpu gpu-check gpu-check-smoke clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,21 @@ $(DEMO)/tasks/zh-demo/task.json: | install
 
 demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(PY) train.py recipes/demo.yaml
+
+# --- after `make demo`: fine-tune the demo model to answer 正面 / 负面 for a review (SFT) ---------
+$(DEMO)/sft/train.jsonl: | install
+	$(PY) -m convert demo-sft --out $(DEMO)/sft
+
+$(DEMO)/sft/shards/train/index.json: $(DEMO)/sft/train.jsonl $(DEMO)/tokenizer.model
+	$(PY) -m convert sft $< --tokenizer $(DEMO)/tokenizer.model --seq-len 256 --min-prompt-chars 1 \
+		--min-answer-chars 1 --val-fraction 0.05 --out $(DEMO)/sft/shards --overwrite --no-progress
+
+demo-sft: $(DEMO)/sft/shards/train/index.json
+	@test -d runs/demo/checkpoints/manifests || { echo "make demo-sft fine-tunes the demo model: run make demo first"; exit 2; }
+	$(PY) train.py recipes/demo-sft.yaml
+	$(PY) -m bench.sft_demo --heldout $(DEMO)/sft/heldout.jsonl --tokenizer $(DEMO)/tokenizer.model \
+		--template $(DEMO)/sft/shards/train --before runs/demo/checkpoints --after runs/demo-sft/checkpoints \
+		--out runs/demo-sft/heldout_accuracy.json
 
 # --- quality gates -------------------------------------------------------------------------
 lint: install

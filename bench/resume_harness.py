@@ -39,7 +39,9 @@ def write_shards(root: Path, shard_bytes: int = 1 << 12) -> Path:
     rng = np.random.default_rng(1234)
     tokens = rng.integers(0, VOCAB, size=(NUM_SAMPLES, SEQ_LEN), dtype=np.uint16)
     columns = {"tokens": "ndarray:uint16"}
-    with MDSWriter(out=str(split), columns=columns, hashes=["sha1", "xxh64"], size_limit=shard_bytes) as writer:
+    with MDSWriter(
+        out=str(split), columns=columns, hashes=["sha1", "xxh64"], size_limit=shard_bytes
+    ) as writer:
         for row in tokens:
             writer.write({"tokens": row})
     meta = {

@@ -82,7 +82,9 @@ def _checked(name: str, data: dict, where: str) -> ChatTemplate:
         if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
             raise ConvertError(f"{where}: {key!r} must be a list of non-empty strings")
         if value.count(placeholder) != 1:
-            raise ConvertError(f"{where}: {key!r} must hold {placeholder!r} exactly once, as a part of its own")
+            raise ConvertError(
+                f"{where}: {key!r} must hold {placeholder!r} exactly once, as a part of its own"
+            )
         other = ANSWER if key == "prompt" else PROMPT
         if any(other in p or (placeholder in p and p != placeholder) for p in value):
             raise ConvertError(

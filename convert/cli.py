@@ -184,11 +184,21 @@ def _add_sft(commands) -> None:
     parser = commands.add_parser(
         "sft", help="prompt/answer pairs -> SFT shards with a loss mask (train/ and val/)"
     )
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSON, JSON-lines or CSV files, folders, globs, s3://")
-    parser.add_argument("--format", default="auto", choices=("auto", "json", "jsonl", "csv"), help="input format")
-    parser.add_argument("--preset", default=None, help="record layout: alpaca, belle, baby-llama2 (CSV prompt,answer)")
-    parser.add_argument("--prompt-field", default=None, help="the prompt's field or CSV column (default: prompt)")
-    parser.add_argument("--answer-field", default=None, help="the answer's field or CSV column (default: answer)")
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="JSON, JSON-lines or CSV files, folders, globs, s3://"
+    )
+    parser.add_argument(
+        "--format", default="auto", choices=("auto", "json", "jsonl", "csv"), help="input format"
+    )
+    parser.add_argument(
+        "--preset", default=None, help="record layout: alpaca, belle, baby-llama2 (CSV prompt,answer)"
+    )
+    parser.add_argument(
+        "--prompt-field", default=None, help="the prompt's field or CSV column (default: prompt)"
+    )
+    parser.add_argument(
+        "--answer-field", default=None, help="the answer's field or CSV column (default: answer)"
+    )
     parser.add_argument("--input-field", default=None, help="a field added to the prompt after a newline")
     parser.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
     parser.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
@@ -208,7 +218,9 @@ def _add_sft(commands) -> None:
         "--max-prompt-tokens", type=int, default=None,
         help="cut prompts to this many tokens (default: what leaves the answer room, at least half)",
     )  # fmt: skip
-    rules.add_argument("--drop-truncated", action="store_true", help="drop pairs that do not fit instead of cutting")
+    rules.add_argument(
+        "--drop-truncated", action="store_true", help="drop pairs that do not fit instead of cutting"
+    )
     parser.add_argument("--normalization", default="NFKC", help="Unicode normalisation (NFKC, NFC, none)")
     parser.add_argument("--no-dedup", action="store_true", help="keep exact duplicate pairs")
     parser.add_argument("--strict", action="store_true", help="stop at the first malformed record")
@@ -386,7 +398,12 @@ def run_sft(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     convert_sft(
-        args.inputs, tokenizer=args.tokenizer, out=args.out, layout=layout, options=options, command=_command_line()
+        args.inputs,
+        tokenizer=args.tokenizer,
+        out=args.out,
+        layout=layout,
+        options=options,
+        command=_command_line(),
     )
     return 0
 

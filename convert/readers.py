@@ -158,7 +158,12 @@ class _RecordExtractor:
 
 
 def read_json_records(
-    path: str, fmt: str, extract: Callable[[object], tuple[object | None, str]], *, strict: bool, stats: ReadStats
+    path: str,
+    fmt: str,
+    extract: Callable[[object], tuple[object | None, str]],
+    *,
+    strict: bool,
+    stats: ReadStats,
 ) -> Iterator[Document]:
     """The records of one JSON-list or JSON-lines file (`fmt`: json, jsonl or auto), each passed
     through `extract`, with the same streaming, line numbers and malformed-record counting as

@@ -46,14 +46,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from convert.chat_template import DEFAULT_TEMPLATE, TemplateRenderer, get_template
+from convert.chat_template import DEFAULT_TEMPLATE, ChatTemplate, TemplateRenderer, get_template
 from convert.cleaning import Cleaner, DropCounts, text_digest
 from convert.errors import ConvertError
 from convert.readers import AUTO, ReadStats, read_json_records
 from convert.report import progress_bar
 from convert.selection import in_val
 from convert.sources import expand_inputs, open_binary, refuse_output_among_inputs
-from convert.tokenizer import load_processor, load_tokenizer
+from convert.tokenizer import TokenizerInfo, load_processor, load_tokenizer
 from convert.writer import ShardWriter, index_json, open_output
 from storage import Store
 
@@ -364,6 +364,13 @@ class Counts:
     truncated_prompts: int = 0
     truncated_answers: int = 0
 
+    def dropped_dict(self) -> dict[str, int]:
+        malformed = {"malformed": self.read.malformed} if self.read.malformed else {}
+        return {**self.dropped.as_dict(), **malformed}
+
+    def truncated(self) -> dict[str, int]:
+        return {"prompts": self.truncated_prompts, "answers": self.truncated_answers}
+
 
 def convert_sft(
     inputs: list[str],
@@ -377,114 +384,116 @@ def convert_sft(
     """Convert prompt/answer records into `out`/train and `out`/val; returns the summary."""
     start = time.monotonic()
     options.check()
-    template = get_template(options.template)
-    model_bytes, info = load_tokenizer(tokenizer)
-    processor = load_processor(model_bytes, tokenizer)
-    renderer = TemplateRenderer(template, processor, bos_id=info.bos_id, eos_id=info.eos_id)
-    room = options.seq_len - renderer.fixed_tokens
-    if room < 2:
-        raise ConvertError(
-            f"the chat template {template.name!r} takes {renderer.fixed_tokens} tokens of every sample, so "
-            f"--seq-len {options.seq_len} leaves {room} for the prompt and the answer; raise --seq-len"
-        )
-    if options.max_prompt_tokens is not None and not 1 <= options.max_prompt_tokens < room:
-        raise ConvertError(
-            f"--max-prompt-tokens {options.max_prompt_tokens} must be between 1 and {room - 1} (the room "
-            f"--seq-len {options.seq_len} leaves besides the template and at least one answer token)"
-        )
-    dtype = info.token_dtype(options.dtype)
+    job = Job.prepare(tokenizer, options)
     paths = expand_inputs(inputs)
     refuse_output_among_inputs(inputs, out)
     store = open_output(out)
     prepare_output(store, options.overwrite)
-
     counts = Counts()
     totals = {split: SplitTotals() for split in SPLITS}
-    packers = {
-        split: SamplePacker(
-            ShardWriter(
-                store,
-                split,
-                seq_len=options.seq_len,
-                dtype=dtype,
-                size_limit=options.size_limit,
-                extra_columns=EXTRA_COLUMNS,
-            ),
-            options.seq_len,
-            options.pack,
-            totals[split],
-        )  # fmt: skip
-        for split in SPLITS
-    }
-    fitter = Fitter(room, options.max_prompt_tokens)
+    packers = {split: job.packer(store, split, totals[split]) for split in SPLITS}
     pairs = read_pairs(paths, layout, strict=options.strict, stats=counts.read)
     with progress_bar(None, "pair", "sft", enabled=options.progress) as bar:
         for batch in _batches(_selected(pairs, options, counts.dropped), _BATCH):
-            prompts = processor.encode([p for p, _, _ in batch])
-            answers = processor.encode([a for _, a, _ in batch])
-            for (_, _, digest), prompt, answer in zip(batch, prompts, answers, strict=True):
-                fitted = fitter.fit(prompt, answer)
-                cut_prompt, cut_answer = len(fitted[0]) < len(prompt), len(fitted[1]) < len(answer)
-                if (cut_prompt or cut_answer) and options.drop_truncated:
-                    counts.dropped.add("too_long_tokens")
-                    continue
-                counts.truncated_prompts += cut_prompt
-                counts.truncated_answers += cut_answer
-                split = "val" if in_val(digest, options.val_fraction)[0] else "train"
-                packers[split].add(renderer.prompt_ids(fitted[0]), renderer.answer_ids(fitted[1]))
+            job.add(batch, packers, counts)
             bar.update(len(batch))
     if totals["train"].examples == 0:
         raise _nothing_kept(paths, counts)
     for split in SPLITS:
         totals[split].shards = packers[split].finish()
-    meta = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "kind": KIND,
-        "seq_len": options.seq_len,
-        "dtype": dtype,
-        "columns": {"tokens": dtype, **EXTRA_COLUMNS},
-        "vocab_size": info.vocab_size,
-        "eos_id": info.eos_id,
-        "bos_id": info.bos_id,
-        "add_bos": False,
-        "tokenizer_sha256": info.sha256,
-        "chat_template": {**template.as_meta(), "normalization": options.normalization},
-        "packed": options.pack,
-    }
-    dropped = {
-        **counts.dropped.as_dict(),
-        **({"malformed": counts.read.malformed} if counts.read.malformed else {}),
-    }
-    truncated = {"prompts": counts.truncated_prompts, "answers": counts.truncated_answers}
     for split in SPLITS:
-        t = totals[split].summary(options.seq_len)
-        store.write_json(f"{split}/meta.json", {
-            **meta, "split": split, "num_samples": t["samples"], "num_tokens": t["tokens"],
-            "num_documents": t["examples"], "num_examples": t["examples"], "target_tokens": t["target_tokens"],
-            "padding_tokens": t["padding_tokens"], "padding_share": t["padding_share"],
-            "truncated": truncated, "dropped": dropped,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
-        })  # fmt: skip
-    elapsed = time.monotonic() - start
+        store.write_json(f"{split}/meta.json", job.meta(split, totals[split], counts, command))
     summary = {
         "out": store.url(),
         "kind": KIND,
         "read": counts.read.as_dict(),
-        "dropped": dropped,
-        "truncated": truncated,
+        "dropped": counts.dropped_dict(),
+        "truncated": counts.truncated(),
         "splits": {split: totals[split].summary(options.seq_len) for split in SPLITS},
         "seq_len": options.seq_len,
         "packed": options.pack,
-        "chat_template": template.name,
+        "chat_template": job.template.name,
         "options": asdict(options),
-        "elapsed_s": round(elapsed, 3),
+        "elapsed_s": round(time.monotonic() - start, 3),
     }
     store.write_json("summary.json", summary)
     for split in ("val", "train"):  # last: an index.json marks its split complete
         store.write_json(f"{split}/index.json", index_json(totals[split].shards))
     print_summary(summary, sys.stdout)
     return summary
+
+
+@dataclass
+class Job:
+    """What one conversion tokenizes and writes with: the template, the tokenizer, the room."""
+
+    options: SftOptions
+    template: ChatTemplate
+    info: TokenizerInfo
+    processor: object
+    renderer: TemplateRenderer
+    fitter: Fitter
+    dtype: str
+
+    @classmethod
+    def prepare(cls, tokenizer: str, options: SftOptions) -> Job:
+        """Load the template and the tokenizer; ConvertError if the template leaves no room."""
+        template = get_template(options.template)
+        model_bytes, info = load_tokenizer(tokenizer)
+        processor = load_processor(model_bytes, tokenizer)
+        renderer = TemplateRenderer(template, processor, bos_id=info.bos_id, eos_id=info.eos_id)
+        room = options.seq_len - renderer.fixed_tokens
+        if room < 2:
+            raise ConvertError(
+                f"the chat template {template.name!r} takes {renderer.fixed_tokens} tokens of every sample, "
+                f"so --seq-len {options.seq_len} leaves {room} for the prompt and the answer; raise --seq-len"
+            )
+        if options.max_prompt_tokens is not None and not 1 <= options.max_prompt_tokens < room:
+            raise ConvertError(
+                f"--max-prompt-tokens {options.max_prompt_tokens} must be between 1 and {room - 1} (the "
+                f"room --seq-len {options.seq_len} leaves besides the template and one answer token)"
+            )
+        fitter = Fitter(room, options.max_prompt_tokens)
+        return cls(options, template, info, processor, renderer, fitter, info.token_dtype(options.dtype))
+
+    def packer(self, store: Store, split: str, totals: SplitTotals) -> SamplePacker:
+        o = self.options
+        writer = ShardWriter(store, split, seq_len=o.seq_len, dtype=self.dtype, size_limit=o.size_limit,
+                             extra_columns=EXTRA_COLUMNS)  # fmt: skip
+        return SamplePacker(writer, o.seq_len, o.pack, totals)
+
+    def add(
+        self, batch: list[tuple[str, str, bytes]], packers: dict[str, SamplePacker], counts: Counts
+    ) -> None:
+        """Tokenize a batch of selected pairs, fit, render and pack each into its split."""
+        prompts = self.processor.encode([p for p, _, _ in batch])
+        answers = self.processor.encode([a for _, a, _ in batch])
+        for (_, _, digest), prompt, answer in zip(batch, prompts, answers, strict=True):
+            kept_prompt, kept_answer = self.fitter.fit(prompt, answer)
+            cut_prompt, cut_answer = len(kept_prompt) < len(prompt), len(kept_answer) < len(answer)
+            if (cut_prompt or cut_answer) and self.options.drop_truncated:
+                counts.dropped.add("too_long_tokens")
+                continue
+            counts.truncated_prompts += cut_prompt
+            counts.truncated_answers += cut_answer
+            split = "val" if in_val(digest, self.options.val_fraction)[0] else "train"
+            packers[split].add(self.renderer.prompt_ids(kept_prompt), self.renderer.answer_ids(kept_answer))
+
+    def meta(self, split: str, totals: SplitTotals, counts: Counts, command: str) -> dict:
+        """The split's meta.json (convert/FORMAT.md, "SFT shards")."""
+        info, s = self.info, totals.summary(self.options.seq_len)
+        return {
+            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": KIND, "split": split,
+            "seq_len": self.options.seq_len, "dtype": self.dtype, "columns": {"tokens": self.dtype, **EXTRA_COLUMNS},
+            "vocab_size": info.vocab_size, "eos_id": info.eos_id, "bos_id": info.bos_id, "add_bos": False,
+            "tokenizer_sha256": info.sha256,
+            "chat_template": {**self.template.as_meta(), "normalization": self.options.normalization},
+            "packed": self.options.pack, "num_samples": s["samples"], "num_tokens": s["tokens"],
+            "num_documents": s["examples"], "num_examples": s["examples"], "target_tokens": s["target_tokens"],
+            "padding_tokens": s["padding_tokens"], "padding_share": s["padding_share"],
+            "truncated": counts.truncated(), "dropped": counts.dropped_dict(),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
+        }  # fmt: skip
 
 
 def prepare_output(store: Store, overwrite: bool) -> None:

@@ -6,7 +6,7 @@ per process that every worker would pay, and a sample at a time where this packs
 with numpy:
 
   shard file  = uint32 n | uint32 offsets[n + 1] | config JSON | n samples
-  sample      = uint32 size of each column's datum, in column order | the data, in column order
+  sample      = uint32 size of each column's datum | the data (columns in name order)
   datum       = one byte (ndim << 2 | shape dtype code) | shape | values (little-endian)
 
 Pretraining shards have one column, `tokens`; SFT shards (`convert.sft`) add `loss_mask` and
@@ -77,10 +77,12 @@ class ShardWriter:
         size_limit: int,
         extra_columns: dict[str, str] | None = None,
     ) -> None:
-        """`extra_columns` ({name: dtype}, in order) follow `tokens`; `write` then takes a dict of
+        """`extra_columns` ({name: dtype}) are stored beside `tokens`; `write` then takes a dict of
         `[rows, seq_len]` arrays, one per column, instead of the token rows alone."""
         self.store, self.folder, self.dtype = store, folder, np.dtype(dtype)
-        self.columns = {COLUMN: self.dtype, **{k: np.dtype(v) for k, v in (extra_columns or {}).items()}}
+        # In name order, as streaming's MDSWriter stores them (its readers look columns up by name).
+        named = {COLUMN: self.dtype, **{k: np.dtype(v) for k, v in (extra_columns or {}).items()}}
+        self.columns = {name: named[name] for name in sorted(named)}
         self.config = {
             "column_encodings": [f"ndarray:{d.name}" for d in self.columns.values()],
             "column_names": list(self.columns),
@@ -93,7 +95,9 @@ class ShardWriter:
         }
         self._config_bytes = json.dumps(self.config, sort_keys=True).encode()
         self._headers = [_datum_header(seq_len, d) for d in self.columns.values()]
-        widths = [len(h) + seq_len * d.itemsize for h, d in zip(self._headers, self.columns.values(), strict=True)]
+        widths = [
+            len(h) + seq_len * d.itemsize for h, d in zip(self._headers, self.columns.values(), strict=True)
+        ]
         self._sizes = np.array(widths, dtype="<u4")  # each datum's size: what a sample starts with
         sample_bytes = int(self._sizes.sum()) + 4 * len(self.columns)
         # streaming counts 4 bytes per sample (its offset) and 8 + config per shard.
@@ -107,8 +111,8 @@ class ShardWriter:
     def write(self, rows: np.ndarray | dict[str, np.ndarray]) -> None:
         """Token rows `[n, seq_len]`, or with extra columns a dict of such arrays (one per column)."""
         columns = rows if isinstance(rows, dict) else {COLUMN: rows}
-        if list(columns) != list(self.columns):
-            raise ValueError(f"rows for columns {list(columns)}, expected {list(self.columns)}")
+        if set(columns) != set(self.columns):
+            raise ValueError(f"rows for columns {sorted(columns)}, expected {list(self.columns)}")
         for name, values in columns.items():
             if len(values) and int(values.max()) > np.iinfo(self.columns[name]).max:
                 what = "token id" if name == COLUMN else f"{name} value"
@@ -116,7 +120,7 @@ class ShardWriter:
                     f"{what} {int(values.max())} does not fit in {self.columns[name].name}; use --dtype auto"
                 )
         # One row of bytes per sample: every column's values, side by side, in column order.
-        blocks = [_as_bytes(values, self.columns[name]) for name, values in columns.items()]
+        blocks = [_as_bytes(columns[name], dtype) for name, dtype in self.columns.items()]
         block = blocks[0] if len(blocks) == 1 else np.hstack(blocks)
         self._pending.append(block)
         self._pending_rows += len(block)

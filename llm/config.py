@@ -423,7 +423,9 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("data.kind", cfg.data.kind, DATA_KINDS)
     _check_choice("loggers.wandb.mode", cfg.loggers.wandb.mode, (None, "online", "offline", "disabled"))
     if cfg.loggers.mlflow.flush_interval <= 0 or cfg.loggers.mlflow.close_timeout < 0:
-        raise ConfigError("loggers.mlflow.flush_interval must be positive and close_timeout 0 or more (seconds)")
+        raise ConfigError(
+            "loggers.mlflow.flush_interval must be positive and close_timeout 0 or more (seconds)"
+        )
     if cfg.data.cache_limit not in (None, "auto"):
         parse_bytes(cfg.data.cache_limit, "data.cache_limit")
     for key in ("predownload", "download_retry", "shuffle_block_size", "num_canonical_nodes"):

@@ -68,7 +68,9 @@ def generate(
         model.train(was_training)
 
 
-def _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache, sync, on_step):
+def _generate(
+    model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache, sync, on_step
+):
     device = _device_of(model)
     tokens, mask = left_pad(prompts, device)
     # A mask costs an explicit [B, 1, T, S] tensor; equal-length prompts can use the causal kernel.

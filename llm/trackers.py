@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import math
 import os
 import re
@@ -53,8 +52,6 @@ from llm.checkpoint.records import RECORD_FILES
 from llm.config import MLflowConfig, TrainConfig, WandBConfig
 from llm.errors import ConfigError
 from storage import atomic_write_text
-
-log = logging.getLogger(__name__)
 
 IDS_FILE = "trackers.json"  # {"mlflow_run_id": ..., "wandb_run_id": ...} in run_dir
 # recipe key -> (module to import, extra of this project that installs it)
@@ -155,8 +152,7 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 def _say(message: str) -> None:
-    """One line on the console (rank 0), also in the log."""
-    log.warning(message)
+    """One line on the console (the trackers run on rank 0 only)."""
     print(message, flush=True)
 
 
@@ -187,6 +183,9 @@ def wandb_tracker(
     run_id = ids.get("wandb_run_id") or uuid.uuid4().hex[:12]
     ids.set("wandb_run_id", run_id)
     init_kwargs: dict[str, Any] = {"id": run_id, "resume": "allow", "config": config}
+    # Offline, W&B 0.18 asks the server's version before logging a table (the samples) unless
+    # this is off: with no server it retries for minutes. Online runs never read the setting.
+    init_kwargs["settings"] = {"allow_offline_artifacts": False}
     init_kwargs["dir"] = str(Path(settings.dir or run_dir))
     Path(init_kwargs["dir"]).mkdir(parents=True, exist_ok=True)
     if settings.mode:
@@ -308,7 +307,7 @@ class MLflowTracker(MLFlowLogger):
     def log_images(self, *args, **kwargs) -> None:
         pass
 
-    def fit_end(self, state: State, logger: Logger) -> None:
+    def close(self, state: State, logger: Logger) -> None:
         if stop_requested(state):
             self._final_status = "KILLED"  # preempted: the resumed run reopens it
 
@@ -331,7 +330,7 @@ class MLflowTracker(MLFlowLogger):
                     params = params[:_MAX_PARAMS_PER_REQUEST]
                 if not metrics and not params:
                     break
-                self._send(metrics, params)
+                self._send(metrics, params)  # params MLflow refuses to change count as sent
                 sent += len(metrics)
                 with self._lock:
                     del self._outbox[: len(metrics)]
@@ -378,7 +377,7 @@ class MLflowTracker(MLFlowLogger):
         if self._down_since is not None:
             return
         self._down_since = time.monotonic()
-        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        reason = _reason(err)
         _say(
             f"[mlflow] WARNING cannot reach {self.tracking_uri} ({reason}); training goes on, metrics "
             f"wait and are sent when it answers (retrying every {self.settings.flush_interval:g} s)"
@@ -387,8 +386,8 @@ class MLflowTracker(MLFlowLogger):
     # --- the end ------------------------------------------------------------------------------
 
     def post_close(self) -> None:
-        if not self._enabled or self._thread is None:
-            return
+        if not self._enabled or self._thread is None or self._stop.is_set():
+            return  # Composer may close twice (the trainer's close, then its atexit hook)
         self._stop.set()
         self._thread.join()
         deadline = time.monotonic() + self.settings.close_timeout
@@ -436,6 +435,20 @@ class MLflowTracker(MLFlowLogger):
             f"at the end: {len(steps)} metric points{span} and {params} params were not sent, nor the "
             f"record files; {self.record_dir / 'metrics.jsonl'} has every logged step"
         )
+
+
+def _reason(err: Exception) -> str:
+    """A connection failure in a few words (MLflow's message repeats the URL and urllib3's chain)."""
+    text = str(err)
+    for marker, short in (
+        ("Connection refused", "connection refused"),
+        ("timed out", "timed out"),
+        ("Name or service not known", "unknown host"),
+        ("Max retries exceeded", "no connection"),
+    ):
+        if marker in text:
+            return short
+    return text.splitlines()[0][:160] if text else type(err).__name__
 
 
 def _run_exists(client, run_id: str) -> bool:

@@ -133,7 +133,7 @@ CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
     loss_plot_callbacks,
     generation_callbacks,
     task_eval_callbacks,
-    chat_record_callbacks,  # SFT: the chat template goes into every checkpoint
+    chat_record_callbacks,  # SFT: the chat template and the model shape go into every checkpoint
 ]
 
 
@@ -224,6 +224,10 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, cfg.optimizer)
     ctx = BuildContext(cfg=cfg, device=device, run_dir=run_dir, world_size=world_size, model=model)
+    loggers = build_loggers(ctx)
+    if checkpointing.records is not None:  # a checkpoint's stored metrics.jsonl includes its own step
+        flushes = [lg.flush for lg in loggers if isinstance(lg, MetricsFile)]
+        checkpointing.records.before_store[:0] = flushes
     trainer = Trainer(
         run_name=cfg.run_name,
         model=model,
@@ -243,7 +247,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         seed=cfg.seed,
         parallelism_config=parallelism,
         callbacks=checkpointing.callbacks_after([*build_callbacks(ctx), *extra_callbacks]),
-        loggers=build_loggers(ctx),
+        loggers=loggers,
         progress_bar=cfg.loggers.progress_bar,
         log_to_console=not cfg.loggers.progress_bar,
         console_log_interval=f"{cfg.training.log_interval}ba",

@@ -338,7 +338,9 @@ def read_weights(path: str, *, trust: bool = False) -> LoadedWeights:
         data = json.loads((local / "config.json").read_text(encoding="utf-8"))
         template_file = local / TEMPLATE_FILE
         template = json.loads(template_file.read_text(encoding="utf-8")) if template_file.is_file() else None
-        return LoadedWeights(from_hf(read_hf_tensors(local, trust), str(local)), config_from_hf(data), template)
+        return LoadedWeights(
+            from_hf(read_hf_tensors(local, trust), str(local)), config_from_hf(data), template
+        )
     if local.is_dir():
         raise ConfigError(
             f"{path} is a folder with neither checkpoint manifests nor config.json: pass a checkpoint "

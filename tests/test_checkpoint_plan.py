@@ -114,7 +114,9 @@ def test_a_read_only_save_folder_is_refused_before_training(tmp_path, read_only)
 
 def test_a_save_folder_without_room_for_one_checkpoint_is_refused_before_training(tmp_path):
     free = shutil.disk_usage(tmp_path).free
-    per_layer = count_params(ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)).block
+    per_layer = count_params(
+        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
+    ).block
     layers = 2 * free // (12 * per_layer) + 1  # twice the disk's free space, at 12 bytes a parameter
     model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
     cfg = recipe(tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck"), "model": model})

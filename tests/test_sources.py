@@ -185,7 +185,9 @@ def test_unreachable_endpoint_names_the_endpoint(s3_server, monkeypatch):
         (["s3://b/corpus"], "corpus/shards", False),
     ],
 )
-def test_an_output_inside_an_input_is_refused_from_the_names_alone(tmp_path, monkeypatch, inputs, out, refused):
+def test_an_output_inside_an_input_is_refused_from_the_names_alone(
+    tmp_path, monkeypatch, inputs, out, refused
+):
     (tmp_path / "corpus").mkdir()
     monkeypatch.chdir(tmp_path)
     if refused:
@@ -200,7 +202,15 @@ def test_convert_refuses_an_out_inside_its_input_folder(tmp_path, small_corpus_d
     write_jsonl(corpus / "a.jsonl", small_corpus_docs[:20])
     out = corpus / "shards"
     result = run_convert(
-        "shards", str(corpus), "--tokenizer", small_tokenizer, "--out", str(out), "--seq-len", "64", "--no-progress"
+        "shards",
+        str(corpus),
+        "--tokenizer",
+        small_tokenizer,
+        "--out",
+        str(out),
+        "--seq-len",
+        "64",
+        "--no-progress",
     )
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip() == (

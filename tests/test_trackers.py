@@ -19,7 +19,8 @@ from resume_support import (
     write_recipe,
 )
 from tracker_fixtures import MLflowServer, mlflow_server, wandb_history  # noqa: F401
-from train_fixtures import REPO, load, read_metrics, train_data, write_recipe as write_train_recipe  # noqa: F401
+from train_fixtures import REPO, load, read_metrics, train_data  # noqa: F401
+from train_fixtures import write_recipe as write_train_recipe
 
 from llm.errors import ConfigError
 

@@ -100,5 +100,8 @@ def wandb_history(wandb_dir: Path, run_id: str) -> list[dict]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(data)
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key: json.loads(item.value_json) for item in record.history.item})
+                items = record.history.item
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+                )
     return rows

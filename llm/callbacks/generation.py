@@ -94,7 +94,8 @@ class GenerationCallback(Callback):
         self._tokenizer.check_fits(model.cfg.vocab_size)
         template, tokenizer = self.chat_template, self._tokenizer
         self._prompt_ids = [
-            template.prompt_ids(tokenizer, p) if template else tokenizer.encode_prompt(p) for p in self.prompts
+            template.prompt_ids(tokenizer, p) if template else tokenizer.encode_prompt(p)
+            for p in self.prompts
         ]
         self._model_config = dataclasses.asdict(model.cfg)
 

@@ -20,12 +20,15 @@ from llm.plots import draw_run_plot
 
 
 class LossPlot(Callback):
-    """Draw `path` from the metrics.jsonl beside it, on rank 0, at fit end."""
+    """Draw `path` from the metrics.jsonl beside it, on rank 0, when the trainer closes."""
 
     def __init__(self, path: str | Path, title: str = "loss"):
         self.path = Path(path)
         self.title = title
+        self.drawn = False
 
-    def fit_end(self, state: State, logger: Logger) -> None:
-        if dist.get_global_rank() == 0:
-            draw_run_plot(self.path, self.title)
+    def close(self, state: State, logger: Logger) -> None:
+        # At close, not fit end: Composer writes the loggers' fit_end (metrics.jsonl's last line)
+        # after the callbacks', and a run stopping on a signal exits inside fit_end.
+        if dist.get_global_rank() == 0 and not self.drawn:
+            self.drawn = draw_run_plot(self.path, self.title) is not None

@@ -75,9 +75,14 @@ class MetricsFile(LoggerDestination):
             self.path.write_text("", encoding="utf-8")
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        self.flush(state)
+
+    def flush(self, state: State) -> None:
+        """Write this step's line now if it is due (the run records call this before a checkpoint's
+        records are stored: Composer runs loggers after the other callbacks of an event)."""
         step = int(state.timestamp.batch)
         has_eval = any(key in _EVAL_METRICS or _per_run_field(key) for key in self._latest)
-        if step % self.interval == 0 or has_eval:
+        if step != self._last_written and (step % self.interval == 0 or has_eval):
             self._write(state)
 
     def fit_end(self, state: State, logger: Logger) -> None:

@@ -28,6 +28,11 @@ class ProgressLine(LoggerDestination):
         self.interval = max(1, interval)
         self.latest: dict[str, float] = {}
         self.last_line = ""
+        self.total: int | None = None
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        # Kept from the start: a stop on SIGTERM lowers state.max_duration to the current batch.
+        self.total = int(state.max_duration.value) if state.max_duration is not None else None
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         for key, value in metrics.items():
@@ -40,8 +45,7 @@ class ProgressLine(LoggerDestination):
         step = int(state.timestamp.batch)
         if step % self.interval or dist.get_global_rank() != 0:
             return
-        total = int(state.max_duration.value) if state.max_duration is not None else None
-        self.last_line = describe(step, total, int(state.timestamp.token), self.latest)
+        self.last_line = describe(step, self.total, int(state.timestamp.token), self.latest)
         _write(self.last_line)
 
 

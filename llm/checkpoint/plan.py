@@ -56,6 +56,7 @@ class CheckpointPlan:
     resume: ResumePoint
     trainer_kwargs: dict[str, Any]
     callbacks: tuple  # (CheckpointSaver, CheckpointPublisher, RunLockCallback?)? + (PreemptionCallback,)
+    records: RunRecords | None = None  # stored with each checkpoint (remote save_folder only)
 
     def callbacks_after(self, others: Sequence) -> list:
         """`others` followed by this plan's callbacks; refuses checkpointing callbacks in `others`."""
@@ -117,12 +118,10 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
         "load_weights_only": point.weights_only,
     }
     held = (RunLockCallback(lock),) if lock is not None else ()
-    callbacks = (
-        (*_saving_callbacks(cfg, rank), *held, PreemptionCallback())
-        if ck.save_folder
-        else (PreemptionCallback(),)
-    )
-    return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
+    saving = _saving_callbacks(cfg, rank) if ck.save_folder else ()
+    callbacks = (*saving, *held, PreemptionCallback())
+    records = saving[1].records if saving else None
+    return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks, records=records)
 
 
 def _starting_point(cfg: TrainConfig, rank: int, world_size: int) -> ResumePoint:
@@ -151,14 +150,15 @@ def run_records(cfg: TrainConfig) -> RunRecords:
     store = open_store(ck.save_folder) if ck.save_folder else None
     if store is None or not store.is_remote:
         return RunRecords(cfg.run_dir)
-    redraw = None
+    hooks = []
     if cfg.callbacks.loss_plot:
         plot, title = Path(cfg.run_dir) / "loss.png", f"{cfg.run_name}: loss"
 
-        def redraw():
+        def redraw_loss_plot(state):
             return draw_run_plot(plot, title)
 
-    return RunRecords(cfg.run_dir, store, before_store=redraw)
+        hooks.append(redraw_loss_plot)
+    return RunRecords(cfg.run_dir, store, before_store=hooks)
 
 
 class RunLockCallback(Callback):

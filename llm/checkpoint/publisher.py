@@ -15,8 +15,8 @@ after it at the same event (it must come after the saver in the callback list), 
 
 At fit end and at close (also after an error or a second signal that cut a save short), rank 0
 deletes the files of this run's saves that no manifest claims (`remove_unclaimed`: a partial
-`.pt`) and stores the records once more (what fit end added: the last samples, the final plot),
-and every rank removes its private staging folder.
+`.pt`); at close rank 0 stores the records once more (what the end added: the last samples and
+metrics line, the final plot), and every rank removes its private staging folder.
 
 Uploads run on the training thread: a save blocks training until it is stored. That keeps the
 order of steps simple and makes a checkpoint written on preemption durable before the process
@@ -73,10 +73,11 @@ class CheckpointPublisher(Callback):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._remove_interrupted_saves()
-        self._store_records_at_end()
 
     def close(self, state: State, logger: Logger) -> None:
         self._remove_interrupted_saves()
+        # At close, not fit end: Composer runs the loggers' fit_end (metrics.jsonl's last line)
+        # after the callbacks', and a run stopping on a signal exits inside fit_end.
         self._store_records_at_end()
         if self.store.is_remote:
             shutil.rmtree(self.staging_root, ignore_errors=True)
@@ -121,7 +122,7 @@ class CheckpointPublisher(Callback):
             self._seen_saves = len(saver.saved_checkpoints)
             if new_paths:
                 if self.records is not None and dist.get_global_rank() == 0:
-                    self.records.save()  # before the manifests: a complete checkpoint has its records
+                    self.records.save(state)  # before the manifests: a complete checkpoint has its records
                 self._store_rank_files(state, new_paths[-1])
         except Exception as err:  # reported after the ranks agree, so no rank hangs in a collective
             error = err

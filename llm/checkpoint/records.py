@@ -27,6 +27,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from storage import StorageError, Store, atomic_write_text
 
@@ -41,29 +42,32 @@ RECORD_FILES = (*STEP_FILES, *OTHER_FILES)
 class RunRecords:
     """The record files of one run: `run_dir` on this machine, mirrored to `store`/records/ if given.
 
-    `before_store`, when given, runs before each store (the trainer passes the loss plot's redraw).
+    `before_store` are called with the trainer's state before each store, in order: the trainer
+    puts metrics.jsonl's flush of the current step first (Composer runs loggers after the other
+    callbacks of an event, so the line of the step being saved is not written yet), then the loss
+    plot's redraw.
     """
 
     def __init__(
         self,
         run_dir: str | Path,
         store: Store | None = None,
-        before_store: Callable[[], object] | None = None,
+        before_store: list[Callable[[Any], object]] | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.store = store
-        self.before_store = before_store
+        self.before_store = list(before_store or [])
         self.stored = 0  # how many times the records were stored
 
-    def save(self) -> list[str]:
+    def save(self, state: Any = None) -> list[str]:
         """Store every record file that exists (rank 0); returns the names stored."""
         if self.store is None:
             return []
-        if self.before_store is not None:
+        for hook in self.before_store if state is not None else []:
             try:
-                self.before_store()
+                hook(state)
             except Exception as err:  # a plot that cannot be drawn must not fail a checkpoint
-                log.warning("records: could not refresh before storing: %s", err)
+                log.warning("records: %s before storing failed: %s", getattr(hook, "__name__", hook), err)
         names = [name for name in RECORD_FILES if (self.run_dir / name).is_file()]
         for name in names:
             self.store.upload(self.run_dir / name, f"{RECORDS_DIR}/{name}")

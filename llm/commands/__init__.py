@@ -21,7 +21,10 @@ COMMANDS = {
         "dry run: parameters, FLOPs, tokens per step, memory plan per GPU",
     ),
     "generate": ("llm.commands.generate", "continue prompts from a checkpoint (Composer or exported)"),
-    "chat": ("llm.commands.chat", "ask a fine-tuned (SFT) model, in its chat template, interactively or once"),
+    "chat": (
+        "llm.commands.chat",
+        "ask a fine-tuned (SFT) model, in its chat template, interactively or once",
+    ),
     "export": ("llm.commands.export", "write a checkpoint in the Hugging Face Llama layout"),
     "import": ("llm.commands.import_", "convert baby-llama2-chinese or Baichuan-7B weights for training"),
     "eval": ("llm.commands.eval", "multiple-choice accuracy (C-Eval / CMMLU layout) of a checkpoint"),

@@ -1,0 +1,51 @@
+"""The SFT recipes: baby-llama2-chinese's SFT settings at the shapes of the pretraining recipes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.sft_demo import majority, score
+from llm.config import load_config
+from llm.model import Transformer
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def _params(cfg) -> int:
+    with torch.device("meta"):
+        return Transformer(cfg.model).num_params()
+
+
+@pytest.mark.parametrize(
+    "name, pretrained, params", [("tiny-sft", "tiny", 58_479_616), ("7b-sft", "7b", 7_000_559_616)]
+)
+def test_sft_recipes_take_baby_llama2s_sft_settings_at_the_pretrained_shape(name, pretrained, params):
+    cfg = load_config(RECIPES / f"{name}.yaml")
+    assert cfg.model == load_config(RECIPES / f"{pretrained}.yaml").model and _params(cfg) == params
+    assert cfg.data.kind == "sft"
+    assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == (2e-5, 1e-4)
+    assert (cfg.scheduler.warmup, cfg.scheduler.min_lr) == ("1000ba", 1e-6)
+    assert (cfg.training.max_duration, cfg.training.global_batch_size) == ("2ep", 32)
+    assert cfg.checkpoint.load_path and cfg.checkpoint.load_weights_only
+    assert cfg.run_dir == f"runs/{cfg.run_name}"
+
+
+def test_the_demo_sft_recipe_fine_tunes_the_demo_model():
+    cfg, demo = load_config(RECIPES / "demo-sft.yaml"), load_config(RECIPES / "demo.yaml")
+    assert cfg.model == demo.model and cfg.tokenizer == demo.tokenizer  # its weights load
+    assert cfg.data.kind == "sft" and cfg.data.train[0].remote == "data/demo/sft/shards/train"
+    assert cfg.checkpoint.load_path == demo.checkpoint.save_folder and cfg.checkpoint.load_weights_only
+    assert cfg.checkpoint.save_folder != demo.checkpoint.save_folder
+
+
+def test_the_demo_scores_exact_labels_against_the_majority():
+    labels = ["正面", "负面", "负面", "负面"]
+    assert score(["正面", " 负面 ", "正面负面", "好"], labels) == {
+        "accuracy": 0.5,
+        "label_share": 0.5,
+        "n": 4,
+    }
+    assert majority(labels) == ("负面", 0.75)
