@@ -65,17 +65,23 @@ def main(argv: list[str] | None = None) -> int:
         prompts_file.write_text("".join(p + "\n" for p in prompts), encoding="utf-8")
         before = chat_answers(args.before, prompts_file, args.tokenizer, args.template)
         after = chat_answers(args.after, prompts_file, args.tokenizer, None)
-    rows = {"before SFT": score(before, labels), "after SFT": score(after, labels)}
+    rows = {
+        f"before SFT ({args.before})": score(before, labels),
+        f"after SFT ({args.after})": score(after, labels),
+    }
     label, share = majority(labels)
+    baseline = f"always {label} (the majority label)"
+    width = max(len(name) for name in [*rows, baseline])
     print(f"SFT demo: {len(labels)} held-out reviews (never fine-tuned on), greedy answers of `llm chat`")
-    print(f"  {'model':<34} {'accuracy':>9} {'answers a label':>16}")
-    for (name, row), where in zip(rows.items(), (args.before, args.after), strict=True):
-        print(f"  {f'{name} ({where})':<34} {row['accuracy']:>9.1%} {row['label_share']:>16.1%}")
-    print(f"  {f'always {label} (majority label)':<34} {share:>9.1%} {'':>16}")
+    print(f"  {'model':<{width}}  {'accuracy':>8}  {'answers a label':>15}")
+    for name, row in rows.items():
+        print(f"  {name:<{width}}  {row['accuracy']:>8.1%}  {row['label_share']:>15.1%}")
+    print(f"  {baseline:<{width}}  {share:>8.1%}")
     for prompt, answer, expected in list(zip(prompts, after, labels, strict=True))[:3]:
         print(f"  e.g. {prompt} -> {answer!r} (label {expected})")
     if args.out:
-        figures = {**rows, "majority": {"label": label, "accuracy": share}, "before_answers": before[:20]}
+        figures = {"before": rows[f"before SFT ({args.before})"], "after": rows[f"after SFT ({args.after})"],
+                   "majority": {"label": label, "accuracy": share}, "before_answers": before[:20]}  # fmt: skip
         Path(args.out).write_text(json.dumps(figures, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return 0
 

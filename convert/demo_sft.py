@@ -8,11 +8,11 @@ Written as JSON lines of `{"prompt", "answer"}` (what `python -m convert sft` re
 
 Reviews of MIN_CHARS..MAX_CHARS characters, both labels together, are shuffled with a fixed seed;
 the first `heldout` go to heldout.jsonl and the next `train` to train.jsonl, so the two never share
-a review, and each keeps the labels' natural proportions (about 48% 正面). The demo's
+a review, and each keeps the labels' natural proportions (about 42% 正面). The demo's
 pretraining corpus holds these reviews as plain text, without labels: the fine-tuning teaches
 the labels. The same arguments give the same bytes.
 
-CLI: `python -m convert demo-sft --out data/demo/sft [--train 6000] [--heldout 300]`.
+CLI: `python -m convert demo-sft --out data/demo/sft [--train 12000] [--heldout 1000]`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from convert.demo_corpus import labelled_reviews
 from convert.errors import ConvertError
 from storage import open_store
 
-MIN_CHARS, MAX_CHARS = 6, 60
+MIN_CHARS, MAX_CHARS = 6, 100
 QUESTION = "这条评论是正面还是负面？"
 LABELS = {"positive": "正面", "negative": "负面"}
 
@@ -47,7 +47,7 @@ def labelled_pairs(seed: int = 0) -> list[tuple[str, str]]:
     return pairs
 
 
-def write_demo_sft(out: str, *, train: int = 6000, heldout: int = 300, seed: int = 0) -> dict:
+def write_demo_sft(out: str, *, train: int = 12000, heldout: int = 1000, seed: int = 0) -> dict:
     """Write train.jsonl and heldout.jsonl into `out` (local or s3://); returns their counts."""
     if train < 1 or heldout < 1:
         raise ConvertError(f"--train ({train}) and --heldout ({heldout}) must both be at least 1")
@@ -67,8 +67,8 @@ def write_demo_sft(out: str, *, train: int = 6000, heldout: int = 300, seed: int
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder to write (local or s3://)")
-    parser.add_argument("--train", type=int, default=6000, help="training pairs (default 6000)")
-    parser.add_argument("--heldout", type=int, default=300, help="held-out pairs (default 300)")
+    parser.add_argument("--train", type=int, default=12000, help="training pairs (default 12000)")
+    parser.add_argument("--heldout", type=int, default=1000, help="held-out pairs (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="the shuffle")
 
 

@@ -63,7 +63,7 @@ _EXTRAS = {
 _MAX_METRICS_PER_REQUEST = 1000  # MLflow's log_batch limits
 _MAX_PARAMS_PER_REQUEST = 100
 _MAX_PARAM_CHARS = 6000
-_MAX_WAITING_POINTS = 2_000_000  # beyond this an unreachable server loses the oldest points
+_MAX_WAITING_POINTS = 500_000  # ~0.2 GB; beyond this an unreachable server loses the oldest points
 
 
 def wanted(cfg: TrainConfig) -> list[str]:

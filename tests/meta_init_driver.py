@@ -23,7 +23,7 @@ from llm.meta_init import build_meta_model, materialize_, shard_fsdp2  # noqa: E
 from llm.model import ModelConfig, Transformer  # noqa: E402
 
 SEED = 1234
-# ~60 M parameters (240 MB in fp32) in 16 blocks: big enough that a full copy per rank would
+# ~51 M parameters (205 MB in fp32) in 16 blocks: big enough that a full copy per rank would
 # stand out against the Python + torch baseline, small enough for two CPU ranks in seconds.
 CFG = ModelConfig(vocab_size=1024, dim=512, n_layers=16, n_heads=8, max_seq_len=64, tie_embeddings=True)
 WARMUP_CFG = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=8, tie_embeddings=True)

@@ -58,7 +58,7 @@ def test_demo_is_cpu_sized_over_make_demo_outputs():
     assert [s.remote for s in cfg.data.train] == ["data/demo/shards/train"]
     assert [s.remote for s in cfg.data.eval] == ["data/demo/shards/val"]
     assert cfg.run_name == "demo" and cfg.checkpoint.save_folder == "runs/demo/checkpoints"
-    assert cfg.callbacks.generate.prompts == ["中国", "北京", "经济"]
+    assert cfg.callbacks.generate.prompts == ["中国", "我们要", "经济"]
     assert cfg.training.precision == "auto" and not cfg.fsdp.enabled
 
 

@@ -147,7 +147,13 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
         recipe = write_recipe(
             tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache"
         )
-        overrides = [*_tracked(recipe, server, "outage"), "training.max_duration=40ba"]
+        # A long close_timeout: on a loaded machine the server may come back after the last step;
+        # the run's end then waits for it and sends what waited.
+        overrides = [
+            *_tracked(recipe, server, "outage"),
+            "training.max_duration=40ba",
+            "loggers.mlflow.close_timeout=300",
+        ]
         proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, sleep=0.3)
         try:
             wait_for_batch(record, 3, proc)
