@@ -249,8 +249,9 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         callbacks=checkpointing.callbacks_after([*build_callbacks(ctx), *extra_callbacks]),
         loggers=loggers,
         progress_bar=cfg.loggers.progress_bar,
-        log_to_console=not cfg.loggers.progress_bar,
-        console_log_interval=f"{cfg.training.log_interval}ba",
+        # The console gets the [progress] line (ProgressLine) instead of Composer's dump of every
+        # metric, which would repeat it unlabelled every log_interval when the bar is off.
+        log_to_console=False,
         **checkpointing.trainer_kwargs,  # saving, autoresume and loading: decided in llm/checkpoint
         compile_config=None,  # training.compile compiles per block instead (build_model)
     )
