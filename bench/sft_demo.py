@@ -65,10 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts_file.write_text("".join(p + "\n" for p in prompts), encoding="utf-8")
         before = chat_answers(args.before, prompts_file, args.tokenizer, args.template)
         after = chat_answers(args.after, prompts_file, args.tokenizer, None)
-    rows = {
-        f"before SFT ({args.before})": score(before, labels),
-        f"after SFT ({args.after})": score(after, labels),
-    }
+    before_row, after_row = score(before, labels), score(after, labels)
+    rows = {f"before SFT ({args.before})": before_row, f"after SFT ({args.after})": after_row}
     label, share = majority(labels)
     baseline = f"always {label} (the majority label)"
     width = max(len(name) for name in [*rows, baseline])
@@ -80,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     for prompt, answer, expected in list(zip(prompts, after, labels, strict=True))[:3]:
         print(f"  e.g. {prompt} -> {answer!r} (label {expected})")
     if args.out:
-        figures = {"before": rows[f"before SFT ({args.before})"], "after": rows[f"after SFT ({args.after})"],
-                   "majority": {"label": label, "accuracy": share}, "before_answers": before[:20]}  # fmt: skip
+        figures = {
+            "before": before_row,
+            "after": after_row,
+            "majority": {"label": label, "accuracy": share},
+            "before_answers": before[:20],
+        }
         Path(args.out).write_text(json.dumps(figures, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return 0
 

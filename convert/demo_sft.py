@@ -8,7 +8,7 @@ Written as JSON lines of `{"prompt", "answer"}` (what `python -m convert sft` re
 
 Reviews of MIN_CHARS..MAX_CHARS characters, both labels together, are shuffled with a fixed seed;
 the first `heldout` go to heldout.jsonl and the next `train` to train.jsonl, so the two never share
-a review, and each keeps the labels' natural proportions (about 42% 正面). The demo's
+a review, and each keeps roughly the labels' natural proportions (about 40% 正面). The demo's
 pretraining corpus holds these reviews as plain text, without labels: the fine-tuning teaches
 the labels. The same arguments give the same bytes.
 
