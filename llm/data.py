@@ -367,6 +367,24 @@ class TokenDataset(StreamingDataset):
         if event is not None and event.is_set():
             raise self._download_failed()
 
+    # streaming 0.13 ends an epoch by waiting until its two background threads (download ahead,
+    # wait for shards) have each counted their exit, but a thread that raises never counts it: when
+    # both fail on a dead remote (each downloads shards), the main thread waits forever (seen in
+    # CI). A failing thread counts its exit here, so the epoch ends and the error above is raised.
+    def _prepare_thread(self, it) -> None:
+        try:
+            super()._prepare_thread(it)
+        except BaseException:
+            it.on_exit()
+            raise
+
+    def _ready_thread(self, it) -> None:
+        try:
+            super()._ready_thread(it)
+        except BaseException:
+            it.on_exit()
+            raise
+
     @staticmethod
     def _download_failed() -> StorageError:
         # The download thread's own traceback was logged above; say what it means.
@@ -418,7 +436,9 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
                 local=local,
                 proportion=s.proportion if stream is None else None,  # alone: all of its samples
                 validate_hash=data.validate_hash,
-                download_retry=retry,
+                # streaming 0.13 uses this as the number of attempts (its retry(num_attempts=...)),
+                # not the re-attempts its docstring says; ours counts extra tries, 0 allowed.
+                download_retry=retry + 1,
                 download_timeout=data.download_timeout or policy.read_timeout,
                 keep_zip=data.keep_zip,
             )

@@ -133,6 +133,38 @@ def test_a_bounded_cache_streams_an_epoch_and_a_resume_several_times_its_size_in
     assert not list(cache.rglob("*.mds.zstd"))  # compressed files are not kept once decompressed
 
 
+@pytest.mark.s3
+def test_when_both_download_threads_fail_the_epoch_still_ends(
+    tmp_path, train_data, small_shards, s3_server, s3_bucket, monkeypatch
+):
+    """streaming 0.13 waits at the end of an epoch until its two background threads have counted
+    their exit, which a failing thread never did: with both failing on a frozen remote the run hung
+    (seen in CI). Each thread is run here as streaming runs it, against a remote cut off."""
+    import numpy as np
+    from fault_proxy import FaultProxy
+    from streaming.base.dataset import _Iterator
+
+    remote = upload(s3_server, s3_bucket, small_shards, "both-fail/train")
+    proxy = FaultProxy(s3_server.port)
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    cfg = recipe(tmp_path, train_data, remote, "data.download_retry=0")
+    dataset = build_dataset(cfg, "train", 8)  # index.json read while the remote answers
+    proxy.cut()  # then every shard download fails
+    dataset._event = threading.Event()
+    it = _Iterator(np.arange(dataset.num_samples, dtype=np.int64))
+    # The ready thread fetches the first sample's shard itself; the download thread, started at a
+    # sample of another shard (as if it were ahead), fetches that one. Both fail.
+    other = next(i for i in range(dataset.num_samples) if dataset.spanner[i][0] != dataset.spanner[0][0])
+    for thread, start in ((dataset._ready_thread, 0), (dataset._prepare_thread, other)):
+        it.prepare_index = it.ready_index = it.yield_index = start
+        with pytest.raises(Exception, match="Could not connect|Max Retries|Connect"):
+            thread(it)
+    ended = threading.Thread(target=it.exit, daemon=True)  # what __iter__ does after the last sample
+    ended.start()
+    ended.join(timeout=30)
+    assert not ended.is_alive(), "the epoch's end waits forever for threads that already failed"
+
+
 def test_local_shards_are_read_in_place_and_decompressed_once_for_all_runs(
     tmp_path, train_data, small_shards
 ):

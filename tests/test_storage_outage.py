@@ -4,6 +4,9 @@ resumes once the storage is back."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 
 import pytest
@@ -25,12 +28,18 @@ def upload(s3_server, bucket: str, split, prefix: str) -> str:
 
 def frozen_run(tmp_path, proxy, recipe, overrides=()):
     """Train through the proxy; freeze the server once the checkpoint at SAVE_EVERY is stored."""
-    env = {"S3_ENDPOINT_URL": proxy.endpoint, **FAST_FAILURE}
+    # faulthandler: a run that hangs is sent SIGABRT and prints every thread's stack on the way out.
+    env = {"S3_ENDPOINT_URL": proxy.endpoint, "PYTHONFAULTHANDLER": "1", **FAST_FAILURE}
     proc, record, _ = start(recipe, "first", cwd=tmp_path, sleep=0.3, env=env, overrides=overrides)
     wait_for_batch(record, SAVE_EVERY + 1, proc)
     proxy.set("hang")
     frozen_at = time.monotonic()
-    proc.wait(timeout=300)
+    try:
+        proc.wait(timeout=3 * BOUND_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        proc.wait(timeout=60)
+        pytest.fail(f"the run hung after the freeze; its threads:\n{proc.tag_log.read_text()[-12000:]}")
     return proc, time.monotonic() - frozen_at, proc.tag_log.read_text()
 
 
