@@ -17,12 +17,20 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import storage.s3 as s3
 from storage.errors import StorageError
 from storage.local import TMP_MARK, atomic_write_bytes, is_temporary, temporary_name
+
+GUARD_WAIT_S = 30.0  # how long a compare-and-swap on a local folder waits for another's to end
+
+
+def guard_file(target: Path) -> Path:
+    """The hidden side file whose `flock` serialises compare-and-swaps on `target`."""
+    return target.with_name(f".{target.name}{TMP_MARK}guard")
 
 
 def open_store(root: str | os.PathLike) -> Store:
@@ -209,16 +217,30 @@ class LocalStore(Store):
     @contextlib.contextmanager
     def _guard(self, rel: str):
         """An exclusive `flock` on a hidden side file: one compare-and-swap at a time, across
-        processes (and hosts, on a file system whose locks cross them, e.g. NFSv4)."""
+        processes (and hosts, on a file system whose locks cross them, e.g. NFSv4).
+
+        A swap holds it for milliseconds; a process stopped or frozen inside one would hold it for
+        good, so after GUARD_WAIT_S the caller gets a StorageError naming the file, not a hang."""
         target = self.path(rel)
-        side = target.with_name(f".{target.name}{TMP_MARK}guard")
+        side = guard_file(target)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             handle = open(side, "a")
         except OSError as err:
             raise StorageError(f"writing {target}: {err.strerror or err}") from err
         with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            deadline = time.monotonic() + GUARD_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StorageError(
+                            f"writing {target}: {side} has been locked by another process for over "
+                            f"{GUARD_WAIT_S:.0f} s (one stopped or frozen mid-write); end that process"
+                        ) from None
+                    time.sleep(0.01)
             yield
 
     def list(self, prefix: str = "") -> dict[str, int]:

@@ -6,6 +6,7 @@ then two real `train.py` processes are pointed at the same `save_folder`.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
@@ -26,7 +27,8 @@ from resume_support import (  # noqa: F401 (shards: fixture)
 )
 
 from llm.checkpoint.lock import HOST, LOCK_FILE, LockTiming, RunLock, RunLockHeld
-from storage import open_store
+from storage import StorageError, open_store
+from storage.store import LocalStore, guard_file
 
 FAST = LockTiming(heartbeat_s=0.2, stale_beats=3)
 # For a newcomer that must find the holder alive: a holder starved of CPU on a loaded machine can
@@ -74,6 +76,37 @@ def hold(store) -> subprocess.Popen:
     return proc
 
 
+def freeze(holder: subprocess.Popen, store) -> None:
+    """SIGSTOP the holder between heartbeats. Inside one (milliseconds) it holds a local folder's
+    compare-and-swap guard, and everyone else would wait for it (GUARD_WAIT_S, then an error)."""
+    for _ in range(200):
+        os.kill(holder.pid, signal.SIGSTOP)
+        if not isinstance(store, LocalStore):
+            return  # S3: conditional writes, nothing held between requests
+        with open(guard_file(store.path(LOCK_FILE)), "a") as side:
+            try:
+                fcntl.flock(side, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(side, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                pass
+        os.kill(holder.pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError("the holder was inside its guard at every try")
+
+
+def test_a_frozen_writer_inside_the_guard_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    import storage.store
+
+    monkeypatch.setattr(storage.store, "GUARD_WAIT_S", 1.0)
+    store = open_store(tmp_path / "ckpt")
+    (tmp_path / "ckpt").mkdir()
+    with open(guard_file(store.path(LOCK_FILE)), "a") as side:
+        fcntl.flock(side, fcntl.LOCK_EX)  # another process's swap that never ends
+        with pytest.raises(StorageError, match=r"locked by another process for over 1 s"):
+            RunLock(store, "run-b", FAST).acquire()
+
+
 def test_a_second_holder_is_refused_naming_the_first_and_release_frees_the_folder(store):
     holder = hold(store)
     with pytest.raises(RunLockHeld) as refused:
@@ -107,7 +140,7 @@ def test_a_lease_not_renewed_goes_stale_is_taken_over_and_its_old_holder_stops(s
     while lease(store)["beats"] < 2 and time.monotonic() < deadline:  # heartbeats renew it
         time.sleep(0.05)
     assert lease(store)["beats"] >= 2
-    os.kill(holder.pid, signal.SIGSTOP)  # a frozen or cut-off host: alive, but no more heartbeats
+    freeze(holder, store)  # a frozen or cut-off host: alive, but no more heartbeats
     try:
         with pytest.raises(RunLockHeld):
             RunLock(store, "run-b", PATIENT).acquire()  # a stopped holder is not taken over at once
