@@ -42,7 +42,7 @@ $(DEMO)/sft/shards/train/index.json: $(DEMO)/sft/train.jsonl $(DEMO)/tokenizer.m
 demo-sft: $(DEMO)/sft/shards/train/index.json
 	@test -d runs/demo/checkpoints/manifests || { echo "make demo-sft fine-tunes the demo model: run make demo first"; exit 2; }
 	$(PY) train.py recipes/demo-sft.yaml
-	$(PY) -m bench.sft_demo --heldout $(DEMO)/sft/heldout.jsonl --tokenizer $(DEMO)/tokenizer.model \
+	$(PY) -m scenarios.sft_demo --heldout $(DEMO)/sft/heldout.jsonl --tokenizer $(DEMO)/tokenizer.model \
 		--template $(DEMO)/sft/shards/train --before runs/demo/checkpoints --after runs/demo-sft/checkpoints \
 		--out runs/demo-sft/heldout_accuracy.json
 
@@ -52,7 +52,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 test: lint
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests --durations=30 $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)

@@ -79,7 +79,7 @@ def agreement(
     if importlib.util.find_spec("lm_eval") is None:
         print("lm-eval is not installed (pip install 'lm-eval[hf]'): agreement not measured")
         return
-    from bench.lm_eval_compare import compare
+    from scenarios.lm_eval_compare import compare
 
     name, model = models(checkpoint)[0]
     hf = export_hf(model, folder / "hf", str(tokenizer_path))

@@ -17,7 +17,7 @@ recipe's precision), each check in its own process, and the script ends with one
               materialised on the GPU): host memory, against the plan's 4 bytes x the largest
               parameter (0.98 GiB; an ordinary build needs 26 GiB).
 - resume:     a save, SIGTERM and resume of the tiny recipe, compared bit for bit with an
-              uninterrupted run (the CPU soak's check: bench/resume_harness.py), fewer steps.
+              uninterrupted run (the CPU soak's check: scenarios/resume.py), fewer steps.
 - generation: the generation callback in that uninterrupted run, on the GPU.
 
 Tokens are uniform random ids written as real MDS shards: speed does not depend on their values.
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import resume_harness as rs
+from scenarios import resume as rs
 from llm.memory_plan import PEAK_BF16_FLOPS, plan_memory
 from llm.model import ModelConfig
 

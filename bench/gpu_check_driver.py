@@ -7,7 +7,7 @@ warm-up excluded), the time the trainer waited for its data loader in them, the 
 the model's FLOPs per batch, the first and last loss. The clock is read after a device
 synchronisation, at the end of the warm-up and at the end of the last batch only.
 
-With $LLM_TEST_RECORD set it is the resume tests' driver instead (bench/resume_driver.py:
+With $LLM_TEST_RECORD set it is the resume tests' driver instead (scenarios/resume_driver.py:
 per-batch records and final weights). $LLM_GPU_CHECK_DETERMINISTIC=1 first asks torch for
 deterministic kernels (warnings only where it has none), so a resumed run can be compared bit
 for bit with an uninterrupted one.
@@ -94,7 +94,7 @@ def main() -> int:
     if os.environ.get("LLM_GPU_CHECK_DETERMINISTIC") == "1":
         torch.use_deterministic_algorithms(True, warn_only=True)
     if os.environ.get("LLM_TEST_RECORD"):
-        from bench import resume_driver
+        from scenarios import resume_driver
 
         return resume_driver.main()
     import train

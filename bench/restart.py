@@ -14,7 +14,7 @@ with SIGTERM as soon as it has trained its first new step. Printed per restart a
   datasets, model) and Composer's Trainer init including the load; loaded->step: the first step;
 - and the seconds from each SIGTERM to the stored checkpoint.
 The issue's target is under 10 s after the imports. Each process is a real `train.py` (through
-bench/resume_driver.py, which records the timestamps), as in `python -m bench.soak_resume`.
+scenarios/resume_driver.py, which records the timestamps), as in `python -m bench.soak_resume`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import resume_harness as rs
+from scenarios import resume as rs
 
 REPO = Path(__file__).resolve().parents[1]
 
 RECIPE = REPO / "recipes" / "demo.yaml"
 DEMO_INPUTS = [REPO / "data/demo/shards/train/index.json", REPO / "data/demo/tokenizer.model"]
 RUN_NAME = "bench-restart"
-COLUMNS = [  # (label, start key, end key) of one restart's timestamps (bench/resume_driver.py)
+COLUMNS = [  # (label, start key, end key) of one restart's timestamps (scenarios/resume_driver.py)
     ("start->step", "process_started", "time"),
     ("imports", "process_started", "imported"),
     ("import->step", "imported", "time"),

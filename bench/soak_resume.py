@@ -10,7 +10,7 @@ requested number of interruptions is reached; a last attempt runs to the end. Pr
   imports), and for SIGTERM the time from the signal to the stored checkpoint;
 - how many attempts continued identically, and whether the final weights equal the reference.
 
-Each attempt is a real `train.py` process (bench/resume_driver.py adds a recorder), so a run of
+Each attempt is a real `train.py` process (scenarios/resume_driver.py adds a recorder), so a run of
 20 interruptions takes several minutes, mostly Python imports.
 """
 
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import resume_harness as rs
+from scenarios import resume as rs
 
 SAVE_EVERY = 3
 

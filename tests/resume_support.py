@@ -1,16 +1,16 @@
-"""Fixtures shared by the resume test modules (import them by name), over bench/resume_harness.py.
+"""Fixtures shared by the resume test modules (import them by name), over scenarios/resume.py.
 
 The expensive work is cached on disk under the session's base temp folder, so each module reuses
 it. The harness itself (shards, recipes, training subprocesses, records) lives in
-`bench.resume_harness`, which the resume benchmarks use too.
+`scenarios.resume`, which the resume benchmarks use too.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from bench.resume_harness import *  # noqa: F403 (the harness, re-exported for the test modules)
-from bench.resume_harness import reference_run, write_shards
+from scenarios.resume import *  # noqa: F403 (the harness, re-exported for the test modules)
+from scenarios.resume import reference_run, write_shards
 
 
 @pytest.fixture(scope="module")

@@ -99,3 +99,34 @@ def test_no_module_shadows_the_standard_library():
     stdlib = set(sys.stdlib_module_names)
     shadowing = [name for name in module_files() if name.rpartition(".")[2] in stdlib]
     assert shadowing == []
+
+
+# The smoke tests of the two GPU benchmarks import the benchmark they shrink (bench/gpu.py,
+# bench/gpu_check.py); they are the only exception, until those benchmarks become one.
+BENCH_SMOKE_TESTS = {"test_bench_gpu_smoke.py", "test_gpu_check_smoke.py"}
+
+
+def cross_imports(tree: Path) -> list[str]:
+    """`file -> module` for each import of bench from tests/, or of tests from bench/, under `tree`."""
+    found = []
+    for side, other in (("tests", "bench"), ("bench", "tests")):
+        test_modules = {p.stem for p in (tree / "tests").glob("*.py")} if side == "bench" else set()
+        for path in sorted((tree / side).rglob("*.py")):
+            if side == "tests" and path.name in BENCH_SMOKE_TESTS and tree == REPO:
+                continue
+            names = imports_of(path, {other, *test_modules})
+            found += [f"{path.relative_to(tree)} -> {name}" for name in sorted(names)]
+    return found
+
+
+def test_tests_and_bench_never_import_each_other():
+    assert cross_imports(REPO) == []
+
+
+def test_the_cross_import_check_finds_planted_imports(tmp_path):
+    for folder, text in (("tests", "from bench.train import main\n"), ("bench", "import conftest\n")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "planted.py").write_text(text)
+    (tmp_path / "tests" / "conftest.py").write_text("")
+    (tmp_path / "bench" / "ok.py").write_text("from scenarios import resume\nimport llm.model\n")
+    assert cross_imports(tmp_path) == ["tests/planted.py -> bench", "bench/planted.py -> conftest"]

@@ -1,7 +1,7 @@
 """Our multiple-choice scores agree with lm-evaluation-harness's on the same exported model and task.
 
 lm-eval scores the `llm export` folder through its Hugging Face backend on YAML tasks written by
-`bench/lm_eval_compare.py` (the same CSVs and prompts); `llm.eval` scores the same folder with
+`scenarios/lm_eval_compare.py` (the same CSVs and prompts); `llm.eval` scores the same folder with
 shared-prompt rows. Cloze and letter (C-Eval) styles, 0 and 2 shots (2-shot prompts pass the
 model's 128-token context, so left truncation is compared too). Offline: everything is local.
 """
@@ -41,7 +41,7 @@ def exported(tmp_path_factory, small_tokenizer):
 
 @pytest.mark.parametrize("shots", [0, 2])
 def test_per_question_log_likelihoods_and_answers_agree_with_lm_eval(exported, shots, capsys):
-    from bench.lm_eval_compare import compare
+    from scenarios.lm_eval_compare import compare
 
     hf, tasks = exported
     found = compare(hf, tasks, shots=shots, limit=8, batch_size=4)

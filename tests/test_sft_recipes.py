@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.sft_demo import majority, score
+from scenarios.sft_demo import majority, score
 from llm.config import load_config
 from llm.model import Transformer
 

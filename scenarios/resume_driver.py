@@ -1,4 +1,4 @@
-"""`train.py` plus a recorder, for the resume tests: `python tests/resume_driver.py RECIPE [k=v ...]`.
+"""`train.py` plus a recorder, for the resume tests: `python scenarios/resume_driver.py RECIPE [k=v ...]`.
 
 The recorder writes one JSON line per batch to $LLM_TEST_RECORD (rank 0; other ranks append
 `.rank<N>`): batch number, the all-rank mean loss, and the SHA-256 of this rank's input_ids, then

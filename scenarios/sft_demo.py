@@ -6,7 +6,7 @@ once for the pretrained checkpoint (given the SFT shards' chat template with --t
 records none) and once for the fine-tuned one (which records its template). An answer is right
 when it is exactly the label (正面 or 负面) once surrounding spaces are stripped.
 
-    python -m bench.sft_demo --heldout data/demo/sft/heldout.jsonl --tokenizer data/demo/tokenizer.model \
+    python -m scenarios.sft_demo --heldout data/demo/sft/heldout.jsonl --tokenizer data/demo/tokenizer.model \
         --template data/demo/sft/shards/train --before runs/demo/checkpoints --after runs/demo-sft/checkpoints
 """
 
@@ -47,7 +47,7 @@ def chat_answers(checkpoint: str, prompts_file: Path, tokenizer: str, template: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sft_demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scenarios.sft_demo", description=__doc__.splitlines()[0])
     parser.add_argument("--heldout", required=True, help="JSON lines of {prompt, answer}")
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument(

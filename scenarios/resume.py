@@ -1,7 +1,7 @@
 """Resume harness shared by the resume tests and the resume benchmarks: tiny token shards, a tiny
 recipe, training subprocesses, records.
 
-Every run is a real `train.py` process (through bench/resume_driver.py, which adds a recorder
+Every run is a real `train.py` process (through scenarios/resume_driver.py, which adds a recorder
 callback): it writes one JSON line per batch (batch number, loss, SHA-256 of the batch's
 input_ids) and, at the end, the final weights. Comparing those files is how the tests decide
 "bit-identical" and "no sample repeated or skipped".
@@ -132,7 +132,7 @@ def start(
     """Start a training process; returns (Popen, record path, weights path).
 
     The record, weights and log go to `folder` (default: the recipe's folder) as `<tag>.*`.
-    `driver` is the script run (default bench/resume_driver.py; bench/gpu_check_driver.py wraps it).
+    `driver` is the script run (default scenarios/resume_driver.py; bench/gpu_check_driver.py wraps it).
     """
     folder = Path(folder or recipe.parent)
     record = folder / f"{tag}.jsonl"
