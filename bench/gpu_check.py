@@ -45,9 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from scenarios import resume as rs
 from llm.memory_plan import PEAK_BF16_FLOPS, plan_memory
 from llm.model import ModelConfig
+from scenarios import resume as rs
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("gpu_check_driver.py")

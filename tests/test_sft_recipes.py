@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from scenarios.sft_demo import majority, score
 from llm.config import load_config
 from llm.model import Transformer
+from scenarios.sft_demo import majority, score
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
