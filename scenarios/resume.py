@@ -27,6 +27,9 @@ VOCAB = 256
 NUM_SAMPLES = 96
 MAX_BATCHES = 12
 SAVE_EVERY = 4
+# Run records on: metrics.jsonl every 3 steps (a stop at batch 4 or 5 falls between two lines, and
+# the checkpoint at 8 between the lines at 6 and 9), the loss plot drawn.
+RECORDS = ["loggers.metrics_file=true", "training.log_interval=3", "callbacks.loss_plot=true"]
 
 
 def write_shards(root: Path, shard_bytes: int = 1 << 12) -> Path:
@@ -112,12 +115,15 @@ class Run:
         return [json.loads(line) for line in self.record.read_text().splitlines() if line.strip()]
 
 
-def driver_env(record: Path, weights: Path, sleep: float = 0.0, extra: dict | None = None) -> dict:
+def driver_env(
+    record: Path, weights: Path, sleep: float = 0.0, extra: dict | None = None, pause_at: int = 0
+) -> dict:
     env = dict(os.environ)
     env.update(
         LLM_TEST_RECORD=str(record),
         LLM_TEST_WEIGHTS=str(weights),
         LLM_TEST_BATCH_SLEEP=str(sleep),
+        LLM_TEST_PAUSE_AT=str(pause_at),
         PYTHONPATH=str(REPO),
         PYTHONUNBUFFERED="1",
     )
@@ -127,24 +133,25 @@ def driver_env(record: Path, weights: Path, sleep: float = 0.0, extra: dict | No
 
 def start(
     recipe: Path, tag: str, *, cwd: Path, overrides=(), sleep=0.0, env=None, launcher=None, folder=None,
-    driver: Path = DRIVER,
+    driver: Path = DRIVER, pause_at: int = 0,
 ):  # fmt: skip
     """Start a training process; returns (Popen, record path, weights path).
 
     The record, weights and log go to `folder` (default: the recipe's folder) as `<tag>.*`.
+    `pause_at`: the process holds after that batch until it is signalled or `release(record)`.
     `driver` is the script run (default scenarios/resume_driver.py; bench/gpu_check_driver.py wraps it).
     """
     folder = Path(folder or recipe.parent)
     record = folder / f"{tag}.jsonl"
     weights = folder / f"{tag}.weights.pt"
-    for p in (record, weights):
+    for p in (record, weights, release_file(record)):
         p.unlink(missing_ok=True)
     cmd = [*(launcher or [sys.executable]), str(driver), str(recipe), *overrides]
     log = open(folder / f"{tag}.log", "w")
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
-        env=driver_env(record, weights, sleep, env),
+        env=driver_env(record, weights, sleep, env, pause_at),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -231,12 +238,13 @@ class Nodes:
 
 
 def start_nodes(
-    recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, overrides=(), sleep=0.0, env=None
-) -> tuple[Nodes, Path, Path]:
+    recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, overrides=(), sleep=0.0, env=None,
+    pause_at: int = 0,
+) -> tuple[Nodes, Path, Path]:  # fmt: skip
     """Like `start`, with `nodes` launchers of `nproc` ranks each (world size nodes x nproc)."""
     folder = Path(recipe.parent)
     record, weights = folder / f"{tag}.jsonl", folder / f"{tag}.weights.pt"
-    for p in (record, weights):
+    for p in (record, weights, release_file(record)):
         p.unlink(missing_ok=True)
     composer = str(Path(sys.executable).with_name("composer"))
     port = free_port()
@@ -252,7 +260,7 @@ def start_nodes(
             subprocess.Popen(
                 cmd,
                 cwd=cwd,
-                env=driver_env(record, weights, sleep, env),
+                env=driver_env(record, weights, sleep, env, pause_at),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -268,6 +276,15 @@ def run_nodes(recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, over
         recipe, tag, cwd=cwd, nodes=nodes, nproc=nproc, overrides=overrides, env=env
     )
     return finish(group, record, weights, started, timeout)
+
+
+def release_file(record: Path) -> Path:
+    return Path(f"{record}.go")
+
+
+def release(record: Path) -> None:
+    """Let a process started with `pause_at` go on without a signal."""
+    release_file(record).touch()
 
 
 def wait_for_batch(record: Path, batch: int, proc, timeout: float = 180) -> None:
@@ -289,17 +306,20 @@ def interrupt(
     recipe: Path, tag: str, *, cwd: Path, at_batch: int, sig: int, overrides=(), env=None, launcher=None,
     nodes: tuple[int, int] | None = None, driver: Path = DRIVER,
 ):  # fmt: skip
-    """Run until `at_batch` is recorded, then send `sig` to the whole process group (or to every
-    launcher: `launcher`, or `nodes=(nodes, ranks per node)` for launchers posing as nodes)."""
+    """Run until `at_batch` is recorded (the process holds there), then send `sig` to the whole
+    process group (or to every launcher: `launcher`, or `nodes=(nodes, ranks per node)` for
+    launchers posing as nodes). The run stops after exactly `at_batch`."""
     started = time.monotonic()
     if nodes:
         proc, record, weights = start_nodes(
-            recipe, tag, cwd=cwd, nodes=nodes[0], nproc=nodes[1], overrides=overrides, sleep=0.25, env=env
-        )
+            recipe, tag, cwd=cwd, nodes=nodes[0], nproc=nodes[1], overrides=overrides, env=env,
+            pause_at=at_batch,
+        )  # fmt: skip
     else:
         proc, record, weights = start(
-            recipe, tag, cwd=cwd, overrides=overrides, sleep=0.25, env=env, launcher=launcher, driver=driver
-        )
+            recipe, tag, cwd=cwd, overrides=overrides, env=env, launcher=launcher, driver=driver,
+            pause_at=at_batch,
+        )  # fmt: skip
     wait_for_batch(record, at_batch, proc)
     sent = time.monotonic()
     if launcher or nodes:  # the composer launcher forwards SIGTERM to its ranks, as on a real node
@@ -347,14 +367,15 @@ def kill_group(proc) -> None:
 
 
 def reference_run(base: Path, shards: Path) -> Run:
-    """The uninterrupted run every resumed run is compared with (made once per pytest session)."""
+    """The uninterrupted run every resumed run is compared with (made once per pytest session), with
+    its records on (`RECORDS`): its run folder's metrics.jsonl is what a resumed run's must equal."""
     folder = base / "resume-reference"
     done = folder / "done"
     recipe = folder / "recipe.yaml"
     if not done.exists():
         folder.mkdir(parents=True, exist_ok=True)
         write_recipe(recipe, shards, str(folder / "ckpt"), cache=folder / "cache")
-        result = run(recipe, "reference", cwd=folder)
+        result = run(recipe, "reference", cwd=folder, overrides=RECORDS)
         assert result.returncode == 0, result.output[-4000:]
         done.touch()
     return Run(0, "", folder / "reference.jsonl", folder / "reference.weights.pt", 0.0)

@@ -2,7 +2,9 @@
 
 The recorder writes one JSON line per batch to $LLM_TEST_RECORD (rank 0; other ranks append
 `.rank<N>`): batch number, the all-rank mean loss, and the SHA-256 of this rank's input_ids, then
-sleeps $LLM_TEST_BATCH_SLEEP seconds so a test can interrupt at a chosen batch. At the end of a
+sleeps $LLM_TEST_BATCH_SLEEP seconds (the soak's random timing). $LLM_TEST_PAUSE_AT=<batch> holds
+the process after that batch's line until a SIGTERM/SIGINT arrives or the file `$LLM_TEST_RECORD.go`
+appears, so that a test interrupts at a known batch without slowing every batch. At the end of a
 complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for elastic resume:
 $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
@@ -19,7 +21,9 @@ STARTED = time.time()  # before the heavy imports: restart-to-first-step include
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,6 +40,8 @@ class Recorder(Callback):
         path = os.environ["LLM_TEST_RECORD"]
         self.path = path if rank == 0 else f"{path}.rank{rank}"
         self.sleep = float(os.environ.get("LLM_TEST_BATCH_SLEEP", "0"))
+        self.pause_at = int(os.environ.get("LLM_TEST_PAUSE_AT", "0"))
+        self.release = Path(f"{path}.go")
         self.planned = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
@@ -58,6 +64,8 @@ class Recorder(Callback):
             f.write(json.dumps(row) + "\n")
         if self.sleep:
             time.sleep(self.sleep)
+        if row["batch"] == self.pause_at:
+            pause_until_signalled(self.release)
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self.planned = state.max_duration  # a preemption's stop_training() lowers max_duration
@@ -88,6 +96,31 @@ def full_weights(state: State) -> dict:
         return get_model_state_dict(state.model, options=options)
     model = state.model.module if hasattr(state.model, "module") else state.model
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def pause_until_signalled(release: Path, limit: float = 300.0) -> None:
+    """Wait for SIGTERM/SIGINT (then handled by the handlers already installed) or `release`."""
+    arrived = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def chained(signum, frame):
+        arrived.set()
+        signal.signal(signum, previous[signum])
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)
+
+    for sig in previous:
+        signal.signal(sig, chained)
+    deadline = time.monotonic() + limit
+    try:
+        while not arrived.is_set() and not release.exists() and time.monotonic() < deadline:
+            arrived.wait(0.02)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 IMPORTED = STARTED

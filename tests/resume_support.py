@@ -12,6 +12,8 @@ import pytest
 from scenarios.resume import *  # noqa: F403 (the harness, re-exported for the test modules)
 from scenarios.resume import reference_run, write_shards
 
+SAME = ("step", "tokens", "loss", "lr")  # what an interrupted run must reproduce (tokens/s is timing)
+
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
@@ -21,3 +23,11 @@ def shards(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, shards):
     return reference_run(tmp_path_factory.getbasetemp(), shards)
+
+
+def assert_same_records(got: list[dict], want: list[dict]) -> None:
+    """metrics.jsonl lines (RECORDS: every 3 steps) of a resumed run equal the uninterrupted run's."""
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [3, 6, 9, 12]
+    for a, b in zip(got, want, strict=True):
+        for key in SAME:
+            assert a[key] == pytest.approx(b[key], rel=1e-6), (key, a, b)

@@ -57,7 +57,7 @@ def test_sigint_stops_with_exit_code_130_after_saving(tmp_path, shards):
 def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_partial_file(tmp_path, shards):
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     # Each checkpoint file stalls for 60 s after its first bytes: the second signal lands mid-save.
-    proc, record, _ = start(recipe, "first", cwd=tmp_path, sleep=0.25, env={"LLM_TEST_SAVE_STALL": "60"})
+    proc, record, _ = start(recipe, "first", cwd=tmp_path, pause_at=2, env={"LLM_TEST_SAVE_STALL": "60"})
     try:
         wait_for_batch(record, 2, proc)  # before the first periodic save (batch 4)
         os.killpg(proc.pid, signal.SIGTERM)

@@ -1,15 +1,27 @@
-"""Autoresume from a local save_folder: SIGKILL + rerun continues bit-identically; safety; recipe changes."""
+"""Autoresume from a local save_folder: SIGKILL + rerun continues bit-identically; safety; recipe changes.
+
+One local scenario, run once for the module (`killed`): a run with its records on is SIGKILLed at
+batch 7, the same command resumes it from the checkpoint at 4 and finishes, is started again (trains
+nothing), and again with a longer max_duration. The tests assert on what each step left.
+"""
+
+# ruff: noqa: F811  (pytest injects the imported fixtures by argument name)
 
 from __future__ import annotations
 
 import json
 import signal
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from resume_support import (
     MAX_BATCHES,
+    RECORDS,
     SAVE_EVERY,
+    Run,
     assert_continues,
+    assert_same_records,
     assert_same_weights,
     interrupt,
     reference,  # noqa: F401 (fixture)
@@ -17,36 +29,76 @@ from resume_support import (
     shards,  # noqa: F401 (fixture)
     write_recipe,
 )
+from train_fixtures import read_metrics
 
 from llm.config import load_config
 from llm.errors import ConfigError
 
 
-def test_sigkill_then_rerun_resumes_from_the_last_periodic_checkpoint_bit_identically(
-    tmp_path, shards, reference
-):
-    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=SAVE_EVERY + 2, sig=signal.SIGKILL)
+@dataclass
+class Killed:
+    folder: Path
+    first: Run  # SIGKILLed after batch 7
+    steps_after_kill: list[int]  # metrics.jsonl's steps then
+    second: Run  # the same command: resumes at 4, finishes
+    records_after_resume: list[dict]
+    manifests_after_resume: list[str]
+    again: Run  # the finished run started again
+    longer: Run  # and again with training.max_duration=14ba
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, shards) -> Killed:
+    folder = tmp_path_factory.mktemp("killed")
+    recipe = write_recipe(folder / "recipe.yaml", shards, str(folder / "ckpt"), cache=folder / "cache")
+    metrics = folder / "runs" / "rs" / "metrics.jsonl"
+    first = interrupt(recipe, "first", cwd=folder, at_batch=7, sig=signal.SIGKILL, overrides=RECORDS)
+    steps = [r["step"] for r in read_metrics(metrics)]
+    second = run(recipe, "second", cwd=folder, overrides=RECORDS)
+    assert second.returncode == 0, second.output[-4000:]
+    records = read_metrics(metrics)
+    manifests = sorted(p.name for p in (folder / "ckpt" / "manifests").iterdir())
+    again = run(recipe, "again", cwd=folder, overrides=RECORDS)
+    longer = run(recipe, "longer", cwd=folder, overrides=[*RECORDS, "training.max_duration=14ba"])
+    return Killed(folder, first, steps, second, records, manifests, again, longer)
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_resumes_from_the_last_periodic_checkpoint_bit_identically(killed, reference):
+    first, second = killed.first, killed.second
     assert first.returncode == -signal.SIGKILL
     assert first.batches()[-1]["batch"] < 2 * SAVE_EVERY
-
-    second = run(recipe, "second", cwd=tmp_path)
-    assert second.returncode == 0, second.output[-4000:]
     assert f"[resume] resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in second.output
     assert_continues(reference, first, second, SAVE_EVERY)
     assert_same_weights(reference.weights, second.weights)
     # num_to_keep=2 counts checkpoints of both processes, not only the last one's.
-    manifests = sorted(p.name for p in (tmp_path / "ckpt" / "manifests").iterdir())
-    assert manifests == [f"ba{b:010d}-rank00000.json" for b in (2 * SAVE_EVERY, MAX_BATCHES)]
+    assert killed.manifests_after_resume == [
+        f"ba{b:010d}-rank00000.json" for b in (2 * SAVE_EVERY, MAX_BATCHES)
+    ]
 
 
-def test_a_finished_run_started_again_trains_nothing_more(tmp_path, shards):
-    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    assert run(recipe, "first", cwd=tmp_path).returncode == 0
-    again = run(recipe, "again", cwd=tmp_path)
+@pytest.mark.slow
+def test_a_resume_on_the_same_machine_cuts_the_lines_past_the_checkpoint(killed, reference):
+    assert killed.steps_after_kill == [3, 6]  # 6 is past the checkpoint at 4
+    records = killed.records_after_resume
+    assert_same_records(records, read_metrics(reference.record.parent / "runs" / "rs" / "metrics.jsonl"))
+    assert len(records) == len({r["step"] for r in records}) == MAX_BATCHES // 3
+
+
+@pytest.mark.slow
+def test_a_finished_run_started_again_trains_nothing_more(killed):
+    again = killed.again
     assert again.returncode == 0, again.output[-4000:]
     assert f"run 'rs' already finished: its checkpoint at batch {MAX_BATCHES} reached" in again.output
     assert again.batches() == []
+
+
+@pytest.mark.slow
+def test_a_longer_max_duration_on_resume_trains_on_and_warns(killed):
+    longer = killed.longer
+    assert longer.returncode == 0, longer.output[-4000:]
+    assert "training.max_duration: '12ba' -> '14ba'" in longer.output
+    assert [b["batch"] for b in longer.batches()] == [13, 14]
 
 
 def _cfg(tmp_path, *overrides):
@@ -75,12 +127,14 @@ def test_load_path_outside_save_folder_needs_the_untrusted_flag(tmp_path):
     )
 
 
-def test_untrusted_load_path_is_refused_by_train_py_with_exit_code_2(tmp_path, shards):
+def test_untrusted_load_path_is_refused_by_train_py_with_exit_code_2(tmp_path, shards, capsys):
+    import train
+
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    result = run(recipe, "refused", cwd=tmp_path, overrides=[f"checkpoint.load_path={tmp_path}/other.pt"])
-    assert result.returncode == 2, result.output[-4000:]
-    assert "allow_untrusted_load_path=true" in result.output
-    assert "Traceback" not in result.output
+    assert train.main([str(recipe), f"checkpoint.load_path={tmp_path}/other.pt"]) == 2
+    err = capsys.readouterr().err
+    assert "allow_untrusted_load_path=true" in err
+    assert err.count("\n") == 1, err  # one line, no traceback
 
 
 def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp_path):
@@ -96,12 +150,3 @@ def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp
     assert "recipe's new value applies" in by_key["training.max_duration"]
     assert "RNG state in the checkpoint" in by_key["seed"]
     assert warn_recipe_changes(json.loads(json.dumps(saved)), saved) == []
-
-
-def test_a_longer_max_duration_on_resume_trains_on_and_warns(tmp_path, shards):
-    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    assert run(recipe, "first", cwd=tmp_path).returncode == 0
-    longer = run(recipe, "longer", cwd=tmp_path, overrides=["training.max_duration=14ba"])
-    assert longer.returncode == 0, longer.output[-4000:]
-    assert "training.max_duration: '12ba' -> '14ba'" in longer.output
-    assert [b["batch"] for b in longer.batches()] == [13, 14]

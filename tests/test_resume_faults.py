@@ -14,6 +14,7 @@ from resume_support import (
     assert_same_weights,
     interrupt,
     reference,  # noqa: F401 (fixture)
+    release,
     run,
     shards,  # noqa: F401 (fixture)
     start,
@@ -140,9 +141,10 @@ def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_fr
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
     proxy = _Proxy(s3_server.port)
     env = {"S3_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "LLM_S3_MAX_ATTEMPTS": "3"}
-    proc, record, weights = start(recipe, "first", cwd=tmp_path, sleep=0.25, env=env)
+    proc, record, weights = start(recipe, "first", cwd=tmp_path, pause_at=SAVE_EVERY + 1, env=env)
     wait_for_batch(record, SAVE_EVERY + 1, proc)  # the checkpoint at SAVE_EVERY is stored
     proxy.cut()
+    release(record)
     proc.wait(timeout=300)
     output = proc.tag_log.read_text()
     assert proc.returncode == 1, output[-4000:]  # one line, no traceback (train.py)
