@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import REPO, load, train_data, write_recipe  # noqa: F401
+from train_fixtures import REPO, load, train_data, train_py, write_recipe  # noqa: F401
 
 from llm.data import build_dataloader, build_dataset, check_streams, stream_local
 from llm.errors import ConfigError
@@ -131,14 +131,12 @@ def test_shards_without_meta_json_are_refused(tmp_path, train_data):
         check_streams(cfg)
 
 
-def test_metadata_is_checked_by_train_py_before_training(tmp_path, train_data):
+def test_metadata_is_checked_by_train_py_before_training(tmp_path, train_data, capsys):
     recipe = write_recipe(tmp_path / "r.yaml", train_data)
-    proc = subprocess.run(
-        [sys.executable, "train.py", str(recipe), "model.max_seq_len=128"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.startswith("error: data.train.0") and "model.max_seq_len=128" in proc.stderr
+    code = train_py(str(recipe), "model.max_seq_len=128")
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert err.startswith("error: data.train.0") and "model.max_seq_len=128" in err
 
 
 # --- S3 ----------------------------------------------------------------------------------------
@@ -193,6 +191,7 @@ os.killpg(os.getpgid(0), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow
 def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_data, monkeypatch):
     import tempfile
 

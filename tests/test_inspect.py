@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+from train_fixtures import REPO, train_py
 
 from llm.commands import main as llm_main
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_7b_dry_run_prints_sizes_and_fits_8_x_80gb(capsys):
@@ -28,13 +24,11 @@ def test_7b_does_not_fit_one_gpu(capsys):
     assert "=> this recipe does NOT fit on 1 x 80 GB GPUs" in capsys.readouterr().out
 
 
-def test_train_py_dry_run_builds_tiny_on_meta():
-    proc = subprocess.run(
-        [sys.executable, "train.py", "recipes/tiny.yaml", "--dry-run", "--gpus", "1"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "58,479,616" in proc.stdout and "16,384" in proc.stdout  # 32 x 512 tokens per step
+def test_train_py_dry_run_builds_tiny_on_meta(capsys):
+    code = train_py(str(REPO / "recipes/tiny.yaml"), "--dry-run", "--gpus", "1")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "58,479,616" in out and "16,384" in out  # 32 x 512 tokens per step
 
 
 def test_dry_run_reports_bad_overrides_in_one_line(capsys):
@@ -84,15 +78,13 @@ def test_hsdp_dry_run_shards_within_a_replica_group_and_a_measured_mfu_replaces_
     assert memory and memory[0] in hsdp.splitlines()
 
 
-def test_dry_run_cost_options_are_checked_in_one_line():
+def test_dry_run_cost_options_are_checked_in_one_line(capsys):
     for args, message in [
         (["--mfu", "1.5"], "--mfu must be a fraction in (0, 1]"),
         (["--gpu-type", "B200"], "--gpu-type 'B200' is not one of H100, H200"),
         (["fsdp.replicate=3", "--gpus", "8"], "fsdp.replicate=3 does not divide 8 GPUs"),
     ]:
-        proc = subprocess.run(
-            [sys.executable, "train.py", "recipes/7b.yaml", *args, "--dry-run"],
-            cwd=REPO, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-        assert message in proc.stderr
+        code = train_py(str(REPO / "recipes/7b.yaml"), *args, "--dry-run")
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert message in err

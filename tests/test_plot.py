@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from train_fixtures import REPO, load, read_metrics, train_data, write_recipe  # noqa: F401
 
 from llm.callbacks.generation import first_and_last_samples
+from llm.commands import main as llm_main
 from llm.plots import load_run, run_figure
 
 
@@ -62,18 +61,13 @@ def test_the_loss_plot_is_drawn_from_the_records_against_tokens_with_the_rate_be
     assert "LossPlot" in callbacks and not callbacks["LossPlot"], callbacks["LossPlot"]
 
 
-def test_llm_plot_compares_two_runs_in_one_figure_and_a_table(two_runs, tmp_path):
+def test_llm_plot_compares_two_runs_in_one_figure_and_a_table(two_runs, tmp_path, capsys):
     out = tmp_path / "compare.png"
-    proc = subprocess.run(
-        [sys.executable, "-m", "llm", "plot", *map(str, two_runs), "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    code = llm_main(["plot", *map(str, two_runs), "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
     assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
-    header, slow, fast = proc.stdout.splitlines()[:3]
+    header, slow, fast = stdout.splitlines()[:3]
     assert header.split()[:3] == ["run", "steps", "tokens"] and "tokens/s" in header
     for line, name in ((slow, "slow"), (fast, "fast")):
         metrics = read_metrics(two_runs[0 if name == "slow" else 1] / "metrics.jsonl")
@@ -85,19 +79,13 @@ def test_llm_plot_compares_two_runs_in_one_figure_and_a_table(two_runs, tmp_path
         )
         assert float(cells[5].replace(",", "")) > 0
     assert float(fast.split()[3]) < float(slow.split()[3])  # the higher rate learned faster here
-    assert f"wrote {out}" in proc.stdout
+    assert f"wrote {out}" in stdout
 
 
-def test_llm_plot_on_a_folder_that_is_not_a_run_is_one_line(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "llm", "plot", str(tmp_path), "--out", str(tmp_path / "x.png")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and f"{tmp_path} is not a run" in proc.stderr, proc.stderr
+def test_llm_plot_on_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
+    assert llm_main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path} is not a run" in err, err
     assert not (tmp_path / "x.png").exists()
 
 

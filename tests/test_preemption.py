@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import pytest
 from resume_support import (
     MAX_BATCHES,
     assert_continues,
@@ -20,6 +21,8 @@ from resume_support import (
     wait_for_batch,
     write_recipe,
 )
+
+pytestmark = pytest.mark.slow  # every test here starts training processes
 
 
 def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_identically(

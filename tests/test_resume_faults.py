@@ -27,6 +27,7 @@ from llm.checkpoint.resume import newest_usable_checkpoint
 from storage import StorageError, open_store
 
 
+@pytest.mark.slow
 def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_resumes_bit_identically(
     tmp_path, shards, reference
 ):
@@ -134,6 +135,7 @@ class _Proxy:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_from_the_previous_checkpoint(
     tmp_path, shards, reference, s3_server, s3_bucket
 ):

@@ -192,9 +192,10 @@ def test_of_processes_starting_at_once_exactly_one_takes_the_lock(store):
     assert outcomes == ["refused", "refused", "refused", "won"]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_save_folder_is_refused_in_one_line_naming_the_first(tmp_path, shards):
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    proc, record, _ = start(recipe, "first", cwd=tmp_path, sleep=4.0)  # 48 s: outlives the second
+    proc, record, _ = start(recipe, "first", cwd=tmp_path, pause_at=1)  # holds after batch 1 till SIGTERM
     try:
         wait_for_batch(record, 1, proc)
         second = run(recipe, "second", cwd=tmp_path, overrides=["data.cache_root=" + str(tmp_path / "c2")])

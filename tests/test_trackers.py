@@ -94,6 +94,7 @@ def _tracked(recipe: Path, server: MLflowServer, experiment: str, **extra) -> li
     return [f"{k}={v}" for k, v in settings.items()]
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_sigterm_and_resumed_continues_the_same_tracker_runs(
     tmp_path, shards, mlflow_server
 ):
@@ -177,6 +178,7 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
         server.stop()
 
 
+@pytest.mark.slow
 def test_an_mlflow_server_that_is_down_from_the_start_costs_no_training_and_says_what_was_lost(
     tmp_path, shards
 ):
@@ -198,6 +200,7 @@ def test_an_mlflow_server_that_is_down_from_the_start_costs_no_training_and_says
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_a_tracker_that_is_not_installed_is_one_line_and_exit_2_before_any_work(tmp_path, train_data):
     fake = tmp_path / "site" / "mlflow"
     fake.mkdir(parents=True)

@@ -5,15 +5,13 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from composer.core import Callback
 from config_helpers import lr_at
-from train_fixtures import REPO, load, read_metrics, train_data, write_recipe  # noqa: F401
+from train_fixtures import REPO, load, read_metrics, train_data, train_py, write_recipe  # noqa: F401
 
 from llm.errors import ConfigError
 
@@ -124,15 +122,12 @@ def test_a_step_computes_the_cross_entropy_once_per_micro_batch(tmp_path, train_
     assert math.isfinite(float(loss))
 
 
-def test_recipe_errors_exit_2_with_one_line(tmp_path, train_data):
+def test_recipe_errors_exit_2_with_one_line(tmp_path, train_data, capsys):
     recipe = write_recipe(tmp_path / "r.yaml", train_data)
-    proc = subprocess.run(
-        [sys.executable, "train.py", str(recipe), "optimizer.lrr=1e-4"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "optimizer.lrr" in proc.stderr and "did you mean 'lr'" in proc.stderr
+    assert train_py(str(recipe), "optimizer.lrr=1e-4") == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0, err
+    assert "optimizer.lrr" in err and "did you mean 'lr'" in err
 
 
 @pytest.mark.parametrize(

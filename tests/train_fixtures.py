@@ -130,3 +130,13 @@ def read_metrics(path: str | Path) -> list[dict]:
     """The records of a metrics.jsonl file (what `llm.callbacks.metrics_file` writes), in order."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def train_py(*argv: str) -> int:
+    """`python train.py ARGV` in this process: its exit code (argparse's SystemExit included)."""
+    import train
+
+    try:
+        return train.main(list(argv))
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
