@@ -116,14 +116,14 @@ class Run:
 
 
 def driver_env(
-    record: Path, weights: Path, sleep: float = 0.0, extra: dict | None = None, pause_at: int = 0
+    record: Path, weights: Path, sleep: float = 0.0, extra: dict | None = None, pause_at: int | tuple = ()
 ) -> dict:
     env = dict(os.environ)
     env.update(
         LLM_TEST_RECORD=str(record),
         LLM_TEST_WEIGHTS=str(weights),
         LLM_TEST_BATCH_SLEEP=str(sleep),
-        LLM_TEST_PAUSE_AT=str(pause_at),
+        LLM_TEST_PAUSE_AT=",".join(map(str, pause_at if isinstance(pause_at, tuple) else [pause_at])),
         PYTHONPATH=str(REPO),
         PYTHONUNBUFFERED="1",
     )
@@ -133,18 +133,19 @@ def driver_env(
 
 def start(
     recipe: Path, tag: str, *, cwd: Path, overrides=(), sleep=0.0, env=None, launcher=None, folder=None,
-    driver: Path = DRIVER, pause_at: int = 0,
+    driver: Path = DRIVER, pause_at: int | tuple = (),
 ):  # fmt: skip
     """Start a training process; returns (Popen, record path, weights path).
 
     The record, weights and log go to `folder` (default: the recipe's folder) as `<tag>.*`.
-    `pause_at`: the process holds after that batch until it is signalled or `release(record)`.
+    `pause_at`: the process holds after that batch (or each of those) until it is signalled or
+    `release(record, batch)`.
     `driver` is the script run (default scenarios/resume_driver.py; bench/gpu_check_driver.py wraps it).
     """
     folder = Path(folder or recipe.parent)
     record = folder / f"{tag}.jsonl"
     weights = folder / f"{tag}.weights.pt"
-    for p in (record, weights, release_file(record)):
+    for p in (record, weights, *release_files(record)):
         p.unlink(missing_ok=True)
     cmd = [*(launcher or [sys.executable]), str(driver), str(recipe), *overrides]
     log = open(folder / f"{tag}.log", "w")
@@ -239,12 +240,12 @@ class Nodes:
 
 def start_nodes(
     recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, overrides=(), sleep=0.0, env=None,
-    pause_at: int = 0,
+    pause_at: int | tuple = (),
 ) -> tuple[Nodes, Path, Path]:  # fmt: skip
     """Like `start`, with `nodes` launchers of `nproc` ranks each (world size nodes x nproc)."""
     folder = Path(recipe.parent)
     record, weights = folder / f"{tag}.jsonl", folder / f"{tag}.weights.pt"
-    for p in (record, weights, release_file(record)):
+    for p in (record, weights, *release_files(record)):
         p.unlink(missing_ok=True)
     composer = str(Path(sys.executable).with_name("composer"))
     port = free_port()
@@ -278,13 +279,27 @@ def run_nodes(recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, over
     return finish(group, record, weights, started, timeout)
 
 
-def release_file(record: Path) -> Path:
-    return Path(f"{record}.go")
+def release_files(record: Path) -> list[Path]:
+    return list(record.parent.glob(f"{record.name}.go.*"))
 
 
-def release(record: Path) -> None:
-    """Let a process started with `pause_at` go on without a signal."""
-    release_file(record).touch()
+def release(record: Path, batch: int) -> None:
+    """Let a process held at `batch` (`pause_at`) go on without a signal."""
+    Path(f"{record}.go.{batch}").touch()
+
+
+def wait_for_line(log: Path, text: str, proc, timeout: float = 120) -> None:
+    """Wait until the process's log has a line containing `text`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in Path(log).read_text():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"exited with {proc.returncode} before {text!r}:\n{Path(log).read_text()[-4000:]}"
+            )
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} not in {log} within {timeout} s")
 
 
 def wait_for_batch(record: Path, batch: int, proc, timeout: float = 180) -> None:

@@ -2,9 +2,10 @@
 
 The recorder writes one JSON line per batch to $LLM_TEST_RECORD (rank 0; other ranks append
 `.rank<N>`): batch number, the all-rank mean loss, and the SHA-256 of this rank's input_ids, then
-sleeps $LLM_TEST_BATCH_SLEEP seconds (the soak's random timing). $LLM_TEST_PAUSE_AT=<batch> holds
-the process after that batch's line until a SIGTERM/SIGINT arrives or the file `$LLM_TEST_RECORD.go`
-appears, so that a test interrupts at a known batch without slowing every batch. At the end of a
+sleeps $LLM_TEST_BATCH_SLEEP seconds (the soak's random timing). $LLM_TEST_PAUSE_AT=<batch>[,<batch>...]
+holds the process after each of those batches' lines until a SIGTERM/SIGINT arrives or the file
+`$LLM_TEST_RECORD.go.<batch>` appears, so that a test acts at a known batch (a signal, an outage)
+without slowing every batch. At the end of a
 complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for elastic resume:
 $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
@@ -40,8 +41,8 @@ class Recorder(Callback):
         path = os.environ["LLM_TEST_RECORD"]
         self.path = path if rank == 0 else f"{path}.rank{rank}"
         self.sleep = float(os.environ.get("LLM_TEST_BATCH_SLEEP", "0"))
-        self.pause_at = int(os.environ.get("LLM_TEST_PAUSE_AT", "0"))
-        self.release = Path(f"{path}.go")
+        self.pause_at = {int(b) for b in os.environ.get("LLM_TEST_PAUSE_AT", "").split(",") if b.strip()}
+        self.release = path
         self.planned = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
@@ -64,8 +65,8 @@ class Recorder(Callback):
             f.write(json.dumps(row) + "\n")
         if self.sleep:
             time.sleep(self.sleep)
-        if row["batch"] == self.pause_at:
-            pause_until_signalled(self.release)
+        if row["batch"] in self.pause_at:
+            pause_until_signalled(Path(f"{self.release}.go.{row['batch']}"))
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self.planned = state.max_duration  # a preemption's stop_training() lowers max_duration

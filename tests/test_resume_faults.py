@@ -146,7 +146,7 @@ def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_fr
     proc, record, weights = start(recipe, "first", cwd=tmp_path, pause_at=SAVE_EVERY + 1, env=env)
     wait_for_batch(record, SAVE_EVERY + 1, proc)  # the checkpoint at SAVE_EVERY is stored
     proxy.cut()
-    release(record)
+    release(record, SAVE_EVERY + 1)
     proc.wait(timeout=300)
     output = proc.tag_log.read_text()
     assert proc.returncode == 1, output[-4000:]  # one line, no traceback (train.py)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -132,15 +133,45 @@ def _resume(recipe: Path, tmp_path: Path, launcher):
     return second
 
 
-def test_fsdp2_sharded_checkpoint_on_s3_sigterm_and_resume_at_world_size_2_is_bit_identical(
-    tmp_path, shards, reference_ws2, s3_server, s3_bucket
-):
-    save = f"s3://{s3_bucket}/fsdp"
-    recipe, first, stop = _stop(tmp_path, shards, save, LAUNCH_2)
-    keys = s3_server.keys(s3_bucket, "fsdp/")
-    assert f"fsdp/ep0-ba{stop}/__0_0.distcp" in keys and f"fsdp/ep0-ba{stop}/__1_0.distcp" in keys
-    assert f"fsdp/manifests/ba{stop:010d}-rank00001.json" in keys, first.output[-6000:]
+@dataclass
+class Stopped:
+    """A 2-rank FSDP2 run SIGTERMed after batch 5, its sharded checkpoints in bucket/fsdp/."""
 
+    folder: Path
+    recipe: Path
+    first: object
+    stop: int
+    bucket: str
+    keys: list[str]
+
+
+@pytest.fixture(scope="module")
+def stopped_ws2(tmp_path_factory, shards, s3_server) -> Stopped:
+    """One stopped 2-rank run for both resumes from it: at the same world size from `fsdp/`, and
+    2 -> 1 from `elastic/`, a copy of the same checkpoints."""
+    folder = tmp_path_factory.mktemp("fsdp-stopped")
+    bucket = s3_server.create_bucket("fsdp-stopped")
+    recipe, first, stop = _stop(folder, shards, f"s3://{bucket}/fsdp", LAUNCH_2)
+    _copy_prefix(s3_server, bucket, "fsdp/", "elastic/")  # each resume moves its own copy on
+    return Stopped(folder, recipe, first, stop, bucket, s3_server.keys(bucket, "fsdp/"))
+
+
+def _copy_prefix(s3_server, bucket: str, source: str, target: str) -> None:
+    """Another save folder holding the same checkpoints (a resume moves the first one on)."""
+    client = s3_server.client()
+    for key in s3_server.keys(bucket, source):
+        client.copy_object(Bucket=bucket, Key=target + key[len(source) :], CopySource=f"{bucket}/{key}")
+
+
+def test_fsdp2_sharded_checkpoint_on_s3_sigterm_and_resume_at_world_size_2_is_bit_identical(
+    tmp_path, shards, reference_ws2, stopped_ws2, s3_server
+):
+    m, stop = stopped_ws2, stopped_ws2.stop
+    save = f"s3://{m.bucket}/fsdp"
+    assert f"fsdp/ep0-ba{stop}/__0_0.distcp" in m.keys and f"fsdp/ep0-ba{stop}/__1_0.distcp" in m.keys
+    assert f"fsdp/manifests/ba{stop:010d}-rank00001.json" in m.keys, m.first.output[-6000:]
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
     second = run(recipe, "second", cwd=tmp_path, overrides=FSDP, env=ENV, launcher=LAUNCH_2)
     assert second.returncode == 0, second.output[-6000:]
     assert f"resuming run 'rs' from the checkpoint at batch {stop}: {save}/ep0-ba{stop}" in second.output
@@ -154,13 +185,16 @@ def test_fsdp2_sharded_checkpoint_on_s3_sigterm_and_resume_at_world_size_2_is_bi
 
 
 def test_elastic_resume_2_to_1_continues_the_sample_order_with_weights_within_tolerance(
-    tmp_path, shards, reference_ws2, s3_server, s3_bucket
+    tmp_path, shards, reference_ws2, stopped_ws2, s3_server
 ):
-    recipe, _, stop = _stop(tmp_path, shards, f"s3://{s3_bucket}/elastic", LAUNCH_2)
+    m, stop = stopped_ws2, stopped_ws2.stop
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", shards, f"s3://{m.bucket}/elastic", cache=tmp_path / "cache"
+    )
     second = _resume(recipe, tmp_path, launcher=None)
-    assert "world size 2 -> 1" in second.output
+    assert f"from the checkpoint at batch {stop}" in second.output and "world size 2 -> 1" in second.output
     # Two ranks' shards are loaded into one rank exactly.
-    _assert_loaded_exactly(tmp_path / "stop.weights.pt", tmp_path / "loaded.weights.pt")
+    _assert_loaded_exactly(m.folder / "stop.weights.pt", tmp_path / "loaded.weights.pt")
     ref = _global_batches(reference_ws2.record)
     assert _global_batches(second.record) == {b: s for b, s in ref.items() if b > stop}
     _assert_within_tolerance(reference_ws2, second, stop)

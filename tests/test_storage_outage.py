@@ -11,7 +11,7 @@ import time
 
 import pytest
 from fault_proxy import FaultProxy
-from resume_support import SAVE_EVERY, run, start, wait_for_batch, write_recipe, write_shards
+from resume_support import SAVE_EVERY, release, run, start, wait_for_batch, write_recipe, write_shards
 
 # Each request: 2 attempts of at most 1 s; streaming's shard downloads the same, twice over.
 FAST_FAILURE = {"LLM_S3_MAX_ATTEMPTS": "2", "LLM_S3_READ_TIMEOUT": "1", "LLM_S3_CONNECT_TIMEOUT": "1"}
@@ -30,9 +30,12 @@ def frozen_run(tmp_path, proxy, recipe, overrides=()):
     """Train through the proxy; freeze the server once the checkpoint at SAVE_EVERY is stored."""
     # faulthandler: a run that hangs is sent SIGABRT and prints every thread's stack on the way out.
     env = {"S3_ENDPOINT_URL": proxy.endpoint, "PYTHONFAULTHANDLER": "1", **FAST_FAILURE}
-    proc, record, _ = start(recipe, "first", cwd=tmp_path, sleep=0.3, env=env, overrides=overrides)
+    proc, record, _ = start(
+        recipe, "first", cwd=tmp_path, pause_at=SAVE_EVERY + 1, env=env, overrides=overrides
+    )
     wait_for_batch(record, SAVE_EVERY + 1, proc)
     proxy.set("hang")
+    release(record, SAVE_EVERY + 1)
     frozen_at = time.monotonic()
     try:
         proc.wait(timeout=3 * BOUND_SECONDS)

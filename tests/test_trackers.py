@@ -141,7 +141,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_continues_the_same_tracker_runs(
 
 @pytest.mark.slow
 def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
-    from resume_support import start, wait_for_batch
+    from resume_support import release, start, wait_for_batch, wait_for_line
 
     server = MLflowServer(tmp_path / "server").start()
     try:
@@ -155,12 +155,16 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
             "training.max_duration=40ba",
             "loggers.mlflow.close_timeout=300",
         ]
-        proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, sleep=0.3)
+        # The run holds at batch 3 while the server goes away, and at 12 until it has said so.
+        proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, pause_at=(3, 12))
         try:
             wait_for_batch(record, 3, proc)
             server.stop()
+            release(record, 3)
             wait_for_batch(record, 12, proc)
+            wait_for_line(proc.tag_log, "[mlflow] WARNING cannot reach", proc)
             server.start()  # same port, same database
+            release(record, 12)
             proc.wait(timeout=300)
         finally:
             if proc.poll() is None:
