@@ -106,27 +106,41 @@ def test_no_module_shadows_the_standard_library():
 BENCH_SMOKE_TESTS = {"test_bench_gpu_smoke.py", "test_gpu_check_smoke.py"}
 
 
+# tests/ and bench/ share code only through scenarios/, which imports neither.
+APART = (("tests", "bench"), ("bench", "tests"), ("scenarios", "bench"), ("scenarios", "tests"))
+
+
 def cross_imports(tree: Path) -> list[str]:
-    """`file -> module` for each import of bench from tests/, or of tests from bench/, under `tree`."""
+    """`file -> module` for each import across APART under `tree` (a test module counts by its bare
+    name too: tests/ is on sys.path when pytest runs)."""
     found = []
-    for side, other in (("tests", "bench"), ("bench", "tests")):
-        test_modules = {p.stem for p in (tree / "tests").glob("*.py")} if side == "bench" else set()
+    test_modules = {p.stem for p in (tree / "tests").glob("*.py")}
+    for side, other in APART:
+        names = {other, *(test_modules if other == "tests" else ())}
         for path in sorted((tree / side).rglob("*.py")):
             if side == "tests" and path.name in BENCH_SMOKE_TESTS and tree == REPO:
                 continue
-            names = imports_of(path, {other, *test_modules})
-            found += [f"{path.relative_to(tree)} -> {name}" for name in sorted(names)]
+            found += [f"{path.relative_to(tree)} -> {name}" for name in sorted(imports_of(path, names))]
     return found
 
 
-def test_tests_and_bench_never_import_each_other():
+def test_tests_and_bench_never_import_each_other_nor_does_scenarios():
     assert cross_imports(REPO) == []
 
 
 def test_the_cross_import_check_finds_planted_imports(tmp_path):
-    for folder, text in (("tests", "from bench.train import main\n"), ("bench", "import conftest\n")):
+    planted = {
+        "tests": "from bench.train import main\n",
+        "bench": "import conftest\n",
+        "scenarios": "def f():\n    from bench import gpu\n",
+    }
+    for folder, text in planted.items():
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "planted.py").write_text(text)
     (tmp_path / "tests" / "conftest.py").write_text("")
     (tmp_path / "bench" / "ok.py").write_text("from scenarios import resume\nimport llm.model\n")
-    assert cross_imports(tmp_path) == ["tests/planted.py -> bench", "bench/planted.py -> conftest"]
+    assert cross_imports(tmp_path) == [
+        "tests/planted.py -> bench",
+        "bench/planted.py -> conftest",
+        "scenarios/planted.py -> bench",
+    ]
