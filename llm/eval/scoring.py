@@ -79,7 +79,7 @@ def encode_question(
 def _shared(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of `a` and `b`."""
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
