@@ -159,7 +159,9 @@ def run_lm_eval(
             for subject in task.subjects:
                 name = re.sub(r"\W", "_", f"llm_agree_{task.name}_{subject.name}")
                 names[name] = f"{task.name}/{subject.name}"
-                config = stock_yaml(task, subject, name) if stock else lm_eval_yaml(task, subject, name, shots)
+                config = (
+                    stock_yaml(task, subject, name) if stock else lm_eval_yaml(task, subject, name, shots)
+                )
                 (Path(folder) / f"{name}.yaml").write_text(json.dumps(config, ensure_ascii=False))
         results = lm_eval.simple_evaluate(
             model=model,

@@ -35,7 +35,11 @@ class PlainProgress:
     def _line(self, now: float) -> None:
         done = f"{_short(self.n)}/{_short(self.total)}" if self.total else _short(self.n)
         rate = self.n / max(now - self.started, 1e-9)
-        print(f"[progress] {self.desc}: {done} {self.unit}, {_short(rate)} {self.unit}/s", file=self.file, flush=True)
+        print(
+            f"[progress] {self.desc}: {done} {self.unit}, {_short(rate)} {self.unit}/s",
+            file=self.file,
+            flush=True,
+        )
 
     def close(self) -> None:
         self._line(time.monotonic())

@@ -10,8 +10,8 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
-import subprocess
 import struct
+import subprocess
 import sys
 import termios
 import tty
@@ -24,7 +24,9 @@ CONTROL = ("\r", "\x1b[")  # a bar's carriage return, cursor moves and clears
 
 
 def run_on_pipe(args: list[str], cwd: Path) -> str:
-    proc = subprocess.run(args, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        args, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
 

@@ -33,7 +33,9 @@ def test_an_export_and_its_checkpoint_score_alike_and_write_json(setup, small_to
     assert llm_main(["eval", str(hf), "--tasks", task, "--shots", "1", "--out", str(root / "hf.json")]) == 0
     table = capsys.readouterr().out
     assert (
-        "zh-demo (val, cloze, 1-shot, protocol cloze)" in table and "news_next_sentence" in table and "questions/s" in table
+        "zh-demo (val, cloze, 1-shot, protocol cloze)" in table
+        and "news_next_sentence" in table
+        and "questions/s" in table
     )
     args = ["eval", str(ckpt), "--tokenizer", small_tokenizer, "--tasks", task, "--shots", "1"]
     assert llm_main([*args, "--no-shared-prompt", "--out", str(root / "ckpt.json")]) == 0
