@@ -5,7 +5,8 @@ figures. lm-eval (`pip install 'lm-eval[hf]'`) reads the `llm export` folder wit
 backend and a YAML task written here for each subject: the same CSV files, the same prompt (the
 description, the first `shots` dev examples joined by a blank line, the question), the same
 continuations. Our scorer starts every prompt with the tokenizer's EOS, the document boundary our
-models train on; lm-eval is given the same start by a tokenizer whose BOS is that EOS.
+models train on; lm-eval gets the same start from the export itself (`llm export` names that EOS
+as the tokenizer's BOS and adds it), with no edit: `lm_eval --model hf` as a user would run it.
 
 `compare_stock` uses lm-eval's OWN stock task definitions instead (`ceval-valid_<subject>`,
 `cmmlu_<subject>` from the installed lm_eval/tasks folder), re-pointed only at local CSV copies:
@@ -146,13 +147,8 @@ def run_lm_eval(
 ) -> tuple[dict[str, list[list[float]]], dict[str, tuple[float, float]]]:
     """lm-eval's per-question option log-likelihoods and (acc, acc_norm), keyed "task/subject"."""
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    from transformers import AutoTokenizer
 
-    eos = json.loads((Path(hf_dir) / "special_tokens_map.json").read_text())["eos_token"]
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir, bos_token=eos, add_bos_token=True)
-    model = HFLM(pretrained=hf_dir, tokenizer=tokenizer, batch_size=batch_size, device="cpu", dtype="float32")
     names = {}
     with tempfile.TemporaryDirectory() as folder:
         for task in tasks:
@@ -163,8 +159,12 @@ def run_lm_eval(
                     stock_yaml(task, subject, name) if stock else lm_eval_yaml(task, subject, name, shots)
                 )
                 (Path(folder) / f"{name}.yaml").write_text(json.dumps(config, ensure_ascii=False))
+        # What `lm_eval --model hf --model_args pretrained=<export>` does: the export untouched.
         results = lm_eval.simple_evaluate(
-            model=model,
+            model="hf",
+            model_args={"pretrained": hf_dir, "dtype": "float32"},
+            device="cpu",
+            batch_size=batch_size,
             tasks=sorted(names),
             num_fewshot=shots,
             task_manager=TaskManager(include_path=folder),
