@@ -39,6 +39,7 @@ $(DEMO)/tasks/zh-demo/task.json: | install-demo
 
 demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(PY) train.py recipes/demo.yaml
+	$(PY) -m bench.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl
 
 # --- after `make demo`: fine-tune the demo model to answer 正面 / 负面 for a review (SFT) ---------
 $(DEMO)/sft/train.jsonl: | install-demo
@@ -46,7 +47,7 @@ $(DEMO)/sft/train.jsonl: | install-demo
 
 $(DEMO)/sft/shards/train/index.json: $(DEMO)/sft/train.jsonl $(DEMO)/tokenizer.model
 	$(PY) -m convert sft $< --tokenizer $(DEMO)/tokenizer.model --seq-len 256 --min-prompt-chars 1 \
-		--min-answer-chars 1 --val-fraction 0.05 --out $(DEMO)/sft/shards --overwrite --no-progress
+		--min-answer-chars 1 --val-fraction 0.05 --drop-truncated --out $(DEMO)/sft/shards --overwrite --no-progress
 
 demo-sft: $(DEMO)/sft/shards/train/index.json
 	@test -d runs/demo/checkpoints/manifests || { echo "make demo-sft fine-tunes the demo model: run make demo first"; exit 2; }
