@@ -44,6 +44,15 @@ def by_length(prompts: list[str], answers: list[str], labels: list[str]) -> dict
     return out
 
 
+def fits(pairs: list[dict], tokenizer: str, template: str, max_tokens: int) -> list[dict]:
+    """The pairs whose prompt, in the chat template, leaves room for an answer in `max_tokens`."""
+    from llm.chat_template import read_template
+    from llm.tokenizer import Tokenizer
+
+    tok, chat = Tokenizer(tokenizer), read_template(template)
+    return [p for p in pairs if len(chat.prompt_ids(tok, p["prompt"])) + 4 <= max_tokens]
+
+
 def score(answers: list[str], labels: list[str]) -> dict:
     """Accuracy (exact label), and the share of answers that are one of the labels at all."""
     names = set(labels)
@@ -79,9 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", required=True, help="the pretrained checkpoint (or run folder)")
     parser.add_argument("--after", required=True, help="the fine-tuned checkpoint (or run folder)")
     parser.add_argument("--out", help="also write the figures here as JSON")
+    parser.add_argument(
+        "--max-tokens", type=int, default=256, help="the model's context: longer prompts are skipped"
+    )
     args = parser.parse_args(argv)
 
     pairs = [json.loads(line) for line in Path(args.heldout).read_text(encoding="utf-8").splitlines() if line]
+    fitting = fits(pairs, args.tokenizer, args.template, args.max_tokens)
+    if len(fitting) < len(pairs):
+        print(
+            f"{len(pairs) - len(fitting)} held-out reviews do not fit {args.max_tokens} tokens with the template: skipped"
+        )
+    pairs = fitting
     prompts, labels = [p["prompt"] for p in pairs], [p["answer"] for p in pairs]
     with tempfile.TemporaryDirectory() as tmp:
         prompts_file = Path(tmp) / "prompts.txt"
