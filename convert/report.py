@@ -4,7 +4,8 @@ read, dropped and written, printed and saved as summary.json.
 Progress goes to stderr: a live tqdm bar on a terminal; when stderr is a file or a pipe
 (`make demo > log 2>&1`), a labelled line every PLAIN_EVERY_S seconds and one at the end instead
 (`[progress] reading: 12.3k doc, 4.1k doc/s`): a bar's carriage returns and cursor moves would fill
-the file with control sequences.
+the file with control sequences. tqdm has no such mode: given a file it still redraws with
+carriage returns (only its `disable` drops everything), hence the small PlainProgress here.
 """
 
 from __future__ import annotations
