@@ -8,8 +8,8 @@ shards begins; see `Tokenizer.encode_prompt`).
 
 Options that merge with the prompt's end: when an option tokenizes together with the prompt's last
 token(s) (的 + 时间 -> 的时间), the context's own tokens are no prefix of context-plus-option's, and
-the plain split would score nothing, or only part of the option (lm-eval then scores an empty
-option as 0.0, so it wins). Here the boundary moves back to the last token the context shares with
+the plain split would score nothing, or only part of the option (lm-eval 0.4.13's hf backend then
+fails an assertion and stops; a 0.0 for the empty option would make it win). Here the boundary moves back to the last token the context shares with
 every option's encoding, the same boundary for all options of the question: each option is scored
 over the merged tokens (the prompt's tail and the option's text together), and all options keep
 the same conditioning prefix. `Encoded.moved` counts the tokens moved back; `llm eval` reports how
