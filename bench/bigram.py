@@ -1,13 +1,15 @@
 """A smoothed bigram model of the same shards: the baseline a trained model's eval loss should beat.
 
-    python -m bench.bigram --shards data/demo/shards [--metrics runs/demo/metrics.jsonl]
+    python -m bench.bigram --shards data/demo/shards [--metrics runs/demo/metrics.jsonl] [--recipe recipes/demo.yaml]
 
 Counts next-token pairs within each train sample and scores every pair of each val sample, the
 targets a language model's eval loss averages over (each token given the ones before it; the bigram
 sees only the one before). Smoothing: Witten-Bell, interpolating each token's followers with an
 add-one unigram, so no pair scores zero and nothing needs tuning. With `--metrics` (a run's
 metrics.jsonl) it prints the run's last eval loss beside the baseline: what `make demo` ends with,
-so a user sees how much the model learned beyond which token tends to follow which.
+so a user sees how much the model learned beyond which token tends to follow which. With
+`--recipe`, the val samples scored are the ones that run's eval loss covers (its first
+`eval_subset_num_batches` batches of `device_microbatch_size`; the eval split is not shuffled).
 """
 
 from __future__ import annotations
@@ -67,15 +69,32 @@ def last_eval_loss(metrics: str | Path) -> float | None:
     return loss
 
 
+def eval_samples(recipe: str) -> int | None:
+    """How many val samples (from the start) a run of `recipe` evaluates on one device; None: all."""
+    from llm.config import load_config
+
+    training = load_config(recipe).training
+    if training.eval_subset_num_batches < 0:
+        return None
+    return training.eval_subset_num_batches * training.device_microbatch_size
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", required=True, help="a conversion's output: train/ and val/ splits")
     parser.add_argument("--metrics", help="a run's metrics.jsonl: print its last eval loss beside")
+    parser.add_argument("--recipe", help="score only the val samples this recipe's eval loss covers")
     args = parser.parse_args(argv)
     shards = Path(args.shards)
     vocab = json.loads((shards / "train" / "meta.json").read_text())["vocab_size"]
-    found = bigram_loss(read_samples(shards / "train"), read_samples(shards / "val"), vocab)
-    line = f"bigram baseline (Witten-Bell, train split's {found.train_pairs:,} pairs): eval loss {found.loss:.4f}"
+    val = read_samples(shards / "val")
+    if args.recipe:
+        val = val[: eval_samples(args.recipe) or len(val)]
+    found = bigram_loss(read_samples(shards / "train"), val, vocab)
+    line = (
+        f"bigram baseline (Witten-Bell, {found.train_pairs:,} train pairs, {len(val)} val samples): "
+        f"eval loss {found.loss:.4f}"
+    )
     model = last_eval_loss(args.metrics) if args.metrics and Path(args.metrics).exists() else None
     if model is not None:
         gap = found.loss - model

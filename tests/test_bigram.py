@@ -41,6 +41,12 @@ def test_make_demo_ends_with_the_baseline_beside_the_models_eval_loss(train_data
     baseline = float(line.split("eval loss ")[1].split()[0])
     assert 1.0 < baseline < math.log(train_data.vocab_size)  # better than uniform over the vocabulary
     assert (
-        "bench.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl"
+        "bench.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml"
         in (REPO / "Makefile").read_text()
     )
+
+
+def test_with_a_recipe_the_baseline_scores_the_samples_its_eval_covers():
+    from bench.bigram import eval_samples
+
+    assert eval_samples(str(REPO / "recipes" / "demo.yaml")) == 4 * 8  # eval_subset_num_batches x batch
