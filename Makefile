@@ -4,18 +4,27 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo demo-sft test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume bench-restart bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo demo demo-sft test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume bench-restart bench-gpu gpu-check gpu-check-smoke clean
 
-$(VENV)/.installed: pyproject.toml
+# Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
+# gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
+# hundred MB more. `make demo` on a fresh machine installs only the first.
+$(VENV)/.installed-demo: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --progress-bar off -e '.[demo]'
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.installed-demo
 	$(PY) -m pip install --progress-bar off -e '.[dev]'
 	touch $@
+
+install-demo: $(VENV)/.installed-demo
 
 install: $(VENV)/.installed
 
 # --- the quickstart: corpus -> tokenizer -> shards -> training -> generated text -------------
-$(DEMO)/corpus.jsonl: | install
+$(DEMO)/corpus.jsonl: | install-demo
 	$(PY) -m convert demo-corpus --out $@
 
 $(DEMO)/tokenizer.model: $(DEMO)/corpus.jsonl
@@ -25,19 +34,20 @@ $(DEMO)/shards/train/index.json: $(DEMO)/tokenizer.model
 	$(PY) -m convert shards $(DEMO)/corpus.jsonl --format jsonl --tokenizer $< \
 		--seq-len 256 --val-fraction 0.02 --workers 2 --out $(DEMO)/shards --overwrite
 
-$(DEMO)/tasks/zh-demo/task.json: | install
+$(DEMO)/tasks/zh-demo/task.json: | install-demo
 	$(PY) -m convert demo-tasks --out $(DEMO)/tasks/zh-demo
 
 demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(PY) train.py recipes/demo.yaml
+	$(PY) -m bench.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml
 
 # --- after `make demo`: fine-tune the demo model to answer 正面 / 负面 for a review (SFT) ---------
-$(DEMO)/sft/train.jsonl: | install
+$(DEMO)/sft/train.jsonl: | install-demo
 	$(PY) -m convert demo-sft --out $(DEMO)/sft
 
 $(DEMO)/sft/shards/train/index.json: $(DEMO)/sft/train.jsonl $(DEMO)/tokenizer.model
 	$(PY) -m convert sft $< --tokenizer $(DEMO)/tokenizer.model --seq-len 256 --min-prompt-chars 1 \
-		--min-answer-chars 1 --val-fraction 0.05 --out $(DEMO)/sft/shards --overwrite --no-progress
+		--min-answer-chars 1 --val-fraction 0.05 --drop-truncated --out $(DEMO)/sft/shards --overwrite --no-progress
 
 demo-sft: $(DEMO)/sft/shards/train/index.json
 	@test -d runs/demo/checkpoints/manifests || { echo "make demo-sft fine-tunes the demo model: run make demo first"; exit 2; }
@@ -78,7 +88,7 @@ bench-data: install
 soak-resume: install
 	$(PY) -m bench.soak_resume
 
-bench-restart: $(DEMO)/shards/train/index.json
+bench-restart: $(DEMO)/shards/train/index.json install
 	$(PY) -m bench.restart
 
 bench-gpu: install
@@ -95,7 +105,7 @@ gpu-check-smoke: install
 bench-generate: install
 	$(PY) -m bench.generate
 
-bench-eval: $(DEMO)/tokenizer.model
+bench-eval: $(DEMO)/tokenizer.model install
 	$(PY) -m bench.eval
 
 clean:

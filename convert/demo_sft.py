@@ -25,7 +25,10 @@ from convert.demo_corpus import labelled_reviews
 from convert.errors import ConvertError
 from storage import open_store
 
-MIN_CHARS, MAX_CHARS = 6, 100
+# Up to 400 characters: every review that can fit the demo's 256-token samples with its prompt
+# (`make demo-sft` converts with --drop-truncated, dropping the few that do not). At 100 the model
+# never saw a long review and answered 负面 to most of them, though 76% of those are 正面.
+MIN_CHARS, MAX_CHARS = 6, 400
 QUESTION = "这条评论是正面还是负面？"
 LABELS = {"positive": "正面", "negative": "负面"}
 

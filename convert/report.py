@@ -1,15 +1,77 @@
-"""What a conversion reports: progress bars while it runs, and at the end the summary of what
-was read, dropped and written, printed and saved as summary.json."""
+"""What a conversion reports: progress while it runs, and at the end the summary of what was
+read, dropped and written, printed and saved as summary.json.
+
+Progress goes to stderr: a live tqdm bar on a terminal; when stderr is a file or a pipe
+(`make demo > log 2>&1`), a labelled line every PLAIN_EVERY_S seconds and one at the end instead
+(`[progress] reading: 12.3k doc, 4.1k doc/s`): a bar's carriage returns and cursor moves would fill
+the file with control sequences. tqdm has no such mode: given a file it still redraws with
+carriage returns (only its `disable` drops everything), hence the small PlainProgress here.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from typing import TextIO
 
+PLAIN_EVERY_S = 10.0
+
+
+class PlainProgress:
+    """tqdm's `update` / context-manager surface, written as labelled lines (no control sequences)."""
+
+    def __init__(self, total: int | None, unit: str, desc: str, file: TextIO, every_s: float = PLAIN_EVERY_S):
+        self.total, self.unit, self.desc, self.file, self.every_s = total, unit, desc, file, every_s
+        self.n = 0
+        self.started = self.last = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        done = f"{_short(self.n)}/{_short(self.total)}" if self.total else _short(self.n)
+        rate = self.n / max(now - self.started, 1e-9)
+        print(
+            f"[progress] {self.desc}: {done} {self.unit}, {_short(rate)} {self.unit}/s",
+            file=self.file,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        self._line(time.monotonic())
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _short(n: float) -> str:
+    for suffix, size in (("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{suffix}"
+    return f"{n:.0f}"
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
 
 def progress_bar(total: int | None, unit: str, desc: str, *, enabled: bool = True):
+    """A tqdm bar on a terminal, labelled lines otherwise, nothing when not `enabled`."""
     from tqdm import tqdm
+
+    if enabled and not is_terminal(sys.stderr):
+        return PlainProgress(total, unit, desc, sys.stderr)
 
     tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked after this
     return tqdm(

@@ -210,7 +210,7 @@ class WandBConfig:
 
 @dataclass
 class LoggersConfig:
-    progress_bar: bool = True
+    progress_bar: bool = True  # Composer's live bars, drawn only when stderr is a terminal
     metrics_file: bool = True  # <run_dir>/metrics.jsonl
     tensorboard: bool = False  # <run_dir>/tensorboard
     mlflow: MLflowConfig = field(default_factory=MLflowConfig)

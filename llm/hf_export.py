@@ -5,10 +5,19 @@ The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
     config.json              LlamaForCausalLM config (shape, rope_theta, rms_norm_eps, tying, GQA)
     model.safetensors        weights under Llama names (no lm_head when tied: HF re-ties it)
     tokenizer.model          the SentencePiece model, copied
-    tokenizer_config.json    LlamaTokenizer settings and the special tokens
+    tokenizer_config.json    LlamaTokenizer settings and the special tokens (the start token as BOS)
+    special_tokens_map.json  the same special tokens
+    generation_config.json   `llm generate`'s defaults and token ids, for `model.generate`
     chat_template.json       an SFT model's chat template (`llm.chat_template`), for `llm chat`
 Names and config keys come from `llm.weights`, which also reads such a folder back. Our rotary
 embeddings already use HF's rotate_half layout, so q/k rows are copied as they are.
+
+Reproducing our commands with no edit: `llm generate` and `llm eval` start every context with the
+tokenizer's start token (EOS: every document of our shards begins after one; `Tokenizer.start_id`).
+The exported tokenizer therefore names that token as its BOS and adds it (`add_bos_token: true`), so
+`AutoTokenizer(...)(text)`, transformers' `generate` and `lm_eval --model hf` see the same ids as our
+commands; generation_config.json carries the same start/stop ids and `llm generate`'s sampling
+defaults. (The SentencePiece model's own BOS piece, `<s>`, is never used by our models.)
 """
 
 from __future__ import annotations
@@ -51,16 +60,24 @@ def export_hf(
     return out
 
 
+# `llm generate`'s defaults (llm/commands/generate.py), written into generation_config.json.
+GENERATE_DEFAULTS = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "max_new_tokens": 128}
+
+
 def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
+    """tokenizer.model, tokenizer_config.json, special_tokens_map.json and generation_config.json:
+    what makes transformers and lm-eval tokenize and generate as our commands do (module docstring)."""
     shutil.copyfile(tok.path, out / "tokenizer.model")
-    special = {"bos_token": tok.bos_id, "eos_token": tok.eos_id, "unk_token": tok.unk_id}
+    start = tok.start_id
+    special = {"bos_token": start, "eos_token": tok.eos_id, "unk_token": tok.unk_id}
     special = {k: tok.piece(i) for k, i in special.items() if i is not None}
     write_json(
         out / "tokenizer_config.json",
         {
             "tokenizer_class": "LlamaTokenizer",
-            # Our prompts start a document after EOS (see Tokenizer.encode_prompt), not after BOS.
-            "add_bos_token": False,
+            # Our prompts start a document after the start token (EOS; Tokenizer.encode_prompt):
+            # it is this tokenizer's BOS, added to every encoding as our commands add it.
+            "add_bos_token": start is not None,
             "add_eos_token": False,
             "legacy": False,
             # HF must add the "▁" word prefix exactly when SentencePiece itself does.
@@ -71,3 +88,5 @@ def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
         },
     )
     write_json(out / "special_tokens_map.json", special)
+    generation = {"bos_token_id": start, "eos_token_id": tok.eos_id, "pad_token_id": tok.eos_id}
+    write_json(out / "generation_config.json", {**generation, **GENERATE_DEFAULTS})

@@ -248,7 +248,10 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         parallelism_config=parallelism,
         callbacks=checkpointing.callbacks_after([*build_callbacks(ctx), *extra_callbacks]),
         loggers=loggers,
-        progress_bar=cfg.loggers.progress_bar,
+        # Live bars only on a terminal: in a file (`make demo > log 2>&1`) their carriage returns and
+        # cursor moves would surround the [progress] lines, which are printed either way.
+        progress_bar=cfg.loggers.progress_bar and draws_bars(sys.stderr),
+        load_progress_bar=draws_bars(sys.stderr),
         # The console gets the [progress] line (ProgressLine) instead of Composer's dump of every
         # metric, which would repeat it unlabelled every log_interval when the bar is off.
         log_to_console=False,
@@ -260,6 +263,14 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         applied = report(trainer.state.model, world_size, trainer.state.precision, cfg.fsdp, hooked)
         print(applied.line(), flush=True)
     return trainer
+
+
+def draws_bars(stream) -> bool:
+    """Whether `stream` is a terminal, where a progress bar redraws in place."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def _algorithms(cfg: TrainConfig) -> list:

@@ -5,7 +5,12 @@ figures. lm-eval (`pip install 'lm-eval[hf]'`) reads the `llm export` folder wit
 backend and a YAML task written here for each subject: the same CSV files, the same prompt (the
 description, the first `shots` dev examples joined by a blank line, the question), the same
 continuations. Our scorer starts every prompt with the tokenizer's EOS, the document boundary our
-models train on; lm-eval is given the same start by a tokenizer whose BOS is that EOS.
+models train on; lm-eval gets the same start from the export itself (`llm export` names that EOS
+as the tokenizer's BOS and adds it), with no edit: `lm_eval --model hf` as a user would run it.
+
+`compare_stock` uses lm-eval's OWN stock task definitions instead (`ceval-valid_<subject>`,
+`cmmlu_<subject>` from the installed lm_eval/tasks folder), re-pointed only at local CSV copies:
+that is how `llm eval`'s default protocols are checked against the published ones.
 
 Nothing is downloaded: the model, tokenizer and CSVs are local, and the Hugging Face libraries run
 offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE).
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm.eval import harness
-from llm.eval.prompts import ANSWER_CUE, LETTERS, description
+from llm.eval.prompts import ANSWER_CUE, LETTERS, PROTOCOLS, description
 from llm.eval.tasks import Subject, Task
 from llm.tokenizer import Tokenizer
 from llm.weights import load_model
@@ -37,13 +42,15 @@ class Agreement:
 
 
 def lm_eval_yaml(task: Task, subject: Subject, name: str, shots: int) -> dict:
-    """An lm-eval task config scoring `subject` as `llm.eval` does."""
+    """An lm-eval task config scoring `subject` as `llm.eval` does (its task's protocol)."""
     letters = list(LETTERS[: len(subject.questions[0].options)])
+    protocol = PROTOCOLS[task.protocol]
     if task.style == "cloze":
-        text, choices = "{{question}}", "{{[" + ", ".join(letters) + "]}}"
+        text, choices = "{{question.strip()}}", "{{[" + ", ".join(f"{x}.strip()" for x in letters) + "]}}"
     else:
-        options = "".join(f"\n{x}. {{{{{x}}}}}" for x in letters)
-        text, choices = "{{question}}" + options + "\n" + ANSWER_CUE, letters
+        cell = "{{{{{}}}}}" if protocol.raw_cells else "{{{{{}.strip()}}}}"
+        options = "".join(f"\n{x}. " + cell.format(x) for x in letters)
+        text, choices = "{{question.strip()}}" + options + "\n" + ANSWER_CUE, letters
     split_dir = Path(subject.source).parent
     config = {
         "task": name,
@@ -59,7 +66,7 @@ def lm_eval_yaml(task: Task, subject: Subject, name: str, shots: int) -> dict:
         "doc_to_text": text,
         "doc_to_choice": choices,
         "doc_to_target": "{{" + repr(letters) + ".index(answer)}}",
-        "target_delimiter": "",
+        "target_delimiter": protocol.answer_delimiter,
         "fewshot_delimiter": "\n\n",
         "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}],
     }
@@ -71,11 +78,41 @@ def lm_eval_yaml(task: Task, subject: Subject, name: str, shots: int) -> dict:
     return config
 
 
-def compare(hf_dir: str, task_roots: list[str], shots: int, limit: int, batch_size: int = 8) -> Agreement:
-    """Score with both and compare (local task folders whose subjects have a dev/ twin if shots > 0)."""
+def stock_yaml(task: Task, subject: Subject, name: str) -> dict:
+    """lm-eval's stock task for `subject` (C-Eval or CMMLU), its data files swapped for local copies."""
+    import lm_eval
+
+    family = {"lm-eval-ceval": "ceval", "lm-eval-cmmlu": "cmmlu"}[task.protocol]
+    stock = Path(lm_eval.__file__).parent / "tasks" / family
+    stock /= f"ceval-valid_{subject.name}.yaml" if family == "ceval" else f"cmmlu_{subject.name}.yaml"
+    split = "val" if family == "ceval" else "test"
+    source = Path(subject.source)
+    dev = next((source.parent.parent / "dev").glob(f"{subject.name}*.csv"))
+    return {
+        "include": str(stock),
+        "task": name,
+        "dataset_path": "csv",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {split: str(source), "dev": str(dev)}},
+    }
+
+
+def compare(
+    hf_dir: str,
+    task_roots: list[str],
+    shots: int,
+    limit: int,
+    batch_size: int = 8,
+    stock: bool = False,
+    protocol: str | None = None,
+) -> Agreement:
+    """Score with both and compare (local task folders whose subjects have a dev/ twin if shots > 0).
+
+    `stock`: lm-eval runs its own ceval-valid / cmmlu task definitions (tasks named like them);
+    `protocol` is the one `llm.eval` uses (None: each task's own)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tasks = harness.load_tasks(task_roots, "val", limit)
+    tasks = harness.load_tasks(task_roots, None if stock else "val", limit, protocol)
     tokenizer = Tokenizer(Path(hf_dir) / "tokenizer.model")
     model = load_model(hf_dir)
     report = harness.run(
@@ -87,7 +124,10 @@ def compare(hf_dir: str, task_roots: list[str], shots: int, limit: int, batch_si
         for s in t.subjects
     }
     ours = {f"{t.name}/{s.name}": (s.acc, s.acc_norm) for t in report.tasks for s in t.subjects}
-    theirs_ll, theirs = run_lm_eval(hf_dir, tasks, shots, limit, batch_size)
+    if stock:
+        # lm-eval's protocol is fixed by its yaml, whatever llm.eval was asked to use.
+        tasks = harness.load_tasks(task_roots, None, limit)
+    theirs_ll, theirs = run_lm_eval(hf_dir, tasks, shots, limit, batch_size, stock)
     diffs = [
         abs(a - b)
         for key in ours_ll
@@ -103,27 +143,28 @@ def compare(hf_dir: str, task_roots: list[str], shots: int, limit: int, batch_si
 
 
 def run_lm_eval(
-    hf_dir: str, tasks: list[Task], shots: int, limit: int, batch_size: int
+    hf_dir: str, tasks: list[Task], shots: int, limit: int, batch_size: int, stock: bool = False
 ) -> tuple[dict[str, list[list[float]]], dict[str, tuple[float, float]]]:
     """lm-eval's per-question option log-likelihoods and (acc, acc_norm), keyed "task/subject"."""
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    from transformers import AutoTokenizer
 
-    eos = json.loads((Path(hf_dir) / "special_tokens_map.json").read_text())["eos_token"]
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir, bos_token=eos, add_bos_token=True)
-    model = HFLM(pretrained=hf_dir, tokenizer=tokenizer, batch_size=batch_size, device="cpu", dtype="float32")
     names = {}
     with tempfile.TemporaryDirectory() as folder:
         for task in tasks:
             for subject in task.subjects:
                 name = re.sub(r"\W", "_", f"llm_agree_{task.name}_{subject.name}")
                 names[name] = f"{task.name}/{subject.name}"
-                config = lm_eval_yaml(task, subject, name, shots)
+                config = (
+                    stock_yaml(task, subject, name) if stock else lm_eval_yaml(task, subject, name, shots)
+                )
                 (Path(folder) / f"{name}.yaml").write_text(json.dumps(config, ensure_ascii=False))
+        # What `lm_eval --model hf --model_args pretrained=<export>` does: the export untouched.
         results = lm_eval.simple_evaluate(
-            model=model,
+            model="hf",
+            model_args={"pretrained": hf_dir, "dtype": "float32"},
+            device="cpu",
+            batch_size=batch_size,
             tasks=sorted(names),
             num_fewshot=shots,
             task_manager=TaskManager(include_path=folder),

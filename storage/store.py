@@ -29,8 +29,39 @@ GUARD_WAIT_S = 30.0  # how long a compare-and-swap on a local folder waits for a
 
 
 def guard_file(target: Path) -> Path:
-    """The hidden side file whose `flock` serialises compare-and-swaps on `target`."""
+    """The hidden side file whose `flock` serialises compare-and-swaps on `target`; it exists only
+    while a swap runs (the holder removes it before letting go)."""
     return target.with_name(f".{target.name}{TMP_MARK}guard")
+
+
+def _lock_guard(target: Path, side: Path):
+    """`side` opened and exclusively locked, and still the file at that path (see LocalStore._guard)."""
+    deadline = time.monotonic() + GUARD_WAIT_S
+    while True:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(side, "a")
+        except OSError as err:
+            raise StorageError(f"writing {target}: {err.strerror or err}") from err
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"writing {target}: {side} has been locked by another process for over "
+                    f"{GUARD_WAIT_S:.0f} s (one stopped or frozen mid-write); end that process"
+                ) from None
+            time.sleep(0.01)
+            continue
+        held = os.fstat(handle.fileno())
+        try:
+            current = os.stat(side)
+        except FileNotFoundError:
+            current = None
+        if current is not None and (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev):
+            return handle
+        handle.close()  # the previous holder removed it after we opened it: lock the new one
 
 
 def open_store(root: str | os.PathLike) -> Store:
@@ -223,25 +254,15 @@ class LocalStore(Store):
         good, so after GUARD_WAIT_S the caller gets a StorageError naming the file, not a hang."""
         target = self.path(rel)
         side = guard_file(target)
+        handle = _lock_guard(target, side)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(side, "a")
-        except OSError as err:
-            raise StorageError(f"writing {target}: {err.strerror or err}") from err
-        with handle:
-            deadline = time.monotonic() + GUARD_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise StorageError(
-                            f"writing {target}: {side} has been locked by another process for over "
-                            f"{GUARD_WAIT_S:.0f} s (one stopped or frozen mid-write); end that process"
-                        ) from None
-                    time.sleep(0.01)
             yield
+        finally:
+            # Removed while still held: nothing stays behind in the folder. A process that opened
+            # it meanwhile finds the file at `side` is no longer the one it locked, and starts over.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(side)
+            handle.close()
 
     def list(self, prefix: str = "") -> dict[str, int]:
         base = self.path(prefix)

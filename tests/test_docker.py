@@ -1,7 +1,8 @@
 """The GPU image, the local S3 stack and the SLURM script, checked without a Docker engine.
 
 No Docker engine runs here, so these tests check what can be checked statically: hadolint on the
-Dockerfile, that the image installs the project itself (pyproject.toml's pins, no second list),
+Dockerfile, that the image installs pyproject.toml's pins (no second list) before it copies the
+code, then the code without dependencies,
 that compose.yaml wires MinIO, the bucket, conversion and training together, and that the
 training service's overrides load as a valid config.
 """
@@ -83,37 +84,46 @@ def test_installed_torch_is_the_pinned_default_cuda_build():
     assert torch.version.cuda == TORCH_DEFAULT_CUDA["2.7.0"]
 
 
-def pip_installs() -> list[list[str]]:
+def pinned_list_command() -> str:
+    """The `python -c` the image runs to write its requirements from pyproject.toml."""
     runs = [args for keyword, args in dockerfile_instructions() if keyword == "RUN"]
-    installs = []
-    for command in runs:
-        for part in re.split(r"&&|;", command):
-            words = shlex.split(part)
-            if "pip" in words and "install" in words:
-                installs.append(words[words.index("install") + 1 :])
-    return installs
+    found = [r for r in runs if "tomllib" in r]
+    assert len(found) == 1, "one RUN writes the pinned list from pyproject.toml"
+    return shlex.split(found[0].split(">", 1)[0])[2]
 
 
-def test_image_installs_the_project_itself_and_nothing_else():
-    installs = pip_installs()
-    assert len(installs) == 1, f"exactly one pip install (the project), found {installs}"
-    targets = [w for w in installs[0] if not w.startswith("-")]
-    assert len(targets) == 1, f"pip installs {targets}: only the project, with its own pins"
-    match = re.fullmatch(r"(/workspace|\.)/?(?:\[([\w,-]+)\])?", targets[0])
-    assert match, f"{targets[0]} is not the project directory"
-    extras = set(filter(None, (match[2] or "").split(",")))
-    assert extras <= set(pyproject()["project"]["optional-dependencies"]), extras
-    assert "==" not in " ".join(installs[0]) and "-r" not in installs[0], "no hand-written pins"
+def test_the_stack_the_image_installs_is_pyproject_tomls_dependencies_and_demo_extra():
+    listed = subprocess.run(
+        [sys.executable, "-c", pinned_list_command()], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    project = pyproject()["project"]
+    assert listed == [
+        d.replace(" ", "") for d in project["dependencies"] + project["optional-dependencies"]["demo"]
+    ]
+    assert any(d.startswith("torch==") for d in listed)
 
 
-def test_project_files_are_copied_before_the_install():
+def test_dependencies_install_before_the_code_is_copied_and_the_code_installs_without_them():
+    """A code change must not rebuild the multi-GB dependency layer (issue 24)."""
     steps = dockerfile_instructions()
-    install_at = next(i for i, (k, a) in enumerate(steps) if k == "RUN" and "pip install" in a)
-    copied = {src for k, a in steps[:install_at] if k == "COPY" for src in a.split()[:-1]}
+    installs = [i for i, (k, a) in enumerate(steps) if k == "RUN" and "pip install" in a]
+    assert len(installs) == 2, f"two pip installs (the pinned stack, then the project), found {len(installs)}"
+    stack, project = installs
+    assert "-r /tmp/pinned.txt" in steps[stack][1] and "tomllib" in steps[stack][1]
+    copied_before = [a.split()[:-1] for k, a in steps[:stack] if k == "COPY"]
+    assert copied_before == [["pyproject.toml"]], (
+        f"only pyproject.toml before the stack, found {copied_before}"
+    )
+
+    words = shlex.split(steps[project][1].split("&&")[0])
+    assert "--no-deps" in words, "the project installs without dependencies (they are in the layer above)"
+    targets = [w for w in words[words.index("install") + 1 :] if not w.startswith("-")]
+    assert targets == ["/workspace"] and "==" not in steps[project][1]
+    copied = {src for k, a in steps[stack:project] if k == "COPY" for src in a.split()[:-1]}
     packages = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
-    needed = {"pyproject.toml", pyproject()["project"]["readme"]} | {p.rstrip("*") for p in packages}
-    assert needed <= copied, f"missing before pip install: {needed - copied}"
-    workdir = [a for k, a in steps[:install_at] if k == "WORKDIR"]
+    needed = {pyproject()["project"]["readme"]} | {p.rstrip("*") for p in packages}
+    assert needed <= copied, f"missing before the project's install: {needed - copied}"
+    workdir = [a for k, a in steps[:stack] if k == "WORKDIR"]
     assert workdir and workdir[-1] == "/workspace"
 
 

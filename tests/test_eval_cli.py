@@ -33,7 +33,9 @@ def test_an_export_and_its_checkpoint_score_alike_and_write_json(setup, small_to
     assert llm_main(["eval", str(hf), "--tasks", task, "--shots", "1", "--out", str(root / "hf.json")]) == 0
     table = capsys.readouterr().out
     assert (
-        "zh-demo (val, cloze, 1-shot)" in table and "news_next_sentence" in table and "questions/s" in table
+        "zh-demo (val, cloze, 1-shot, protocol cloze)" in table
+        and "news_next_sentence" in table
+        and "questions/s" in table
     )
     args = ["eval", str(ckpt), "--tokenizer", small_tokenizer, "--tasks", task, "--shots", "1"]
     assert llm_main([*args, "--no-shared-prompt", "--out", str(root / "ckpt.json")]) == 0
@@ -112,3 +114,42 @@ def test_a_prompt_longer_than_the_context_is_cut_and_counted(setup, small_tokeni
     assert torch.isfinite(
         torch.tensor(json.loads((tmp_path / "r.json").read_text())["tasks"]["zh-demo"]["acc"])
     )
+
+
+def test_a_question_whose_option_merges_with_the_prompt_is_scored_counted_and_matched(
+    setup, small_tokenizer, capsys, tmp_path
+):
+    """Before: exit 2 naming the first such option. Now: scored over the merged tokens, counted, and
+    every question carries its id (and, with --prompts, the prompt) for matching with other tools."""
+    from test_eval_scoring import merging_pair
+
+    from llm.tokenizer import Tokenizer
+
+    root, ckpt, _ = setup
+    tok = Tokenizer(small_tokenizer)
+    context, option = merging_pair(tok)
+    task = tmp_path / "merge"
+    (task / "val").mkdir(parents=True)
+    (task / "task.json").write_text(json.dumps({"style": "cloze"}))
+    rows = ["id,question,A,B,answer", f"q1,{context},{option},北京市经济,A", "q2,今天天气,很好,不好,A"]
+    (task / "val" / "s.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "r.json"
+    args = ["eval", str(ckpt), "--tokenizer", small_tokenizer, "--tasks", str(task), "--prompts"]
+    assert llm_main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: in 1 of 2 questions an option tokenizes together with the prompt's last token" in printed
+    assert "(1 of them would have no token of their own)" in printed
+    result = json.loads(out.read_text())
+    assert result["merged"] == 1 and result["tasks"]["merge"]["protocol"] == "cloze"
+    details = result["tasks"]["merge"]["subjects"]["s"]["details"]
+    assert [d["id"] for d in details] == ["q1", "q2"] and [d["merged"] > 0 for d in details] == [True, False]
+    assert details[0]["prompt"] == context and details[0]["continuations"] == [option, "北京市经济"]
+    # The merged option's score is log p(its whole encoding's tail | the shared head), as a plain pass gives.
+    model = Transformer(CFG, seed=2).eval()
+    whole = [tok.eos_id] + tok.encode(context + option)
+    head = len(whole) - len(tok.encode(context + option)) + len(tok.encode(context)) - details[0]["merged"]
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([whole[:-1]]))[0].double(), dim=-1)
+    expected = sum(float(logprobs[i - 1, whole[i]]) for i in range(head, len(whole)))
+    assert details[0]["loglikelihoods"][0] == pytest.approx(expected, abs=1e-4)
+    assert all(ll < 0 for ll in details[0]["loglikelihoods"])  # never lm-eval's free 0.0

@@ -88,8 +88,34 @@ def test_token_split_moves_trailing_space_and_starts_with_eos(small_tokenizer):
     q = encode_question(tok, "北京市 ", ["经济", "发展"], tok.start_id)
     assert q.context == [tok.eos_id] + tok.encode("北京市")
     assert q.continuations[0] == tok.encode("北京市 经济")[len(tok.encode("北京市")) :]
-    with pytest.raises(ConfigError, match="encodes to no tokens"):
-        encode_question(tok, "北京", [""], tok.start_id)
+    assert q.moved == 0 and not q.emptied
+
+
+def merging_pair(tok) -> tuple[str, str]:
+    """A prompt and a one-character option that SentencePiece encodes as ONE token with its end."""
+    for i in range(tok.vocab_size):
+        piece = tok.piece(i).lstrip("▁")
+        if len(piece) < 2 or not all("一" <= ch <= "鿿" for ch in piece):
+            continue
+        context, option = "。" + piece[:-1], piece[-1]
+        whole, alone = tok.encode(context + option), tok.encode(context)
+        if len(whole) <= len(alone) and whole[: len(alone)] != alone:
+            return context, option
+    raise AssertionError("the test tokenizer has no merging pair")
+
+
+def test_an_option_merging_with_the_prompts_last_token_is_scored_over_the_merged_tokens(small_tokenizer):
+    from llm.tokenizer import Tokenizer
+
+    tok = Tokenizer(small_tokenizer)
+    context, option = merging_pair(tok)
+    other = "北京市经济"
+    q = encode_question(tok, context, [option, other], tok.start_id)
+    # One boundary for every option; each option's tokens are exactly its own encoding with the prompt.
+    assert q.moved >= 1 and q.emptied
+    for text, cont in zip([option, other], q.continuations, strict=True):
+        assert q.context + cont == [tok.eos_id] + tok.encode(context + text) and cont
+    assert q.context == [tok.eos_id] + tok.encode(context)[: -q.moved]
 
 
 def test_an_option_longer_than_the_context_is_refused(model):

@@ -46,15 +46,29 @@ def test_ceval_layout_val_split_with_chinese_subject_name_and_few_shot(tmp_path)
     assert subject.questions[0].options == ("5", "6", "7", "8") and subject.questions[0].answer == 1
     assert len(subject.examples) == 2
 
+    # lm-eval's stock ceval-valid protocol: its description, the letter after a space.
+    assert task.protocol == "lm-eval-ceval"
+    assert [q.id for q in subject.questions] == ["0", "1"]  # C-Eval's id column
     prompts = build_prompts(task, subject, shots=1)
+    assert prompts[0].context == (
+        "以下是中国关于计算机网络的单项选择题，请选出其中的正确答案。\n\n"
+        "1+1=?\nA. 1\nB. 2\nC. 3\nD. 4\n答案： B\n\n"
+        "三,加三\nA. 5\nB. 6\nC. 7\nD. 8\n答案："
+    )
+    assert prompts[0].continuations == (" A", " B", " C", " D") and prompts[0].answer == 1
+    assert prompts[0].lengths == [1, 1, 1, 1] and prompts[0].id == "0"
+    # Few-shot examples are the first of the dev split: the same for every question and run.
+    assert build_prompts(task, subject, shots=2)[1].context.count("答案： B\n\n") == 2
+
+    # The earlier format stays as the named alternative "compact".
+    compact = load_task(str(tmp_path / "ceval"), protocol="compact")
+    prompts = build_prompts(compact, compact.subjects[0], shots=1)
     assert prompts[0].context == (
         "以下是中国关于计算机网络考试的单项选择题，请选出其中的正确答案。\n\n"
         "1+1=?\nA. 1\nB. 2\nC. 3\nD. 4\n答案：B\n\n"
         "三,加三\nA. 5\nB. 6\nC. 7\nD. 8\n答案："
     )
-    assert prompts[0].continuations == ("A", "B", "C", "D") and prompts[0].answer == 1
-    # Few-shot examples are the first of the dev split: the same for every question and run.
-    assert build_prompts(task, subject, shots=2)[1].context.count("答案：B\n\n") == 2
+    assert prompts[0].continuations == ("A", "B", "C", "D")
 
 
 def test_cmmlu_layout_capitalised_columns_and_unnamed_index(tmp_path):
@@ -63,6 +77,12 @@ def test_cmmlu_layout_capitalised_columns_and_unnamed_index(tmp_path):
     write(root / "test" / "agronomy.csv", ",Question,A,B,C,D,Answer\n0,乙,a,b,c,d,d\n1,丙,a,b,c,d,A\n")
     task = load_task(str(root))
     assert task.split == "test" and task.subjects[0].name == "agronomy"
+    # CMMLU's header spelling picks lm-eval's stock cmmlu prompt, with the benchmark's Chinese name.
+    assert task.protocol == "lm-eval-cmmlu" and task.subjects[0].shown == "农学"
+    assert build_prompts(task, task.subjects[0], shots=0)[0].context.startswith(
+        "以下是关于农学的单项选择题，请直接给出正确答案的选项。\n\n乙\nA. a"
+    )
+    assert [q.id for q in task.subjects[0].questions] == ["agronomy.csv:2", "agronomy.csv:3"]
     assert [q.answer for q in task.subjects[0].questions] == [3, 0]  # the letter's case does not matter
     assert load_task(str(root), max_questions=1).subjects[0].questions[0].text == "乙"
 

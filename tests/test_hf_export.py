@@ -65,16 +65,18 @@ def test_llama_for_causal_lm_gives_our_logits(tmp_path, tokenizer_path, name):
 
 
 def test_the_exported_tokenizer_encodes_like_ours(tmp_path, tokenizer_path):
-    from transformers import LlamaTokenizer
+    from transformers import AutoTokenizer, LlamaTokenizer
 
     from llm.tokenizer import Tokenizer
 
     out = export_hf(_perturbed(CONFIGS["tied"]), tmp_path / "hf", tokenizer_path)
     text = "北京市经济发展很快"
-    hf_tok = LlamaTokenizer.from_pretrained(out)
     ours = Tokenizer(tokenizer_path)
-    assert hf_tok.encode(text) == ours.encode(text)
-    assert hf_tok.eos_token_id == ours.eos_id
+    # Untouched, both HF tokenizers start the text with our start token (EOS), as our commands do.
+    for hf_tok in (LlamaTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(out)):
+        assert hf_tok.encode(text) == ours.encode_prompt(text) == [ours.eos_id, *ours.encode(text)]
+        assert hf_tok.encode(text, add_special_tokens=False) == ours.encode(text)
+        assert hf_tok.eos_token_id == hf_tok.bos_token_id == ours.eos_id
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == ours.eos_id
 
 
@@ -88,3 +90,43 @@ def test_llm_export_command_from_a_checkpoint_and_reload(tmp_path, tokenizer_pat
     tokens = torch.arange(20)[None]
     with torch.no_grad():
         assert torch.equal(model(tokens), reloaded(tokens))
+
+
+def test_transformers_greedy_generation_of_the_export_equals_llm_generate(tmp_path, tokenizer_path):
+    """No edit of the export: its tokenizer and generation_config.json give our ids and our stops."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm.generate import generate
+    from llm.tokenizer import Tokenizer
+
+    model = _perturbed(CONFIGS["untied-gqa"])
+    out = export_hf(model, tmp_path / "hf", tokenizer_path)
+    hf = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    tok = Tokenizer(tokenizer_path)
+    for prompt in ("中国", "我们要发展经济"):
+        ours = generate(
+            model, [tok.encode_prompt(prompt)], max_new_tokens=12, temperature=0, eos_id=tok.eos_id
+        )[0]
+        inputs = hf_tok(prompt, return_tensors="pt")
+        with torch.no_grad():
+            theirs = hf.generate(**inputs, do_sample=False, max_new_tokens=12)[0, inputs.input_ids.shape[1] :]
+        theirs = theirs.tolist()
+        if tok.eos_id in theirs:  # HF keeps the EOS it stopped at; llm generate cuts it
+            theirs = theirs[: theirs.index(tok.eos_id)]
+        assert ours == theirs, prompt
+    assert hf.generation_config.eos_token_id == tok.eos_id == hf.generation_config.bos_token_id
+
+
+def test_the_exports_generation_defaults_are_llm_generates():
+    import argparse
+
+    from llm.commands import generate as command
+    from llm.hf_export import GENERATE_DEFAULTS
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    defaults = vars(parser.parse_args(["x", "--tokenizer", "t"]))
+    assert defaults["temperature"] > 0 and GENERATE_DEFAULTS["do_sample"]
+    for key in ("temperature", "top_k", "top_p", "max_new_tokens"):
+        assert GENERATE_DEFAULTS[key] == defaults[key], key

@@ -49,3 +49,33 @@ def test_the_demo_scores_exact_labels_against_the_majority():
         "n": 4,
     }
     assert majority(labels) == ("负面", 0.75)
+
+
+def test_the_demo_sft_accuracy_is_printed_by_review_length():
+    from bench.sft_demo import by_length, review_length
+    from convert.demo_sft import prompt_for
+
+    prompts = [prompt_for("好" * n) for n in (10, 60, 150, 150, 300)]
+    assert [review_length(p) for p in prompts] == [10, 60, 150, 150, 300]
+    rows = by_length(
+        prompts, ["正面", "负面", "负面", "正面", "正面"], ["正面", "负面", "正面", "正面", "负面"]
+    )
+    assert list(rows) == ["1-50", "51-100", "101-200", "201-400"]
+    assert (rows["101-200"]["accuracy"], rows["101-200"]["n"], rows["101-200"]["positive_share"]) == (
+        0.5,
+        2,
+        1.0,
+    )
+    assert rows["201-400"]["accuracy"] == 0.0
+
+
+def test_the_demo_sft_fine_tunes_on_reviews_of_every_length_that_fits():
+    """Issue 24: tuned only on reviews of up to 100 characters, the model answered 38% of the longer ones."""
+    from convert.demo_sft import labelled_pairs
+
+    lengths = [len(review) for review, _ in labelled_pairs()]
+    assert sum(101 <= n <= 200 for n in lengths) > 300 and sum(n > 200 for n in lengths) > 50
+    makefile = (RECIPES.parent / "Makefile").read_text()
+    lines = makefile.splitlines()
+    at = next(i for i, line in enumerate(lines) if "-m convert sft" in line)
+    assert "--drop-truncated" in lines[at] + lines[at + 1], "reviews that do not fit are dropped, not cut"

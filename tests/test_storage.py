@@ -60,6 +60,37 @@ def test_both_stores_read_write_list_and_delete_alike(store, tmp_path):
     assert missing.value.missing
 
 
+def _count_up(root: str, times: int) -> None:
+    store = open_store(root)
+    done = 0
+    while done < times:
+        data, version = store.read_versioned("count")
+        if store.write_if("count", str(int(data) + 1).encode(), version) is not None:
+            done += 1
+
+
+def test_local_compare_and_swaps_are_exclusive_across_processes_and_leave_no_guard_file(tmp_path):
+    """Four processes add 1 through write_if 40 times each: no update lost, and the guard each swap
+    locks is gone afterwards (a finished run left a 0-byte .run-lock.json.tmp-guard before)."""
+    import multiprocessing
+
+    root = tmp_path / "root"
+    store = open_store(root)
+    assert store.write_if("count", b"0", None) is not None
+    workers = [
+        multiprocessing.get_context("fork").Process(target=_count_up, args=(str(root), 40)) for _ in range(4)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+        assert w.exitcode == 0
+    assert store.read_bytes("count") == b"160"
+    version = store.read_versioned("count")[1]
+    assert store.delete_if("count", version)
+    assert sorted(p.name for p in root.iterdir()) == []  # no hidden side file either
+
+
 def test_atomic_open_leaves_the_old_file_when_the_writer_fails(tmp_path):
     target = tmp_path / "f.txt"
     target.write_text("old")

@@ -16,6 +16,7 @@ wrong order fails at once instead of at the first save or the first SIGTERM.
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -246,6 +247,8 @@ def _saving_callbacks(cfg: TrainConfig, rank: int) -> tuple:
     store = open_store(ck.save_folder)
     # Remote: Composer writes into a private staging folder that the publisher uploads and empties.
     staging = tempfile.mkdtemp(prefix=f"llm-ckpt-rank{rank}-") if store.is_remote else ck.save_folder
+    if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
+        atexit.register(shutil.rmtree, staging, ignore_errors=True)
     saver = CheckpointSaver(
         folder=staging,
         filename=CHECKPOINT_FILENAME,

@@ -7,8 +7,10 @@
 CHECKPOINT is whatever `llm generate` takes: a checkpoint file, a run's checkpoint folder (its
 newest verified checkpoint), an `llm import` output or an exported Hugging Face folder, local or
 s3://. Each PATH is a task folder in C-Eval's / CMMLU's CSV layout (llm/eval/tasks.py). Prints a
-table (accuracy per subject and per task) and writes JSON with every question's option
-log-likelihoods.
+table (accuracy per subject and per task, and the prompt protocol: by default lm-eval 0.4.13's stock
+ceval-valid / cmmlu prompts, comparable with published figures; `--protocol compact` is the earlier
+format) and writes JSON with every question's id and option log-likelihoods (`--prompts`: also the
+prompt text and the continuations scored, to line up with another tool's samples).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from llm.errors import ConfigError
 from llm.eval import harness
+from llm.eval.tasks import PROTOCOLS
 from llm.tokenizer import Tokenizer
 from llm.weights import load_model
 from storage import is_remote, join, open_store
@@ -38,6 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--split", default=None, help="split to evaluate (default: val if present, else test)"
     )
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default=None,
+        help="prompt format of letter tasks (default: task.json's, else lm-eval's stock ceval-valid, "
+        "or cmmlu for CSVs with CMMLU's Question/Answer header)",
+    )
+    parser.add_argument(
+        "--prompts", action="store_true", help="write each question's prompt and continuations to the JSON"
+    )
     parser.add_argument("--max-questions", type=int, default=None, help="only the first N of each subject")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default 8)")
     parser.add_argument(
@@ -54,9 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    tasks = harness.load_tasks(
-        args.tasks, args.split, args.max_questions
-    )  # a bad CSV fails before the model loads
+    # a bad CSV fails before the model loads
+    tasks = harness.load_tasks(args.tasks, args.split, args.max_questions, args.protocol)
     tokenizer = Tokenizer(tokenizer_path(args.checkpoint, args.tokenizer, args.recipe))
     prepared = harness.prepare(tasks, tokenizer, args.shots, tokenizer.start_id)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -70,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
             f"context of {model.cfg.max_seq_len} tokens and were cut from the left"
             + (" (fewer --shots shortens them)" if args.shots else "")
         )
+    if report.merged:
+        print(
+            f"note: in {report.merged} of {report.num_questions} questions an option tokenizes together "
+            f"with the prompt's last token ({report.emptied} of them would have no token of their own); "
+            "their options were scored from the last token the prompt and all options share"
+        )
     rate = report.num_questions / report.seconds if report.seconds else 0.0
     print(f"{report.num_questions} questions in {report.seconds:.1f} s ({rate:.1f} questions/s)")
     result = {
@@ -77,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         "shots": args.shots,
         "shared_prompt": args.shared,
         "dtype": args.dtype,
-        **report.to_json(),
+        **report.to_json(prompts=args.prompts),
     }
     write_json(args.out, result)
     print(f"results: {args.out}")

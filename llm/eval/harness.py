@@ -36,14 +36,19 @@ class PreparedTask:
 
 
 def load_tasks(
-    paths: Sequence[str], split: str | None = None, max_questions: int | None = None
+    paths: Sequence[str],
+    split: str | None = None,
+    max_questions: int | None = None,
+    protocol: str | None = None,
 ) -> list[Task]:
-    """The tasks at `paths` (local or s3:// folders); ConfigError on a bad file or a repeated name."""
+    """The tasks at `paths` (local or s3:// folders); ConfigError on a bad file or a repeated name.
+
+    `protocol` (one of tasks.PROTOCOLS) overrides each letter task's own."""
     if not paths:
         raise ConfigError("no tasks given: pass task folders in C-Eval/CMMLU layout, e.g. --tasks data/ceval")
     if max_questions is not None and max_questions < 1:
         raise ConfigError(f"max_questions must be at least 1, got {max_questions}")
-    tasks = [load_task(p, split, max_questions) for p in paths]
+    tasks = [load_task(p, split, max_questions, protocol) for p in paths]
     names = [t.name for t in tasks]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -101,14 +106,19 @@ def run(
     )
     results = []
     for t in prepared:
-        task_result = TaskResult(t.task.name, t.task.split, t.task.style, t.shots)
+        task_result = TaskResult(t.task.name, t.task.split, t.task.style, t.shots, t.task.protocol)
         for s in t.subjects:
             questions = [
                 QuestionResult(
                     answer=p.answer,
                     loglikelihoods=next(scores),
-                    lengths=[len(c) for c in p.continuations],
+                    lengths=p.lengths,
                     truncated=is_truncated(e, max_len),
+                    id=p.id,
+                    prompt=p.context,
+                    continuations=list(p.continuations),
+                    merged=e.moved,
+                    emptied=e.emptied,
                 )
                 for p, e in zip(s.prompts, s.encoded, strict=True)
             ]

@@ -3,7 +3,8 @@
 A question counts as right when its answer has the highest log-likelihood (`acc`), and for
 `acc_norm` when it has the highest log-likelihood per character of the option's text, lm-eval's
 length normalisation (it matters for cloze tasks; letters are all one character). Ties go to the
-first option. A task's `acc` is over all its questions (each question weighs the same, as lm-eval's
+first option. A question that needed its prompt/option boundary moved back (an option merged
+with the prompt's last token, llm/eval/scoring.py) counts as `merged`. A task's `acc` is over all its questions (each question weighs the same, as lm-eval's
 group scores); `acc_macro` is the mean of its subjects' accuracies (C-Eval's leaderboard average).
 """
 
@@ -21,8 +22,13 @@ def argmax(values: list[float]) -> int:
 class QuestionResult:
     answer: int
     loglikelihoods: list[float]
-    lengths: list[int]  # characters of each option's continuation text
+    lengths: list[int]  # characters of each option's own text
     truncated: bool = False
+    id: str = ""
+    prompt: str = ""  # the context scored (written to JSON only when asked)
+    continuations: list[str] = field(default_factory=list)
+    merged: int = 0  # prompt tokens scored with the options (0: the plain split)
+    emptied: bool = False  # an option would have had no token of its own
 
     @property
     def pred(self) -> int:
@@ -50,6 +56,14 @@ class SubjectResult:
     def truncated(self) -> int:
         return sum(q.truncated for q in self.questions)
 
+    @property
+    def merged(self) -> int:
+        return sum(q.merged > 0 for q in self.questions)
+
+    @property
+    def emptied(self) -> int:
+        return sum(q.emptied for q in self.questions)
+
 
 @dataclass
 class TaskResult:
@@ -57,6 +71,7 @@ class TaskResult:
     split: str
     style: str
     shots: int
+    protocol: str = "compact"
     subjects: list[SubjectResult] = field(default_factory=list)
 
     @property
@@ -81,6 +96,14 @@ class TaskResult:
     def truncated(self) -> int:
         return sum(s.truncated for s in self.subjects)
 
+    @property
+    def merged(self) -> int:
+        return sum(s.merged for s in self.subjects)
+
+    @property
+    def emptied(self) -> int:
+        return sum(s.emptied for s in self.subjects)
+
 
 @dataclass
 class Report:
@@ -94,6 +117,14 @@ class Report:
     @property
     def truncated(self) -> int:
         return sum(t.truncated for t in self.tasks)
+
+    @property
+    def merged(self) -> int:
+        return sum(t.merged for t in self.tasks)
+
+    @property
+    def emptied(self) -> int:
+        return sum(t.emptied for t in self.tasks)
 
     def metrics(self, prefix: str = "tasks") -> dict[str, float]:
         """Flat metric names for loggers: tasks/<task>/acc, .../acc_norm, .../<subject>/acc."""
@@ -109,7 +140,7 @@ class Report:
         """A plain-text table: one line per subject, then the task's totals."""
         lines = [f"{'task / subject':<40} {'questions':>9} {'acc':>7} {'acc_norm':>8} {'truncated':>9}"]
         for t in self.tasks:
-            title = f"{t.name} ({t.split}, {t.style}, {t.shots}-shot)"
+            title = f"{t.name} ({t.split}, {t.style}, {t.shots}-shot, protocol {t.protocol})"
             lines.append(title)
             for s in t.subjects:
                 lines.append(
@@ -123,35 +154,32 @@ class Report:
                 lines.append(f"  {'mean of subjects':<38} {'':>9} {t.acc_macro:>7.4f}")
         return "\n".join(lines)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, prompts: bool = False) -> dict[str, Any]:
+        """Everything, per question its id; with `prompts`, also the prompt and continuations scored."""
         return {
             "questions": self.num_questions,
             "seconds": self.seconds,
             "truncated": self.truncated,
+            "merged": self.merged,
             "tasks": {
                 t.name: {
                     "split": t.split,
                     "style": t.style,
+                    "protocol": t.protocol,
                     "shots": t.shots,
                     "acc": t.acc,
                     "acc_norm": t.acc_norm,
                     "acc_macro": t.acc_macro,
                     "truncated": t.truncated,
+                    "merged": t.merged,
                     "subjects": {
                         s.name: {
                             "questions": len(s.questions),
                             "acc": s.acc,
                             "acc_norm": s.acc_norm,
                             "truncated": s.truncated,
-                            "details": [
-                                {
-                                    "answer": q.answer,
-                                    "pred": q.pred,
-                                    "loglikelihoods": q.loglikelihoods,
-                                    "truncated": q.truncated,
-                                }
-                                for q in s.questions
-                            ],
+                            "merged": s.merged,
+                            "details": [_details(q, prompts) for q in s.questions],
                         }
                         for s in t.subjects
                     },
@@ -159,3 +187,17 @@ class Report:
                 for t in self.tasks
             },
         }
+
+
+def _details(q: QuestionResult, prompts: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": q.id,
+        "answer": q.answer,
+        "pred": q.pred,
+        "loglikelihoods": q.loglikelihoods,
+        "truncated": q.truncated,
+        "merged": q.merged,
+    }
+    if prompts:
+        out |= {"prompt": q.prompt, "continuations": q.continuations}
+    return out

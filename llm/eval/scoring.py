@@ -6,6 +6,15 @@ continuation together, and the continuation is what the second has beyond the fi
 context starts with the tokenizer's document-start token (EOS, after which every document of our
 shards begins; see `Tokenizer.encode_prompt`).
 
+Options that merge with the prompt's end: when an option tokenizes together with the prompt's last
+token(s) (的 + 时间 -> 的时间), the context's own tokens are no prefix of context-plus-option's, and
+the plain split would score nothing, or only part of the option (lm-eval 0.4.13's hf backend then
+fails an assertion and stops; a 0.0 for the empty option would make it win). Here the boundary moves back to the last token the context shares with
+every option's encoding, the same boundary for all options of the question: each option is scored
+over the merged tokens (the prompt's tail and the option's text together), and all options keep
+the same conditioning prefix. `Encoded.moved` counts the tokens moved back; `llm eval` reports how
+many questions needed it, and how many of them had an option with no token of its own.
+
 Shared-prompt scoring (the default) runs a question as ONE row: the prompt, then every option's
 tokens but its last, each option at the positions it would have right after the prompt and seeing
 the prompt and itself only (`Transformer.forward(positions=, attention_mask=[B, T, T])`). Every
@@ -42,6 +51,8 @@ class Encoded:
 
     context: list[int]
     continuations: list[list[int]]
+    moved: int = 0  # prompt tokens scored with the options because an option merged with them
+    emptied: bool = False  # some option had no token of its own after the prompt (fully merged)
 
 
 def encode_question(
@@ -52,17 +63,27 @@ def encode_question(
     if spaces:
         continuations = [context[-spaces:] + c for c in continuations]
         context = context[:-spaces]
-    context_ids = tokenizer.encode(context) if context else []
-    conts = []
-    for text in continuations:
-        ids = tokenizer.encode(context + text)[len(context_ids) :]
-        if not ids:
-            raise ConfigError(f"{where}: the option {text!r} encodes to no tokens after its prompt")
-        conts.append(ids)
     prefix = [start_id] if start_id is not None else []
-    if not prefix + context_ids:
+    context_ids = prefix + (tokenizer.encode(context) if context else [])
+    wholes = [prefix + tokenizer.encode(context + text) for text in continuations]
+    # The boundary: the context's tokens every whole encoding starts with, leaving each option >= 1 token.
+    boundary = min(min(_shared(context_ids, w), len(w) - 1) for w in wholes)
+    if boundary < 1:
         raise ConfigError(f"{where}: empty prompt, and the tokenizer has no EOS or BOS to start one")
-    return Encoded(prefix + context_ids, conts)
+    emptied = any(len(w) <= len(context_ids) for w in wholes)
+    return Encoded(
+        context_ids[:boundary], [w[boundary:] for w in wholes], len(context_ids) - boundary, emptied
+    )
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of `a` and `b`."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def is_truncated(question: Encoded, max_len: int) -> bool:

@@ -17,6 +17,16 @@ folder has one, else `test` (or the CSVs at the top of the folder). Files are re
 `style` (task.json) decides what is scored: "letter" (the default; C-Eval's and CMMLU's way) lists
 the options under the question and scores the letters after "答案："; "cloze" scores each option's
 own text as the continuation of the question.
+
+`protocol` (task.json, or `llm eval --protocol`) names how a letter task's prompt is written
+(llm/eval/prompts.py): "lm-eval-ceval" and "lm-eval-cmmlu" are lm-eval 0.4.13's stock `ceval-valid`
+and `cmmlu` tasks, "compact" is this project's earlier format. Unnamed, a letter task takes
+"lm-eval-cmmlu" when its header spells `Question` and `Answer` as CMMLU's CSVs (and lm-eval's cmmlu
+task) do, else "lm-eval-ceval". Cells are kept as written (the stock protocols use the option
+cells unstripped); `Question.options` holds them stripped for the compact protocol and cloze.
+
+Every question has an id for matching results with another tool's: the CSV's `id` column when it
+has one (C-Eval's), else `<file>:<line>`.
 """
 
 from __future__ import annotations
@@ -28,11 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm.errors import ConfigError
+from llm.eval.subjects import CEVAL_SUBJECTS, CMMLU_SUBJECTS
 from storage import StorageError, is_remote, join, open_store
 
 EVAL_SPLITS = ("val", "validation", "test")  # the first present is evaluated unless a split is named
 DEV_SPLIT = "dev"
 STYLES = ("letter", "cloze")
+PROTOCOLS = ("lm-eval-ceval", "lm-eval-cmmlu", "compact")  # prompt formats of letter tasks
 LAYOUT_HINT = "expected C-Eval/CMMLU's layout: dev/<subject>.csv plus val/ or test/<subject>.csv"
 
 
@@ -42,6 +54,8 @@ class Question:
     options: tuple[str, ...]
     answer: int  # index into options
     line: int  # line of the CSV it came from, for messages
+    id: str = ""  # the CSV's id column, else "<file>:<line>"
+    cells: tuple[str, ...] = ()  # the option cells as written (options are these stripped)
 
 
 @dataclass
@@ -59,16 +73,21 @@ class Task:
     root: str
     split: str
     style: str = "letter"
-    description: str | None = None  # None: the style's default; "{subject}" is replaced
+    description: str | None = None  # None: the protocol's default; "{subject}" is replaced
     subjects: list[Subject] = field(default_factory=list)
+    protocol: str = "lm-eval-ceval"  # how a letter prompt is written (PROTOCOLS); "cloze" for cloze
 
     @property
     def num_questions(self) -> int:
         return sum(len(s.questions) for s in self.subjects)
 
 
-def load_task(root: str, split: str | None = None, max_questions: int | None = None) -> Task:
-    """Read the task folder `root` (local or s3://); ConfigError naming the file and the fix."""
+def load_task(
+    root: str, split: str | None = None, max_questions: int | None = None, protocol: str | None = None
+) -> Task:
+    """Read the task folder `root` (local or s3://); ConfigError naming the file and the fix.
+
+    `protocol` overrides task.json's for a letter task (see the module docstring)."""
     root = root.rstrip("/")
     if not is_remote(root) and not Path(root).is_dir():
         raise ConfigError(f"task folder {root} does not exist; {LAYOUT_HINT}")
@@ -90,27 +109,48 @@ def load_task(root: str, split: str | None = None, max_questions: int | None = N
     shown_names = settings.get("subjects", {})
     dev = {_subject_name(n, DEV_SPLIT): n for n in by_folder.get(DEV_SPLIT, [])}
     subjects = []
+    cmmlu_header = False
     for name in by_folder[split]:
         subject = _subject_name(name, split)
         source = join(root, f"{split}/{name}" if split else name)
-        questions = read_questions(source, _read(store, f"{split}/{name}" if split else name))
+        data = _read(store, f"{split}/{name}" if split else name)
+        cmmlu_header = cmmlu_header or _spells_cmmlu_header(data)
+        questions = read_questions(source, data)
         examples = []
         if subject in dev:
             dev_source = join(root, f"{DEV_SPLIT}/{dev[subject]}")
             examples = read_questions(dev_source, _read(store, f"{DEV_SPLIT}/{dev[subject]}"))
         if max_questions is not None:
             questions = questions[:max_questions]
-        subjects.append(
-            Subject(subject, _shown(shown_names.get(subject), subject), questions, examples, source)
-        )
+        subjects.append(Subject(subject, "", questions, examples, source))
+    style = settings.get("style", "letter")
+    chosen = _protocol(root, style, protocol or settings.get("protocol"), cmmlu_header)
+    known = CMMLU_SUBJECTS | CEVAL_SUBJECTS if chosen != "lm-eval-cmmlu" else CEVAL_SUBJECTS | CMMLU_SUBJECTS
+    for s in subjects:
+        s.shown = _shown(shown_names.get(s.name), s.name, known)
     return Task(
         name=root.rsplit("/", 1)[-1],
         root=root,
         split=split or "(top)",
-        style=settings.get("style", "letter"),
+        style=style,
         description=settings.get("description"),
         subjects=subjects,
+        protocol=chosen,
     )
+
+
+def _protocol(root: str, style: str, named: str | None, cmmlu_header: bool) -> str:
+    if named is not None and named not in PROTOCOLS:
+        raise ConfigError(f"{root}: protocol {named!r} is not one of {', '.join(PROTOCOLS)}")
+    if style == "cloze":
+        return "cloze"
+    return named or ("lm-eval-cmmlu" if cmmlu_header else "lm-eval-ceval")
+
+
+def _spells_cmmlu_header(data: bytes) -> bool:
+    """CMMLU's CSVs (and lm-eval's cmmlu task, which reads these names) say Question and Answer."""
+    header = next(csv.reader(io.StringIO(data.decode("utf-8-sig", errors="replace"))), [])
+    return "Question" in header and "Answer" in header
 
 
 def read_questions(source: str, data: bytes) -> list[Question]:
@@ -146,8 +186,18 @@ def read_questions(source: str, data: bytes) -> list[Question]:
                 f"{source}, line {number}: answer {answer!r} is not one of the options "
                 f"{', '.join(letters)}; fix the answer or add the option's column"
             )
-        options = tuple(row[columns[letter]].strip() for letter in letters)
-        questions.append(Question(row[columns["question"]].strip(), options, letters.index(answer), number))
+        cells = tuple(row[columns[letter]] for letter in letters)
+        given_id = row[columns["id"]].strip() if columns["id"] is not None else ""
+        questions.append(
+            Question(
+                row[columns["question"]].strip(),
+                tuple(c.strip() for c in cells),
+                letters.index(answer),
+                number,
+                id=given_id or f"{source.rsplit('/', 1)[-1]}:{number}",
+                cells=cells,
+            )
+        )
     if not questions:
         raise ConfigError(f"{source} has a header but no questions (an empty subject): remove it or fill it")
     return questions
@@ -168,7 +218,12 @@ def _columns(source: str, header: list[str]) -> dict:
         if chr(code) not in names:
             break
         letters.append(chr(code).upper())
-    positions = {"question": names.index("question"), "answer": names.index("answer"), "letters": letters}
+    positions = {
+        "question": names.index("question"),
+        "answer": names.index("answer"),
+        "letters": letters,
+        "id": names.index("id") if "id" in names else None,
+    }
     positions.update({letter: names.index(letter.lower()) for letter in letters})
     return positions
 
@@ -217,10 +272,11 @@ def _read_settings(store, root: str) -> dict:
         if name == "subject_mapping.json":
             settings["subjects"] = loaded
         else:
-            unknown = set(loaded) - {"style", "description", "subjects"}
+            unknown = set(loaded) - {"style", "description", "subjects", "protocol"}
             if unknown:
                 raise ConfigError(
-                    f"{join(root, name)}: unknown key {sorted(unknown)[0]!r}; valid: style, description, subjects"
+                    f"{join(root, name)}: unknown key {sorted(unknown)[0]!r}; "
+                    "valid: style, description, subjects, protocol"
                 )
             settings.update(loaded)
     style = settings.get("style", "letter")
@@ -229,10 +285,11 @@ def _read_settings(store, root: str) -> dict:
     return settings
 
 
-def _shown(mapped, subject: str) -> str:
-    """The subject's name in prompts: task.json's string, or C-Eval's [English, Chinese, category]."""
+def _shown(mapped, subject: str, known: dict[str, str]) -> str:
+    """The subject's name in prompts: task.json's string, C-Eval's [English, Chinese, category], the
+    benchmarks' own Chinese name (llm/eval/subjects.py), else the file's name with spaces."""
     if isinstance(mapped, str) and mapped:
         return mapped
     if isinstance(mapped, list) and mapped:
         return str(mapped[1] if len(mapped) > 1 else mapped[0])
-    return subject.replace("_", " ")
+    return known.get(subject) or subject.replace("_", " ")
