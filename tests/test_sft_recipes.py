@@ -52,8 +52,8 @@ def test_the_demo_scores_exact_labels_against_the_majority():
 
 
 def test_the_demo_sft_accuracy_is_printed_by_review_length():
-    from bench.sft_demo import by_length, review_length
     from convert.demo_sft import prompt_for
+    from scenarios.sft_demo import by_length, review_length
 
     prompts = [prompt_for("好" * n) for n in (10, 60, 150, 150, 300)]
     assert [review_length(p) for p in prompts] == [10, 60, 150, 150, 300]
