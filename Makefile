@@ -39,7 +39,7 @@ $(DEMO)/tasks/zh-demo/task.json: | install-demo
 
 demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(PY) train.py recipes/demo.yaml
-	$(PY) -m bench.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml
+	$(PY) -m scenarios.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml
 
 # --- after `make demo`: fine-tune the demo model to answer 正面 / 负面 for a review (SFT) ---------
 $(DEMO)/sft/train.jsonl: | install-demo

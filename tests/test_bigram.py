@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from train_fixtures import REPO, train_data  # noqa: F401
 
-from bench.bigram import bigram_loss
+from scenarios.bigram import bigram_loss
 
 
 def test_the_bigram_loss_is_the_witten_bell_formula():
@@ -32,7 +32,7 @@ def test_make_demo_ends_with_the_baseline_beside_the_models_eval_loss(train_data
         json.dumps({"step": 10, "eval_loss": 9.0}) + "\n" + json.dumps({"step": 20, "eval_loss": 4.5}) + "\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "bench.bigram", "--shards", str(train_data.train.parent), "--metrics", str(metrics)],
+        [sys.executable, "-m", "scenarios.bigram", "--shards", str(train_data.train.parent), "--metrics", str(metrics)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -41,12 +41,12 @@ def test_make_demo_ends_with_the_baseline_beside_the_models_eval_loss(train_data
     baseline = float(line.split("eval loss ")[1].split()[0])
     assert 1.0 < baseline < math.log(train_data.vocab_size)  # better than uniform over the vocabulary
     assert (
-        "bench.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml"
+        "scenarios.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml"
         in (REPO / "Makefile").read_text()
     )
 
 
 def test_with_a_recipe_the_baseline_scores_the_samples_its_eval_covers():
-    from bench.bigram import eval_samples
+    from scenarios.bigram import eval_samples
 
     assert eval_samples(str(REPO / "recipes" / "demo.yaml")) == 4 * 8  # eval_subset_num_batches x batch

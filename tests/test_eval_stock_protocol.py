@@ -71,7 +71,7 @@ def setup(tmp_path_factory, small_tokenizer):
 
 @pytest.mark.parametrize("shots", [0, 2])
 def test_default_protocol_equals_lm_evals_stock_ceval_and_cmmlu_tasks(setup, shots, capsys):
-    from bench.lm_eval_compare import compare
+    from scenarios.lm_eval_compare import compare
 
     hf, tasks = setup
     found = compare(hf, tasks, shots=shots, limit=6, batch_size=4, stock=True)

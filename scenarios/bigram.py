@@ -1,6 +1,6 @@
 """A smoothed bigram model of the same shards: the baseline a trained model's eval loss should beat.
 
-    python -m bench.bigram --shards data/demo/shards [--metrics runs/demo/metrics.jsonl] [--recipe recipes/demo.yaml]
+    python -m scenarios.bigram --shards data/demo/shards [--metrics runs/demo/metrics.jsonl] [--recipe recipes/demo.yaml]
 
 Counts next-token pairs within each train sample and scores every pair of each val sample, the
 targets a language model's eval loss averages over (each token given the ones before it; the bigram
