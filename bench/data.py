@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from convert.writer import ShardWriter, index_json, prefixed_entries
+from shards.writer import ShardWriter, index_json, prefixed_entries
 from storage import open_store
 
 GPU_NEEDS = {"tiny": 600_000, "7b": 4_000}  # tokens/s one GPU consumes (see the docstring)

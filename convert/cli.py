@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from convert.errors import ConvertError
+from shards.errors import ShardsError
 from storage import StorageError
 
 FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl")
@@ -412,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ConvertError as err:
+    except (ConvertError, ShardsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except StorageError as err:  # storage failed after its retries; the same command resumes

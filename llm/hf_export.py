@@ -6,23 +6,22 @@ The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
     model.safetensors        weights under Llama names (no lm_head when tied: HF re-ties it)
     tokenizer.model          the SentencePiece model, copied
     tokenizer_config.json    LlamaTokenizer settings and the special tokens
-    chat_template.json       an SFT model's chat template (`llm.chat_template`), for `llm chat`
+    chat_template.json       an SFT model's chat template (`shards.chat_template`), for `llm chat`
 Names and config keys come from `llm.weights`, which also reads such a folder back. Our rotary
 embeddings already use HF's rotate_half layout, so q/k rows are copied as they are.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from llm.chat_template import TEMPLATE_FILE
 from llm.model import Transformer
-from llm.tokenizer import Tokenizer
 from llm.weights import hf_config, to_hf, write_json
+from shards.chat_template import TEMPLATE_FILE
+from shards.tokenizer import Tokenizer
 
 
 def export_hf(
@@ -52,7 +51,7 @@ def export_hf(
 
 
 def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
-    shutil.copyfile(tok.path, out / "tokenizer.model")
+    (out / "tokenizer.model").write_bytes(tok.model_bytes)
     special = {"bos_token": tok.bos_id, "eos_token": tok.eos_id, "unk_token": tok.unk_id}
     special = {k: tok.piece(i) for k, i in special.items() if i is not None}
     write_json(

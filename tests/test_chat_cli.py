@@ -11,13 +11,13 @@ import pytest
 import torch
 from sft_fixtures import convert_sft, write_jsonl
 
-from llm.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE, ChatTemplate
 from llm.commands import main as llm_main
 from llm.commands.chat import TextStream
 from llm.generate import generate
 from llm.model import ModelConfig, Transformer
-from llm.tokenizer import Tokenizer
 from llm.weights import MODEL_CONFIG_KEY, load_model, read_weights, save_composer_weights
+from shards.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE, ChatTemplate
+from shards.tokenizer import Tokenizer
 from storage import open_store
 
 CFG = ModelConfig(vocab_size=2000, dim=32, n_layers=1, n_heads=2, max_seq_len=64, tie_embeddings=True)

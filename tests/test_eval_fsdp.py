@@ -67,7 +67,7 @@ def test_under_fsdp2_both_ranks_score_the_same_and_rank_zero_writes(
     from convert.demo_tasks import write_demo_tasks
     from llm.eval.harness import load_tasks, prepare, run
     from llm.model import Transformer
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     tok = Tokenizer(small_tokenizer)
     ids = [t for doc in chinese_documents[:20] for t in tok.encode(doc) + [tok.eos_id]]

@@ -34,7 +34,7 @@ def tokenizer_path(tmp_path_factory, chinese_documents) -> str:
 @pytest.fixture(scope="module")
 def samples(tokenizer_path, chinese_documents) -> torch.Tensor:
     """10 real-text samples of SEQ + 1 tokens."""
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     tok = Tokenizer(tokenizer_path)
     ids = [t for doc in chinese_documents[:20] for t in tok.encode(doc) + [tok.eos_id]]

@@ -67,7 +67,7 @@ def test_llama_for_causal_lm_gives_our_logits(tmp_path, tokenizer_path, name):
 def test_the_exported_tokenizer_encodes_like_ours(tmp_path, tokenizer_path):
     from transformers import LlamaTokenizer
 
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     out = export_hf(_perturbed(CONFIGS["tied"]), tmp_path / "hf", tokenizer_path)
     text = "北京市经济发展很快"

@@ -8,10 +8,10 @@ import unicodedata
 import numpy as np
 import pytest
 import sentencepiece as spm
+from convert.chat_template import TEMPLATES, TemplateRenderer, get_template
 from sft_fixtures import convert, convert_sft, examples_of, read_split, write_csv, write_jsonl
 
-from convert.chat_template import TEMPLATES, TemplateRenderer, get_template
-from convert.writer import HASHES, ShardWriter
+from shards.writer import HASHES, ShardWriter
 from storage import open_store
 
 PAIRS = [
