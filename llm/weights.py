@@ -317,7 +317,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 class LoadedWeights:
     tensors: dict[str, Tensor]  # our parameter names
     model_config: ModelConfig | None  # the shape, when the source records it
-    chat_template: dict | None = None  # an SFT run's chat template, when recorded (llm.chat_template)
+    chat_template: dict | None = None  # an SFT run's chat template, when recorded (shards.chat_template)
 
 
 def read_weights(path: str, *, trust: bool = False) -> LoadedWeights:

@@ -91,7 +91,9 @@ class SplitMeta:
         if self.dtype not in TOKEN_DTYPES:
             wrong.append("dtype")
         if wrong:
-            raise ShardsError(f"{source}: {', '.join(wrong)} not as shards/FORMAT.md says; re-run the conversion")
+            raise ShardsError(
+                f"{source}: {', '.join(wrong)} not as shards/FORMAT.md says; re-run the conversion"
+            )
         if self.sample_kind not in (PRETRAIN, SFT):
             raise ShardsError(f"{source} has an unknown kind {self.kind!r}; re-run the conversion")
 

@@ -21,7 +21,7 @@ import storage
 from convert.errors import ConvertError
 from convert.sources import expand_inputs
 from llm.checkpoint.resume import newest_usable_checkpoint
-from llm.data import read_meta
+from shards.meta import FORMAT_NAME, read_meta
 from storage import StorageError, atomic_open, open_store
 
 # --- one interface -----------------------------------------------------------------------------
@@ -102,7 +102,7 @@ def seeded(s3_server, s3_bucket, tmp_path):
     """A bucket holding what each user reads: a corpus file, a split's meta.json, a checkpoint."""
     client = s3_server.client()
     client.put_object(Bucket=s3_bucket, Key="corpus/a.jsonl", Body=b'{"text": "x"}\n')
-    meta = {"format": "llm-pretrain-tokens", "vocab_size": 10, "seq_len": 8}
+    meta = {"format": FORMAT_NAME, "vocab_size": 10, "seq_len": 8}
     client.put_object(Bucket=s3_bucket, Key="shards/train/meta.json", Body=json.dumps(meta).encode())
     payload = tmp_path / "ckpt.pt"
     payload.write_bytes(b"weights")
