@@ -370,21 +370,12 @@ class Conversion:
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:
         totals, options, tokenizer = self.totals[split], self.options, self.tokenizer
         meta = SplitMeta(
-            split=split,
-            seq_len=options.seq_len,
-            dtype=options.dtype,
-            vocab_size=tokenizer.vocab_size,
-            eos_id=tokenizer.eos_id,
-            bos_id=tokenizer.bos_id,
-            add_bos=options.add_bos,
-            tokenizer_sha256=tokenizer.sha256,
-            num_samples=totals.samples,
-            num_tokens=totals.samples * options.seq_len,
-            num_documents=totals.documents,
-            dropped={**dropped, "too_short_tokens": totals.too_short},
-            created_at=now(),
-            command=command,
-        )
+            split=split, seq_len=options.seq_len, dtype=options.dtype, vocab_size=tokenizer.vocab_size,
+            eos_id=tokenizer.eos_id, bos_id=tokenizer.bos_id, add_bos=options.add_bos,
+            tokenizer_sha256=tokenizer.sha256, num_samples=totals.samples,
+            num_tokens=totals.samples * options.seq_len, num_documents=totals.documents,
+            dropped={**dropped, "too_short_tokens": totals.too_short}, created_at=now(), command=command,
+        )  # fmt: skip
         write_meta(self.store, meta)
 
     def write_indexes(self) -> None:

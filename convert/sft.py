@@ -280,11 +280,13 @@ class Fitter:
 
 @dataclass
 class SplitTotals:
+    """What one split received: its shard entries, examples, samples, answer and padding tokens."""
+
+    shards: list[dict] = field(default_factory=list)
     examples: int = 0
     samples: int = 0
     target_tokens: int = 0
     padding_tokens: int = 0
-    shards: list[dict] = field(default_factory=list)
 
     def summary(self, seq_len: int) -> dict:
         tokens = self.samples * seq_len
