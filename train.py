@@ -29,6 +29,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:
     from llm.checkpoint.resume import RunAlreadyComplete
     from llm.errors import ConfigError
+    from shards.errors import ShardsError
     from storage import StorageError
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -44,7 +45,7 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
         from llm.trainer import train
 
         train(cfg, extra_callbacks)
-    except ConfigError as err:  # a problem with the recipe or the data: say which, no traceback
+    except (ConfigError, ShardsError) as err:  # a problem with the recipe or the data: say which
         print(f"error: {err}", file=sys.stderr)
         return 2
     except RunAlreadyComplete as done:  # a restarted job whose run already finished: success

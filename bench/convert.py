@@ -114,8 +114,8 @@ def worker_startup_s(tokenizer: str, out: Path, workers: int) -> float:
     from convert.cleaning import Cleaner
     from convert.executor import start_workers
     from convert.options import ShardOptions
-    from convert.tokenizer import read_model_bytes
     from convert.worker import init_worker
+    from shards.tokenizer import read_model_bytes
 
     setup = (ShardOptions(dtype="uint16"), str(out), read_model_bytes(tokenizer), Cleaner(dedup=False))
     start = time.perf_counter()

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from convert.writer import ShardWriter, index_json, prefixed_entries
+from shards.meta import SplitMeta, now, write_meta
+from shards.writer import ShardWriter, index_json, prefixed_entries
 from storage import open_store
 
 GPU_NEEDS = {"tiny": 600_000, "7b": 4_000}  # tokens/s one GPU consumes (see the docstring)
@@ -69,12 +70,12 @@ def write_split(folder: Path, seq_len: int, samples: int, shard_bytes: int, seed
         rows = rng.integers(0, 64_000, size=(min(1024, samples - start), seq_len), dtype=np.uint16)
         writer.write(rows)
     store.write_json("index.json", index_json(prefixed_entries(writer.finish(), "part-00000")))
-    meta = {
-        "format": "llm-pretrain-tokens", "format_version": 1, "split": "train", "seq_len": seq_len,
-        "dtype": "uint16", "vocab_size": 64_000, "eos_id": 2, "bos_id": 1, "add_bos": False,
-        "tokenizer_sha256": "none", "num_samples": samples, "num_tokens": samples * seq_len,
-    }  # fmt: skip
-    store.write_json("meta.json", meta)
+    meta = SplitMeta(
+        split="train", seq_len=seq_len, dtype="uint16", vocab_size=64_000, eos_id=2, bos_id=1, add_bos=False,
+        tokenizer_sha256="none", num_samples=samples, num_tokens=samples * seq_len, num_documents=samples,
+        dropped={}, created_at=now(), command="python -m bench.data",
+    )  # fmt: skip
+    write_meta(store, meta, folder="")
     return folder
 
 

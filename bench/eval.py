@@ -28,8 +28,8 @@ from llm.config import load_config
 from llm.eval import harness
 from llm.hf_export import export_hf
 from llm.model import Transformer
-from llm.tokenizer import Tokenizer
 from llm.weights import load_model
+from shards.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "data" / "demo" / "tokenizer.model"

@@ -150,30 +150,29 @@ def write_tokenizer(out: Path) -> Path:
 
     if out.exists():
         return out
-    files = [REPO / "README.md", REPO / "convert" / "FORMAT.md", *sorted((REPO / "docs").glob("*.md"))]
+    files = [REPO / "README.md", REPO / "shards" / "FORMAT.md", *sorted((REPO / "docs").glob("*.md"))]
     texts = [p.read_text(encoding="utf-8") for p in files if p.exists()]
     train_tokenizer(texts, vocab_size=512, out=str(out))
     return out
 
 
 def write_token_shards(split: Path, samples: int, seq_len: int, vocab: int, tokenizer: Path) -> Path:
-    """`samples` uniform random token samples as an MDS split with its meta.json (convert/FORMAT.md)."""
-    from streaming import MDSWriter
+    """`samples` uniform random token samples as an MDS split with its meta.json (shards/FORMAT.md)."""
+    from shards.meta import SplitMeta, now
+    from shards.writer import write_token_split
+    from storage import open_store
 
     if (split / "index.json").exists():
         return split
     rng = np.random.default_rng(0)
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
-    with MDSWriter(out=str(split), columns={"tokens": f"ndarray:{dtype}"}, hashes=["xxh64"]) as writer:
-        for _ in range(samples):
-            writer.write({"tokens": rng.integers(0, vocab, size=seq_len, dtype=dtype)})
-    meta = {
-        "format": "llm-pretrain-tokens", "format_version": 1, "split": "train", "seq_len": seq_len,
-        "dtype": dtype, "vocab_size": vocab, "eos_id": 2, "bos_id": 1, "add_bos": False,
-        "tokenizer_sha256": _sha256(tokenizer), "num_samples": samples, "num_tokens": samples * seq_len,
-        "num_documents": samples, "dropped": {},
-    }  # fmt: skip
-    (split / "meta.json").write_text(json.dumps(meta))
+    rows = (rng.integers(0, vocab, size=(1, seq_len), dtype=dtype) for _ in range(samples))
+    meta = SplitMeta(
+        split="train", seq_len=seq_len, dtype=dtype, vocab_size=vocab, eos_id=2, bos_id=1, add_bos=False,
+        tokenizer_sha256=_sha256(tokenizer), num_samples=samples, num_tokens=samples * seq_len,
+        num_documents=samples, dropped={}, created_at=now(), command="bench.gpu_check",
+    )  # fmt: skip
+    write_token_split(open_store(split), rows, meta, size_limit=1 << 26)
     return split
 
 

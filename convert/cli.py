@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from convert.errors import ConvertError
+from shards.errors import ShardsError
 from storage import StorageError
 
 FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl")
@@ -279,18 +280,12 @@ def run_tokenizer(args: argparse.Namespace) -> int:
 def _shard_options(args: argparse.Namespace):
     from convert.options import ShardOptions, available_cpus
 
+    workers = args.workers if args.workers is not None else available_cpus()
     return ShardOptions(
-        seq_len=args.seq_len,
-        val_fraction=args.val_fraction,
-        workers=args.workers if args.workers is not None else available_cpus(),
-        add_bos=args.bos,
-        min_tokens=args.min_tokens,
-        dtype=args.dtype,
-        shard_size_mb=args.shard_size_mb,
-        overwrite=args.overwrite,
-        chunk_chars=args.chunk_chars,
-        progress=not args.no_progress,
-    )
+        seq_len=args.seq_len, val_fraction=args.val_fraction, workers=workers, add_bos=args.bos,
+        min_tokens=args.min_tokens, dtype=args.dtype, shard_size_mb=args.shard_size_mb,
+        overwrite=args.overwrite, chunk_chars=args.chunk_chars, progress=not args.no_progress,
+    )  # fmt: skip
 
 
 def _command_line() -> str:
@@ -334,13 +329,9 @@ def run_shards(args: argparse.Namespace) -> int:
     from convert.jobs import ReadOptions, TaskSpec, convert_corpus
 
     read = ReadOptions(
-        fmt=args.format,
-        text_field=args.field,
-        preset=args.preset,
-        strict=args.strict,
-        normalization=args.normalization,
-        dedup=not args.no_dedup,
-    )
+        fmt=args.format, text_field=args.field, preset=args.preset, strict=args.strict,
+        normalization=args.normalization, dedup=not args.no_dedup,
+    )  # fmt: skip
     options = replace(_shard_options(args), **_selection(args))
     task = TaskSpec.from_args(args.num_tasks, args.task_index)
     convert_corpus(
@@ -412,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ConvertError as err:
+    except (ConvertError, ShardsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except StorageError as err:  # storage failed after its retries; the same command resumes

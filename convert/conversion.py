@@ -56,7 +56,6 @@ from convert.options import ShardOptions
 from convert.packing import TOKEN_DTYPE, Packer
 from convert.report import build_summary, print_summary
 from convert.selection import Doc, Selected, Selection, in_val
-from convert.tokenizer import TokenizerInfo, load_tokenizer
 from convert.worker import (
     ChunkTokens,
     PartResult,
@@ -68,12 +67,12 @@ from convert.worker import (
     process_chunk,
     tokenize_batch,
 )
-from convert.writer import ShardWriter, index_json, open_output, prefixed_entries
+from shards.meta import SPLITS, SplitMeta, now, write_meta
+from shards.output import open_output, prepare_output
+from shards.tokenizer import Tokenizer, TokenizerInfo
+from shards.writer import ShardWriter, index_json, prefixed_entries
 from storage import Store
 
-SPLITS = ("train", "val")
-FORMAT_NAME = "llm-pretrain-tokens"
-FORMAT_VERSION = 1
 _PIPELINE_VERSION = "2"  # part in every chunk fingerprint: bump when packing/writing changes
 _BATCH_CHARS = 1 << 18  # texts per tokenizing task: amortises the hand-off, bounds the lists
 NEAR_REPORT = "near_duplicates.json"  # a sample of removed pairs, beside summary.json
@@ -234,7 +233,8 @@ class Conversion:
     """One run: prepares the output, farms chunks out, then writes tails, meta, summary, indexes."""
 
     def __init__(self, *, tokenizer: str, out: str, options: ShardOptions):
-        self.model_bytes, self.tokenizer = load_tokenizer(tokenizer)
+        loaded = Tokenizer(tokenizer)
+        self.model_bytes, self.tokenizer = loaded.model_bytes, loaded.info()
         self.options = options.resolve(self.tokenizer)
         self.out = out
         self.store = open_output(out)
@@ -242,20 +242,11 @@ class Conversion:
         self.reused_parts = 0
 
     def prepare_output(self) -> None:
-        """Refuse a complete output (unless overwrite); make an incomplete one resumable."""
-        store = self.store
-        complete = all(store.exists(f"{split}/index.json") for split in SPLITS)
-        if complete and not self.options.overwrite:
-            raise ConvertError(
-                f"{store.url()} already holds a complete conversion (train/ and val/ index.json); "
-                "pass --overwrite to replace it, or choose another --out"
-            )
-        if self.options.overwrite:
-            for rel in (*SPLITS, "summary.json", NEAR_REPORT):
-                store.delete_tree(rel)
-        for split in SPLITS:
-            # An interrupted run may have finished one split; it is redone with the other.
-            store.delete_tree(f"{split}/index.json")
+        """Refuse a complete output (unless overwrite); make an incomplete one resumable (its
+        finished parts are reused, see `reuse_part`)."""
+        prepare_output(
+            self.store, overwrite=self.options.overwrite, resume=True, files=("summary.json", NEAR_REPORT)
+        )
 
     def run(
         self,
@@ -378,25 +369,14 @@ class Conversion:
 
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:
         totals, options, tokenizer = self.totals[split], self.options, self.tokenizer
-        meta = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "split": split,
-            "seq_len": options.seq_len,
-            "dtype": options.dtype,
-            "vocab_size": tokenizer.vocab_size,
-            "eos_id": tokenizer.eos_id,
-            "bos_id": tokenizer.bos_id,
-            "add_bos": options.add_bos,
-            "tokenizer_sha256": tokenizer.sha256,
-            "num_samples": totals.samples,
-            "num_tokens": totals.samples * options.seq_len,
-            "num_documents": totals.documents,
-            "dropped": {**dropped, "too_short_tokens": totals.too_short},
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": command,
-        }
-        self.store.write_json(f"{split}/meta.json", meta)
+        meta = SplitMeta(
+            split=split, seq_len=options.seq_len, dtype=options.dtype, vocab_size=tokenizer.vocab_size,
+            eos_id=tokenizer.eos_id, bos_id=tokenizer.bos_id, add_bos=options.add_bos,
+            tokenizer_sha256=tokenizer.sha256, num_samples=totals.samples,
+            num_tokens=totals.samples * options.seq_len, num_documents=totals.documents,
+            dropped={**dropped, "too_short_tokens": totals.too_short}, created_at=now(), command=command,
+        )  # fmt: skip
+        write_meta(self.store, meta)
 
     def write_indexes(self) -> None:
         """Last step: each split's merged index.json; its presence marks the split complete."""

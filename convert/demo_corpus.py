@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from convert.errors import ConvertError
+from shards.errors import ShardsError
 from storage.local import atomic_open
 
 # `word/tag`, optionally opening `[` or closing `]nt` of a bracketed compound name.
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except ConvertError as err:
+    except (ConvertError, ShardsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

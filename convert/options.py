@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from convert.cleaning import Cleaner
 from convert.errors import ConvertError
-from convert.tokenizer import TokenizerInfo
+from shards.tokenizer import TokenizerInfo
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@
     read records (JSON list, JSON lines or CSV; local or s3://) -> clean both texts (the shards'
     cleaner: controls, Unicode form, whitespace) -> length rules in characters -> exact
     duplicates -> tokenize -> fit the sequence (truncate, or drop with --drop-truncated) ->
-    render with the chat template (convert/chat_template.py) -> train/val by the pair's digest ->
+    render with the chat template (shards/chat_template.py) -> train/val by the pair's digest ->
     pack whole examples into samples -> MDS shards, meta.json, summary.json, index.json last.
 
-Each sample holds `seq_len` values in three columns (convert/FORMAT.md): `tokens`; `loss_mask`,
+Each sample holds `seq_len` values in three columns (shards/FORMAT.md): `tokens`; `loss_mask`,
 1 on every token the model must learn to write (the template's answer parts: the answer and its
 closing EOS), 0 on the prompt parts and on padding; `segments`, the example each token belongs
 to (1, 2, ... within the sample; 0 = padding). The trainer predicts `tokens[1:]` and counts the
@@ -46,24 +46,21 @@ from typing import NamedTuple
 
 import numpy as np
 
-from convert.chat_template import DEFAULT_TEMPLATE, ChatTemplate, TemplateRenderer, get_template
 from convert.cleaning import Cleaner, DropCounts, text_digest
 from convert.errors import ConvertError
 from convert.readers import AUTO, ReadStats, read_json_records
 from convert.report import progress_bar
 from convert.selection import in_val
 from convert.sources import expand_inputs, open_binary, refuse_output_among_inputs
-from convert.tokenizer import TokenizerInfo, load_processor, load_tokenizer
-from convert.writer import ShardWriter, index_json, open_output
+from shards.chat_template import DEFAULT_TEMPLATE, ChatTemplate, TemplateRenderer, read_template
+from shards.meta import SFT, SFT_COLUMNS, SPLITS, SplitMeta, now, write_meta
+from shards.output import open_output, prepare_output
+from shards.tokenizer import Tokenizer, TokenizerInfo
+from shards.writer import ShardWriter, index_json
 from storage import Store
 
-FORMAT_NAME = "llm-pretrain-tokens"  # the same container as pretraining shards; `kind` tells them apart
-FORMAT_VERSION = 1
-KIND = "sft"
-EXTRA_COLUMNS = {"loss_mask": "uint8", "segments": "uint16"}
 MAX_SEGMENTS = (1 << 16) - 1
 PAD_ID = 0  # any id: padding is never attended to by real tokens nor scored (the mask says so)
-SPLITS = ("train", "val")
 FORMATS = ("json", "jsonl", "csv")
 _BATCH = 2048  # pairs tokenized together (SentencePiece encodes a list in one call)
 _ROWS_PER_WRITE = 1024
@@ -283,11 +280,13 @@ class Fitter:
 
 @dataclass
 class SplitTotals:
+    """What one split received: its shard entries, examples, samples, answer and padding tokens."""
+
+    shards: list[dict] = field(default_factory=list)
     examples: int = 0
     samples: int = 0
     target_tokens: int = 0
     padding_tokens: int = 0
-    shards: list[dict] = field(default_factory=list)
 
     def summary(self, seq_len: int) -> dict:
         tokens = self.samples * seq_len
@@ -388,7 +387,9 @@ def convert_sft(
     paths = expand_inputs(inputs)
     refuse_output_among_inputs(inputs, out)
     store = open_output(out)
-    prepare_output(store, options.overwrite)
+    # Not resumable: a rerun clears both splits (index.json first, so an interrupted run is never
+    # taken for complete).
+    prepare_output(store, overwrite=options.overwrite, resume=False, files=("summary.json",))
     counts = Counts()
     totals = {split: SplitTotals() for split in SPLITS}
     packers = {split: job.packer(store, split, totals[split]) for split in SPLITS}
@@ -402,10 +403,10 @@ def convert_sft(
     for split in SPLITS:
         totals[split].shards = packers[split].finish()
     for split in SPLITS:
-        store.write_json(f"{split}/meta.json", job.meta(split, totals[split], counts, command))
+        write_meta(store, job.meta(split, totals[split], counts, command))
     summary = {
         "out": store.url(),
-        "kind": KIND,
+        "kind": SFT,
         "read": counts.read.as_dict(),
         "dropped": counts.dropped_dict(),
         "truncated": counts.truncated(),
@@ -430,7 +431,7 @@ class Job:
     options: SftOptions
     template: ChatTemplate
     info: TokenizerInfo
-    processor: object
+    tokenizer: Tokenizer
     renderer: TemplateRenderer
     fitter: Fitter
     dtype: str
@@ -438,10 +439,10 @@ class Job:
     @classmethod
     def prepare(cls, tokenizer: str, options: SftOptions) -> Job:
         """Load the template and the tokenizer; ConvertError if the template leaves no room."""
-        template = get_template(options.template)
-        model_bytes, info = load_tokenizer(tokenizer)
-        processor = load_processor(model_bytes, tokenizer)
-        renderer = TemplateRenderer(template, processor, bos_id=info.bos_id, eos_id=info.eos_id)
+        template = read_template(options.template).normalized(options.normalization)
+        loaded = Tokenizer(tokenizer)
+        info = loaded.info()
+        renderer = TemplateRenderer(template, loaded)
         room = options.seq_len - renderer.fixed_tokens
         if room < 2:
             raise ConvertError(
@@ -454,20 +455,20 @@ class Job:
                 f"room --seq-len {options.seq_len} leaves besides the template and one answer token)"
             )
         fitter = Fitter(room, options.max_prompt_tokens)
-        return cls(options, template, info, processor, renderer, fitter, info.token_dtype(options.dtype))
+        return cls(options, template, info, loaded, renderer, fitter, info.token_dtype(options.dtype))
 
     def packer(self, store: Store, split: str, totals: SplitTotals) -> SamplePacker:
         o = self.options
         writer = ShardWriter(store, split, seq_len=o.seq_len, dtype=self.dtype, size_limit=o.size_limit,
-                             extra_columns=EXTRA_COLUMNS)  # fmt: skip
+                             extra_columns=SFT_COLUMNS)  # fmt: skip
         return SamplePacker(writer, o.seq_len, o.pack, totals)
 
     def add(
         self, batch: list[tuple[str, str, bytes]], packers: dict[str, SamplePacker], counts: Counts
     ) -> None:
         """Tokenize a batch of selected pairs, fit, render and pack each into its split."""
-        prompts = self.processor.encode([p for p, _, _ in batch])
-        answers = self.processor.encode([a for _, a, _ in batch])
+        prompts = self.tokenizer.encode_batch([p for p, _, _ in batch])
+        answers = self.tokenizer.encode_batch([a for _, a, _ in batch])
         for (_, _, digest), prompt, answer in zip(batch, prompts, answers, strict=True):
             kept_prompt, kept_answer = self.fitter.fit(prompt, answer)
             cut_prompt, cut_answer = len(kept_prompt) < len(prompt), len(kept_answer) < len(answer)
@@ -479,36 +480,19 @@ class Job:
             split = "val" if in_val(digest, self.options.val_fraction)[0] else "train"
             packers[split].add(self.renderer.prompt_ids(kept_prompt), self.renderer.answer_ids(kept_answer))
 
-    def meta(self, split: str, totals: SplitTotals, counts: Counts, command: str) -> dict:
-        """The split's meta.json (convert/FORMAT.md, "SFT shards")."""
+    def meta(self, split: str, totals: SplitTotals, counts: Counts, command: str) -> SplitMeta:
+        """The split's meta.json (shards/FORMAT.md, "SFT shards")."""
         info, s = self.info, totals.summary(self.options.seq_len)
-        return {
-            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": KIND, "split": split,
-            "seq_len": self.options.seq_len, "dtype": self.dtype, "columns": {"tokens": self.dtype, **EXTRA_COLUMNS},
-            "vocab_size": info.vocab_size, "eos_id": info.eos_id, "bos_id": info.bos_id, "add_bos": False,
-            "tokenizer_sha256": info.sha256,
-            "chat_template": {**self.template.as_meta(), "normalization": self.options.normalization},
-            "packed": self.options.pack, "num_samples": s["samples"], "num_tokens": s["tokens"],
-            "num_documents": s["examples"], "num_examples": s["examples"], "target_tokens": s["target_tokens"],
-            "padding_tokens": s["padding_tokens"], "padding_share": s["padding_share"],
-            "truncated": counts.truncated(), "dropped": counts.dropped_dict(),
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
-        }  # fmt: skip
-
-
-def prepare_output(store: Store, overwrite: bool) -> None:
-    """Refuse a complete output unless `overwrite`; otherwise clear both splits (index.json first,
-    so an interrupted run is never taken for complete)."""
-    complete = all(store.exists(f"{split}/index.json") for split in SPLITS)
-    if complete and not overwrite:
-        raise ConvertError(
-            f"{store.url()} already holds a complete conversion (train/ and val/ index.json); "
-            "pass --overwrite to replace it, or choose another --out"
-        )
-    for split in SPLITS:
-        store.delete_tree(f"{split}/index.json")
-    for rel in (*SPLITS, "summary.json"):
-        store.delete_tree(rel)
+        return SplitMeta(
+            kind=SFT, split=split, seq_len=self.options.seq_len, dtype=self.dtype,
+            columns={"tokens": self.dtype, **SFT_COLUMNS}, vocab_size=info.vocab_size, eos_id=info.eos_id,
+            bos_id=info.bos_id, add_bos=False, tokenizer_sha256=info.sha256,
+            chat_template=self.template.to_dict(), packed=self.options.pack, num_samples=s["samples"],
+            num_tokens=s["tokens"], num_documents=s["examples"], num_examples=s["examples"],
+            target_tokens=s["target_tokens"], padding_tokens=s["padding_tokens"],
+            padding_share=s["padding_share"], truncated=counts.truncated(), dropped=counts.dropped_dict(),
+            created_at=now(), command=command,
+        )  # fmt: skip
 
 
 def _selected(

@@ -54,7 +54,7 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     return out
 
 
-# Files a conversion writes under --out (convert/FORMAT.md), for `refuse_output_among_inputs`.
+# Files a conversion writes under --out (shards/FORMAT.md), for `refuse_output_among_inputs`.
 _OUTPUT_SAMPLES = (
     "summary.json",
     "train/index.json",

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from convert.conversion import SPLITS, Conversion, select_in_workers
+from convert.conversion import Conversion, select_in_workers
 from convert.errors import ConvertError
 from convert.executor import start_workers
 from convert.minhash import SIGNATURE_VERSION
@@ -49,9 +49,9 @@ from convert.near_dedup import PairSample
 from convert.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
 from convert.report import counted_texts, progress_bar
 from convert.selection import Selected, Selection
-from convert.tokenizer import load_tokenizer
 from convert.worker import DIGEST_BYTES, TokenizedBatch, init_worker
-from convert.writer import open_output
+from shards.output import open_output, refuse_complete
+from shards.tokenizer import Tokenizer
 from storage import Store
 
 TASKS = "tasks"
@@ -162,14 +162,11 @@ def run_task(
     from convert.readers import ReadStats, read_documents
     from convert.sources import expand_inputs, input_sizes
 
-    model_bytes, info = load_tokenizer(tokenizer)
+    loaded = Tokenizer(tokenizer)
+    model_bytes, info = loaded.model_bytes, loaded.info()
     options = options.resolve(info)
     store = open_output(out)
-    if all(store.exists(f"{split}/index.json") for split in SPLITS) and not options.overwrite:
-        raise ConvertError(
-            f"{store.url()} already holds a complete conversion (train/ and val/ index.json); "
-            "pass --overwrite to convert it again, or choose another --out"
-        )
+    refuse_complete(store, options.overwrite, again="convert it again")
     paths = expand_inputs(inputs)
     sizes = input_sizes(paths)
     share = assign_files(sizes, task.count)[task.index]

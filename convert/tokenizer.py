@@ -1,4 +1,5 @@
-"""SentencePiece tokenizers: train one with Baichuan-7B's settings, or load an existing `.model`.
+"""SentencePiece tokenizer training, with Baichuan-7B's settings (loading one, for conversion and
+training alike, is shards/tokenizer.py).
 
 Training settings follow Baichuan-7B's tokenizer: BPE, byte fallback (no unknown characters,
 every byte has a piece), every digit its own token, unk=0 / bos=1 / eos=2 and no pad, the
@@ -6,20 +7,17 @@ same special ids as the ChatGLM2 tokenizer baby-llama2-chinese uses. Text is tak
 (identity normalisation, whitespace kept): the cleaner already normalised it, and the model
 must reproduce code and layout.
 
-Any existing model (ChatGLM2's, Baichuan's) is used as it is: vocabulary size and the special
-ids are read from the model, never assumed.
+Any existing model (ChatGLM2's, Baichuan's) is used as it is (shards/tokenizer.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 from convert.errors import ConvertError
+from shards.tokenizer import Tokenizer, TokenizerInfo
 from storage.local import atomic_write_bytes
 
 # SentencePiece silently skips training sentences over max_sentence_length bytes; documents are
@@ -27,75 +25,6 @@ from storage.local import atomic_write_bytes
 _TRAIN_PIECE_CHARS = 4000
 _MAX_SENTENCE_BYTES = 4 * _TRAIN_PIECE_CHARS
 _SEED = 20230615  # any fixed value: training must give the same model for the same input
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """What a shard's meta.json records about the tokenizer that made it."""
-
-    path: str
-    sha256: str
-    vocab_size: int
-    eos_id: int
-    bos_id: int  # -1 when the model has none
-
-    def token_dtype(self, requested: str = "auto") -> str:
-        """uint16 when every id fits in 16 bits, else uint32; a forced uint16 must fit."""
-        fits16 = self.vocab_size <= 1 << 16
-        if requested == "auto":
-            return "uint16" if fits16 else "uint32"
-        if requested == "uint16" and not fits16:
-            raise ConvertError(
-                f"--dtype uint16 cannot hold the ids of {self.path} (vocabulary {self.vocab_size} > 65536); "
-                "use --dtype auto or uint32"
-            )
-        if requested not in ("uint16", "uint32"):
-            raise ConvertError(f"unknown --dtype {requested!r}; use auto, uint16 or uint32")
-        return requested
-
-
-def read_model_bytes(path: str) -> bytes:
-    """The `.model` file's bytes, local or s3://; a missing file is a ConvertError."""
-    from convert.sources import is_s3, open_binary
-
-    if not is_s3(path) and not os.path.isfile(path):
-        raise ConvertError(
-            f"tokenizer {path} does not exist; train one with `python -m convert tokenizer ...` "
-            "or pass the path of an existing SentencePiece .model file"
-        )
-    with open_binary(path) as stream:
-        return stream.read()
-
-
-def load_processor(model_bytes: bytes, path: str = "<tokenizer>"):
-    """A SentencePieceProcessor from a serialized model; a non-model file is a ConvertError."""
-    import sentencepiece as spm
-
-    processor = spm.SentencePieceProcessor()
-    try:
-        processor.LoadFromSerializedProto(model_bytes)
-    except (RuntimeError, OSError) as err:
-        raise ConvertError(f"tokenizer {path} is not a SentencePiece .model file ({err})") from err
-    return processor
-
-
-def describe(model_bytes: bytes, path: str) -> TokenizerInfo:
-    processor = load_processor(model_bytes, path)
-    if processor.eos_id() < 0:
-        raise ConvertError(f"tokenizer {path} has no EOS piece; documents could not be separated")
-    return TokenizerInfo(
-        path=path,
-        sha256=hashlib.sha256(model_bytes).hexdigest(),
-        vocab_size=processor.vocab_size(),
-        eos_id=processor.eos_id(),
-        bos_id=processor.bos_id(),
-    )
-
-
-def load_tokenizer(path: str) -> tuple[bytes, TokenizerInfo]:
-    """The model bytes (to ship to workers) and what meta.json records about them."""
-    model_bytes = read_model_bytes(path)
-    return model_bytes, describe(model_bytes, path)
 
 
 def training_pieces(texts: Iterable[str]) -> Iterator[str]:
@@ -154,7 +83,7 @@ def train_tokenizer(
         raise _training_error(err, vocab_size, character_coverage) from err
     model_bytes = writer.getvalue()
     atomic_write_bytes(out, model_bytes)
-    return describe(model_bytes, out)
+    return Tokenizer.from_bytes(model_bytes, out).info()
 
 
 def _check_training_options(vocab_size: int, out: str, max_sentences: int, coverage: float) -> None:

@@ -19,8 +19,8 @@ from convert.minhash import signatures
 from convert.options import ShardOptions
 from convert.packing import Packer, concat_documents, drop_short_documents
 from convert.quality import filter_reasons, utf32
-from convert.tokenizer import load_processor
-from convert.writer import ShardWriter
+from shards.tokenizer import Tokenizer
+from shards.writer import ShardWriter
 from storage import Store, open_store
 
 DIGEST_BYTES = 16
@@ -30,7 +30,7 @@ DIGEST_BYTES = 16
 class WorkerState:
     options: ShardOptions
     store: Store
-    processor: object = None  # a SentencePieceProcessor, in a process that tokenizes
+    tokenizer: Tokenizer | None = None  # in a process that tokenizes
     cleaner: Cleaner | None = None  # cleans without de-duplicating; None: texts come cleaned
 
 
@@ -41,8 +41,8 @@ def init_worker(
     options: ShardOptions, out: str, model_bytes: bytes | None = None, cleaner: Cleaner | None = None
 ) -> None:
     global _state
-    processor = load_processor(model_bytes) if model_bytes is not None else None
-    _state = WorkerState(options, open_store(out), processor, cleaner)
+    tokenizer = Tokenizer.from_bytes(model_bytes) if model_bytes is not None else None
+    _state = WorkerState(options, open_store(out), tokenizer, cleaner)
 
 
 @dataclass
@@ -112,7 +112,7 @@ def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
     passing = reasons == 0
     # One core per worker (N workers = N cores); SentencePiece adds EOS (and BOS) in C++.
     # Filtered texts are tokenized too, for the summary's count of the tokens each filter removed.
-    ids = _state.processor.encode(texts, add_bos=options.add_bos, add_eos=True, num_threads=1)
+    ids = _state.tokenizer.encode_batch(texts, add_bos=options.add_bos, add_eos=True, num_threads=1)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     all_pass = bool(passing.all())
     tokens, _ = concat_documents(ids if all_pass else [ids[i] for i in np.flatnonzero(passing).tolist()])

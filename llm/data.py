@@ -1,13 +1,14 @@
-"""The training data path: token shards (convert/FORMAT.md) -> StreamingDataset -> DataLoader.
+"""The training data path: token shards (shards/FORMAT.md) -> StreamingDataset -> DataLoader.
 
 Two jobs, in the order the trainer needs them:
 1. `check_streams(cfg)`: read each stream's `meta.json` (local or s3://) and refuse data that
    contradicts the recipe (vocabulary, sequence length, tokenizer, pretraining vs SFT shards),
-   before any model is built.
+   before any model is built. The format's own checks (meta.json's schema, index.json, the
+   hashes, the kind) are `shards/`'s; here is what the recipe adds.
 2. `build_dataloader(cfg, split, batch_size)`: a StreamingDataset over one or more streams
    (mixed by proportion), shuffled deterministically, yielding `{"input_ids": LongTensor[B, L]}`;
    for SFT shards (`data.kind: sft`) also `loss_mask` (bool: the tokens to learn) and `segments`
-   (the example each token belongs to, 0 = padding), see convert/FORMAT.md.
+   (the example each token belongs to, 0 = padding), see shards/FORMAT.md.
 
 `batch_size` is the per-device batch: streaming partitions samples per rank with it, and Composer
 saves the dataset's `state_dict` in checkpoints so a resumed run continues mid-epoch without
@@ -32,59 +33,42 @@ from composer.core import DataSpec
 from streaming import Stream, StreamingDataset
 from torch.utils.data import DataLoader
 
-from llm.chat_template import ChatTemplate
 from llm.config import parse_bytes
 from llm.errors import ConfigError
-from storage import RetryPolicy, StorageError, is_remote, join, open_store, read_url
+from shards.chat_template import ChatTemplate
+from shards.errors import ShardsError
+from shards.index import check_index, read_index
+from shards.meta import SplitMeta, check_kind, read_meta
+from storage import RetryPolicy, StorageError, is_remote, join, read_url
 
 if TYPE_CHECKING:
     from llm.config import StreamConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
-META_FORMAT = "llm-pretrain-tokens"
-SPLITS = ("train", "eval")
+SPLITS = ("train", "eval")  # the recipe's data.train and data.eval
 
 
 # --- metadata checks --------------------------------------------------------------------------
 
 
-def read_meta(remote: str) -> dict[str, Any]:
-    """The `meta.json` of one split folder (local path or s3://bucket/prefix)."""
-    try:
-        text = _read_text(join(remote, "meta.json"))
-    except FileNotFoundError:
-        raise ConfigError(
-            f"stream {remote} has no meta.json: it was not produced by `python -m convert shards`; "
-            f"convert the corpus with `python -m convert shards ... --out <folder>` and point the "
-            f"stream at <folder>/train or <folder>/val"
-        ) from None
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(
-            f"stream {remote}: meta.json is not valid JSON ({err}); re-run the conversion"
-        ) from None
-    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise ConfigError(
-            f"stream {remote}: meta.json is not a {META_FORMAT!r} file; re-run `python -m convert shards`"
-        )
-    return meta
-
-
-def check_streams(cfg: TrainConfig) -> dict[str, list[dict[str, Any]]]:
+def check_streams(cfg: TrainConfig) -> dict[str, list[SplitMeta]]:
     """Check every stream's metadata against the recipe; return the metadata per split."""
     tokenizer_sha = None
     if cfg.data.check_tokenizer_hash:
         tokenizer_sha = file_sha256(cfg.tokenizer.path)
-    found: dict[str, list[dict[str, Any]]] = {}
+    found: dict[str, list[SplitMeta]] = {}
     for split in SPLITS:
         found[split] = []
         for i, stream in enumerate(_streams(cfg, split)):
             where = f"data.{split}.{i} ({stream.remote})"
-            meta = read_meta(stream.remote)
-            check_meta(meta, cfg, where, tokenizer_sha)
-            check_index(stream.remote, cfg.data.validate_hash, where)
+            try:  # the format's own checks raise ShardsError: to the recipe, a ConfigError like the rest
+                meta = read_meta(stream.remote)
+                check_kind(meta, cfg.data.kind, where)
+                check_meta(meta, cfg, where, tokenizer_sha)
+                check_index(stream.remote, cfg.data.validate_hash, where)
+            except ShardsError as err:
+                raise ConfigError(str(err)) from None
             found[split].append(meta)
     if cfg.data.kind == "sft":
         _check_same_template(found)
@@ -93,12 +77,12 @@ def check_streams(cfg: TrainConfig) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _check_same_template(found: dict[str, list[dict[str, Any]]]) -> None:
+def _check_same_template(found: dict[str, list[SplitMeta]]) -> None:
     """ConfigError unless every SFT stream was rendered with the same chat template."""
     seen: dict[str, str] = {}
     for split in SPLITS:
         for i, meta in enumerate(found[split]):
-            seen.setdefault(json.dumps(meta.get("chat_template"), sort_keys=True), f"data.{split}.{i}")
+            seen.setdefault(json.dumps(meta.chat_template, sort_keys=True), f"data.{split}.{i}")
     if len(seen) > 1:
         first, second = list(seen.values())[:2]
         raise ConfigError(
@@ -113,7 +97,7 @@ def chat_template_of(cfg: TrainConfig) -> ChatTemplate | None:
     if cfg.data.kind != "sft":
         return None
     remote = cfg.data.train[0].remote
-    return ChatTemplate.from_dict(read_meta(remote).get("chat_template"), f"{join(remote, 'meta.json')}")
+    return ChatTemplate.from_dict(read_meta(remote).chat_template, f"{join(remote, 'meta.json')}")
 
 
 def check_cache_root(cache_root: str) -> None:
@@ -130,86 +114,29 @@ def check_cache_root(cache_root: str) -> None:
         ) from None
 
 
-def check_index(remote: str, validate_hash: str | None, where: str) -> None:
-    """ConfigError unless `index.json` exists, every shard it names is stored, and each carries
-    the hash that will be checked: found at start, not when training reaches the shard."""
-    try:
-        index = json.loads(_read_bytes(join(remote, "index.json")))
-        shards = [s.get("zip_data") or s["raw_data"] for s in index["shards"]]
-        names = [str(s["basename"]) for s in shards]
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{where}: no index.json, so the conversion into it did not finish; re-run the same "
-            "`python -m convert shards` command to complete it"
-        ) from None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise ConfigError(f"{where}: index.json is not a valid MDS index; re-run the conversion") from None
-    if validate_hash and any(validate_hash not in (s.get("hashes") or {}) for s in shards):
-        raise ConfigError(
-            f"{where}: its shards carry no {validate_hash} hash (written by another tool?); set "
-            "data.validate_hash=null to read them unchecked, or convert with `python -m convert shards`"
-        )
-    stored = open_store(remote).list()
-    absent = [name for name in names if name not in stored]
-    if absent:
-        raise ConfigError(
-            f"{where}: {len(absent)} of the {len(names)} shard files index.json names are missing "
-            f"(e.g. {absent[0]}); restore them or re-convert"
-        )
-
-
-def check_meta(meta: dict[str, Any], cfg: TrainConfig, where: str, tokenizer_sha: str | None) -> None:
+def check_meta(meta: SplitMeta, cfg: TrainConfig, where: str, tokenizer_sha: str | None) -> None:
     """ConfigError naming the stream, both values and the fix when `meta` contradicts `cfg`."""
-    check_kind(meta, cfg.data.kind, where)
-    vocab, model_vocab = meta.get("vocab_size"), cfg.model.vocab_size
-    if not isinstance(vocab, int) or vocab > model_vocab:
+    vocab, model_vocab = meta.vocab_size, cfg.model.vocab_size
+    if vocab > model_vocab:
         raise ConfigError(
             f"{where}: the shards' tokenizer has vocab_size={vocab} but model.vocab_size={model_vocab} "
             f"is smaller, so some token ids have no embedding; set model.vocab_size >= {vocab} "
             f"or convert with the recipe's tokenizer"
         )
-    seq_len = meta.get("seq_len")
+    seq_len = meta.seq_len
     if seq_len != cfg.model.max_seq_len:
         raise ConfigError(
             f"{where}: the shards hold samples of seq_len={seq_len} tokens but model.max_seq_len="
             f"{cfg.model.max_seq_len}; set model.max_seq_len={seq_len} or re-convert with "
             f"--seq-len {cfg.model.max_seq_len}"
         )
-    if tokenizer_sha is not None and meta.get("tokenizer_sha256") != tokenizer_sha:
+    if tokenizer_sha is not None and meta.tokenizer_sha256 != tokenizer_sha:
         raise ConfigError(
             f"{where}: the shards were tokenized with a tokenizer of sha256 "
-            f"{meta.get('tokenizer_sha256')} but tokenizer.path={cfg.tokenizer.path} has sha256 "
+            f"{meta.tokenizer_sha256} but tokenizer.path={cfg.tokenizer.path} has sha256 "
             f"{tokenizer_sha}; point tokenizer.path at the tokenizer used for conversion, re-convert, "
             f"or set data.check_tokenizer_hash=false if you are sure they are equivalent"
         )
-
-
-SFT_COLUMNS = ("loss_mask", "segments")
-
-
-def check_kind(meta: dict[str, Any], kind: str, where: str) -> None:
-    """ConfigError when SFT shards meet a pretraining recipe, or pretraining shards an SFT one."""
-    found = meta.get("kind", "pretrain")  # meta.json of pretraining shards may not say
-    if found == kind:
-        if kind == "sft" and not all(c in (meta.get("columns") or {}) for c in SFT_COLUMNS):
-            raise ConfigError(
-                f"{where}: meta.json says SFT but lists no {' and '.join(SFT_COLUMNS)} columns; re-run "
-                "`python -m convert sft`"
-            )
-        return
-    if found == "sft":
-        raise ConfigError(
-            f"{where}: these are SFT shards (prompt/answer samples from `python -m convert sft`) but the "
-            "recipe pretrains (data.kind=pretrain); set data.kind: sft to fine-tune on them, or point the "
-            "stream at shards from `python -m convert shards`"
-        )
-    if found == "pretrain":
-        raise ConfigError(
-            f"{where}: these are pretraining shards (`python -m convert shards`) but the recipe fine-tunes "
-            "(data.kind=sft), which needs prompt/answer samples with a loss mask; convert the pairs with "
-            "`python -m convert sft`, or set data.kind: pretrain"
-        )
-    raise ConfigError(f"{where}: meta.json has an unknown kind {found!r}; re-run the conversion")
 
 
 def file_sha256(path: str) -> str:
@@ -221,10 +148,6 @@ def file_sha256(path: str) -> str:
             f"tokenizer.path={path} does not exist; train one with `python -m convert tokenizer` "
             f"or fix the path"
         ) from None
-
-
-def _read_text(path: str) -> str:
-    return _read_bytes(path).decode("utf-8")
 
 
 def _read_bytes(path: str) -> bytes:
@@ -264,11 +187,6 @@ def stream_local(
     digest = hashlib.sha256(stream.remote.encode()).hexdigest()[:10]
     name = f"{index}-{digest}-{index_digest}" if index_digest else f"{index}-{digest}"
     return str(Path(cfg.data.cache_root) / str(cfg.run_name) / split / name)
-
-
-def read_index(remote: str) -> dict[str, Any]:
-    """A split's index.json (checked by `check_index` before training)."""
-    return json.loads(_read_bytes(join(remote, "index.json")))
 
 
 def index_digest(index: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
     tokenizer_config.json    LlamaTokenizer settings and the special tokens (the start token as BOS)
     special_tokens_map.json  the same special tokens
     generation_config.json   `llm generate`'s defaults and token ids, for `model.generate`
-    chat_template.json       an SFT model's chat template (`llm.chat_template`), for `llm chat`
+    chat_template.json       an SFT model's chat template (`shards.chat_template`), for `llm chat`
 Names and config keys come from `llm.weights`, which also reads such a folder back. Our rotary
 embeddings already use HF's rotate_half layout, so q/k rows are copied as they are.
 
@@ -22,16 +22,15 @@ defaults. (The SentencePiece model's own BOS piece, `<s>`, is never used by our 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from llm.chat_template import TEMPLATE_FILE
 from llm.model import Transformer
-from llm.tokenizer import Tokenizer
 from llm.weights import hf_config, to_hf, write_json
+from shards.chat_template import TEMPLATE_FILE
+from shards.tokenizer import Tokenizer
 
 
 def export_hf(
@@ -67,7 +66,7 @@ GENERATE_DEFAULTS = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p"
 def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
     """tokenizer.model, tokenizer_config.json, special_tokens_map.json and generation_config.json:
     what makes transformers and lm-eval tokenize and generate as our commands do (module docstring)."""
-    shutil.copyfile(tok.path, out / "tokenizer.model")
+    (out / "tokenizer.model").write_bytes(tok.model_bytes)
     start = tok.start_id
     special = {"bos_token": start, "eos_token": tok.eos_id, "unk_token": tok.unk_id}
     special = {k: tok.piece(i) for k, i in special.items() if i is not None}

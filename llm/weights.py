@@ -51,12 +51,12 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from llm.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE
 from llm.checkpoint import manifest
 from llm.checkpoint.resume import newest_usable_checkpoint, verify_limit
 from llm.config import load_config
 from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer
+from shards.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE
 from storage import download_url, is_remote, open_store
 
 MODEL_CONFIG_KEY = "llm_model_config"  # where `llm import` and the generation callback store the shape
@@ -317,7 +317,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 class LoadedWeights:
     tensors: dict[str, Tensor]  # our parameter names
     model_config: ModelConfig | None  # the shape, when the source records it
-    chat_template: dict | None = None  # an SFT run's chat template, when recorded (llm.chat_template)
+    chat_template: dict | None = None  # an SFT run's chat template, when recorded (shards.chat_template)
 
 
 def read_weights(path: str, *, trust: bool = False) -> LoadedWeights:

@@ -33,37 +33,22 @@ RECORDS = ["loggers.metrics_file=true", "training.log_interval=3", "callbacks.lo
 
 
 def write_shards(root: Path, shard_bytes: int = 1 << 12) -> Path:
-    """A train split of NUM_SAMPLES deterministic token samples in the convert/FORMAT.md layout."""
-    from streaming import MDSWriter
+    """A train split of NUM_SAMPLES deterministic token samples in the shards/FORMAT.md layout."""
+    from shards.meta import SplitMeta, now
+    from shards.writer import write_token_split
+    from storage import open_store
 
     split = root / "train"
     if (split / "index.json").exists():
         return split
     rng = np.random.default_rng(1234)
     tokens = rng.integers(0, VOCAB, size=(NUM_SAMPLES, SEQ_LEN), dtype=np.uint16)
-    columns = {"tokens": "ndarray:uint16"}
-    with MDSWriter(
-        out=str(split), columns=columns, hashes=["sha1", "xxh64"], size_limit=shard_bytes
-    ) as writer:
-        for row in tokens:
-            writer.write({"tokens": row})
-    meta = {
-        "format": "llm-pretrain-tokens",
-        "format_version": 1,
-        "split": "train",
-        "seq_len": SEQ_LEN,
-        "dtype": "uint16",
-        "vocab_size": VOCAB,
-        "eos_id": 2,
-        "bos_id": 1,
-        "add_bos": False,
-        "tokenizer_sha256": "none",
-        "num_samples": NUM_SAMPLES,
-        "num_tokens": NUM_SAMPLES * SEQ_LEN,
-        "num_documents": NUM_SAMPLES,
-        "dropped": {},
-    }
-    (split / "meta.json").write_text(json.dumps(meta))
+    meta = SplitMeta(
+        split="train", seq_len=SEQ_LEN, dtype="uint16", vocab_size=VOCAB, eos_id=2, bos_id=1, add_bos=False,
+        tokenizer_sha256="none", num_samples=NUM_SAMPLES, num_tokens=NUM_SAMPLES * SEQ_LEN,
+        num_documents=NUM_SAMPLES, dropped={}, created_at=now(), command="bench.resume_harness",
+    )  # fmt: skip
+    write_token_split(open_store(split), [tokens], meta, size_limit=shard_bytes)
     return split
 
 

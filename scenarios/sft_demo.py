@@ -46,8 +46,8 @@ def by_length(prompts: list[str], answers: list[str], labels: list[str]) -> dict
 
 def fits(pairs: list[dict], tokenizer: str, template: str, max_tokens: int) -> list[dict]:
     """The pairs whose prompt, in the chat template, leaves room for an answer in `max_tokens`."""
-    from llm.chat_template import read_template
-    from llm.tokenizer import Tokenizer
+    from shards.chat_template import read_template
+    from shards.tokenizer import Tokenizer
 
     tok, chat = Tokenizer(tokenizer), read_template(template)
     return [p for p in pairs if len(chat.prompt_ids(tok, p["prompt"])) + 4 <= max_tokens]

@@ -77,7 +77,7 @@ def local_samples(out: str, split: str = "train") -> np.ndarray:
 
 
 def _decode_shard(raw: bytes, dtype: np.dtype) -> np.ndarray:
-    """The `tokens` column of every sample of one raw MDS shard (format: convert/writer.py)."""
+    """The `tokens` column of every sample of one raw MDS shard (format: shards/writer.py)."""
     n = int(np.frombuffer(raw, "<u4", count=1)[0])
     offsets = np.frombuffer(raw, "<u4", count=n + 1, offset=4)
     out = []

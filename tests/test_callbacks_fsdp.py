@@ -28,7 +28,7 @@ DRIVER = Path(__file__).with_name("callbacks_rank_driver.py")
 def launched(tmp_path_factory, small_tokenizer, chinese_documents) -> tuple[Path, str]:
     """The launch's folder and the task folder it scored."""
     from convert.demo_tasks import write_demo_tasks
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     out = tmp_path_factory.mktemp("callbacks-fsdp")
     tok = Tokenizer(small_tokenizer)
@@ -56,7 +56,7 @@ def _ranks(out: Path) -> tuple[dict, dict]:
 def test_under_fsdp2_both_ranks_score_the_same_and_rank_zero_writes(launched, small_tokenizer):
     from llm.eval.harness import load_tasks, prepare, run
     from llm.model import Transformer
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     out, task = launched
     rank0, rank1 = (r["scores"] for r in _ranks(out))

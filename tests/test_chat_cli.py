@@ -11,13 +11,14 @@ import pytest
 import torch
 from sft_fixtures import convert_sft, write_jsonl
 
-from llm.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE, ChatTemplate
 from llm.commands import main as llm_main
 from llm.commands.chat import TextStream
 from llm.generate import generate
 from llm.model import ModelConfig, Transformer
-from llm.tokenizer import Tokenizer
 from llm.weights import MODEL_CONFIG_KEY, load_model, read_weights, save_composer_weights
+from shards.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE, ChatTemplate
+from shards.meta import FORMAT_NAME
+from shards.tokenizer import Tokenizer
 from storage import open_store
 
 CFG = ModelConfig(vocab_size=2000, dim=32, n_layers=1, n_heads=2, max_seq_len=64, tie_embeddings=True)
@@ -143,7 +144,7 @@ def test_bad_input_is_one_clear_line(tmp_path, plain, fine_tuned, small_tokenize
     if case == "no-template":
         args[0] = plain
     elif case == "pretraining-shards":
-        (tmp_path / "meta.json").write_text(json.dumps({"format": "llm-pretrain-tokens", "seq_len": 64}))
+        (tmp_path / "meta.json").write_text(json.dumps({"format": FORMAT_NAME, "seq_len": 64}))
         args += ["--template", str(tmp_path)]
     elif case == "too-long":
         args[4] = "很长的问题" * 40

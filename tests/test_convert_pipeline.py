@@ -30,6 +30,8 @@ from convert.errors import ConvertError
 from convert.jobs import ReadOptions, convert_corpus
 from convert.options import ShardOptions
 from convert.worker import TokenizedBatch
+from shards.errors import ShardsError
+from shards.meta import FORMAT_NAME, FORMAT_VERSION
 
 SEQ = 64
 FORMAT_KEYS = {
@@ -147,7 +149,7 @@ def test_meta_json_follows_format_md(reference, small_tokenizer):  # noqa: F811
     for split in ("train", "val"):
         meta = json.loads((out / split / "meta.json").read_text())
         assert set(meta) == FORMAT_KEYS
-        assert meta["format"] == "llm-pretrain-tokens" and meta["format_version"] == 1
+        assert meta["format"] == FORMAT_NAME and meta["format_version"] == FORMAT_VERSION
         assert (meta["split"], meta["seq_len"], meta["dtype"]) == (split, SEQ, "uint16")
         assert (meta["vocab_size"], meta["eos_id"], meta["bos_id"], meta["add_bos"]) == (2000, 2, 1, False)
         assert meta["tokenizer_sha256"] == sha
@@ -228,7 +230,7 @@ def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_sam
 
 def test_existing_complete_output_is_refused(tmp_path, reference, small_corpus, small_tokenizer):  # noqa: F811
     out, _ = reference
-    with pytest.raises(ConvertError, match=rf"{out}.*--overwrite"):
+    with pytest.raises(ShardsError, match=rf"{out}.*--overwrite"):
         convert(small_corpus, small_tokenizer, out)
     copy = tmp_path / "copy"
     convert(small_corpus, small_tokenizer, copy)

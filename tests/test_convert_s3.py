@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from convert_fixtures import local_samples, small_corpus, small_corpus_docs, small_tokenizer  # noqa: F401
 
-from convert.errors import ConvertError
 from convert.jobs import convert_corpus
 from convert.options import ShardOptions
+from shards.errors import ShardsError
 
 pytestmark = pytest.mark.s3
 
@@ -64,12 +64,12 @@ def test_s3_in_and_out_equal_local(
     for split in ("train", "val"):
         got = streaming_samples(f"{remote}/{split}", str(tmp_path / f"cache-{split}"))
         assert np.array_equal(got, local_samples(local_reference, split))
-    with pytest.raises(ConvertError, match="--overwrite"):
+    with pytest.raises(ShardsError, match="--overwrite"):
         convert_corpus([small_corpus], tokenizer=small_tokenizer, out=remote, options=OPTIONS)
 
 
 def test_missing_bucket_names_endpoint_and_bucket(s3_server, small_corpus, small_tokenizer):  # noqa: F811
-    with pytest.raises(ConvertError) as err:
+    with pytest.raises(ShardsError) as err:
         convert_corpus(
             [small_corpus], tokenizer=small_tokenizer, out="s3://no-such-bucket-x/p", options=OPTIONS
         )

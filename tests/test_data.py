@@ -19,6 +19,7 @@ from train_fixtures import REPO, load, train_data, train_py, write_recipe  # noq
 
 from llm.data import build_dataloader, build_dataset, check_streams, stream_local
 from llm.errors import ConfigError
+from shards.meta import FORMAT_NAME
 
 
 def _cfg(tmp_path, train_data, *overrides, name="r.yaml", **sections):
@@ -223,7 +224,7 @@ def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_da
 
 def test_meta_json_records_match_the_fixture(train_data):
     meta = json.loads((train_data.train / "meta.json").read_text())
-    assert meta["format"] == "llm-pretrain-tokens" and meta["seq_len"] == train_data.seq_len
+    assert meta["format"] == FORMAT_NAME and meta["seq_len"] == train_data.seq_len
 
 
 def _tampered_copy(split: Path, dest: Path) -> Path:

@@ -123,7 +123,7 @@ def test_a_question_whose_option_merges_with_the_prompt_is_scored_counted_and_ma
     every question carries its id (and, with --prompts, the prompt) for matching with other tools."""
     from test_eval_scoring import merging_pair
 
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     root, ckpt, _ = setup
     tok = Tokenizer(small_tokenizer)

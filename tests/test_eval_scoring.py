@@ -56,7 +56,7 @@ def test_scores_equal_a_plain_forward_per_option(model, shared, batch_size):
 
 def test_shared_rows_and_option_rows_agree_on_real_tasks(model, tmp_path, small_tokenizer):
     from convert.demo_tasks import write_demo_tasks
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     write_demo_tasks(str(tmp_path / "cloze"), questions=6)
     write_demo_tasks(str(tmp_path / "letter"), questions=6, style="letter")
@@ -82,7 +82,7 @@ def test_the_model_is_left_in_its_mode_and_gradients_untouched(model):
 
 
 def test_token_split_moves_trailing_space_and_starts_with_eos(small_tokenizer):
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     tok = Tokenizer(small_tokenizer)
     q = encode_question(tok, "北京市 ", ["经济", "发展"], tok.start_id)
@@ -105,7 +105,7 @@ def merging_pair(tok) -> tuple[str, str]:
 
 
 def test_an_option_merging_with_the_prompts_last_token_is_scored_over_the_merged_tokens(small_tokenizer):
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     tok = Tokenizer(small_tokenizer)
     context, option = merging_pair(tok)

@@ -125,7 +125,7 @@ CFG = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=96
 
 @pytest.fixture(scope="module")
 def samples(small_tokenizer, chinese_documents) -> torch.Tensor:
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     tok = Tokenizer(small_tokenizer)
     ids = [t for doc in chinese_documents[:20] for t in tok.encode(doc) + [tok.eos_id]]

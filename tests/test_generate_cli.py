@@ -139,7 +139,7 @@ def test_bad_input_gives_one_clear_message(tmp_path, checkpoint, tokenizer_path,
 
 def test_greedy_cli_output_matches_the_library(checkpoint, tokenizer_path, capsys):
     from llm.generate import generate as lib_generate
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     tok = Tokenizer(tokenizer_path)
     model = load_model(checkpoint)

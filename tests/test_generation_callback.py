@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader
 from llm.callbacks.generation import GenerationCallback
 from llm.commands import main as llm_main
 from llm.composer_model import LanguageModel
-from llm.errors import ConfigError
 from llm.model import ModelConfig
 from llm.weights import load_model
+from shards.errors import ShardsError
 
 VOCAB, SEQ = 2000, 32
 CFG = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, max_seq_len=SEQ + 16, tie_embeddings=True)
@@ -34,7 +34,7 @@ def tokenizer_path(tmp_path_factory, chinese_documents) -> str:
 @pytest.fixture(scope="module")
 def samples(tokenizer_path, chinese_documents) -> torch.Tensor:
     """10 real-text samples of SEQ + 1 tokens."""
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     tok = Tokenizer(tokenizer_path)
     ids = [t for doc in chinese_documents[:20] for t in tok.encode(doc) + [tok.eos_id]]
@@ -156,7 +156,7 @@ def test_a_tokenizer_larger_than_the_model_vocab_is_refused_at_fit_start(tmp_pat
         callbacks=[make_callback(tokenizer_path, tmp_path / "run")],
         progress_bar=False,
     )
-    with pytest.raises(ConfigError, match="2000 pieces but the model's vocabulary is 1000"):
+    with pytest.raises(ShardsError, match="2000 pieces but the model's vocabulary is 1000"):
         trainer.fit()
     trainer.close()
 

@@ -67,7 +67,7 @@ def test_llama_for_causal_lm_gives_our_logits(tmp_path, tokenizer_path, name):
 def test_the_exported_tokenizer_encodes_like_ours(tmp_path, tokenizer_path):
     from transformers import AutoTokenizer, LlamaTokenizer
 
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     out = export_hf(_perturbed(CONFIGS["tied"]), tmp_path / "hf", tokenizer_path)
     text = "北京市经济发展很快"
@@ -97,7 +97,7 @@ def test_transformers_greedy_generation_of_the_export_equals_llm_generate(tmp_pa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llm.generate import generate
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     model = _perturbed(CONFIGS["untied-gqa"])
     out = export_hf(model, tmp_path / "hf", tokenizer_path)

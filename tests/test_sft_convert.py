@@ -10,8 +10,9 @@ import pytest
 import sentencepiece as spm
 from sft_fixtures import convert, convert_sft, examples_of, read_split, write_csv, write_jsonl
 
-from convert.chat_template import TEMPLATES, TemplateRenderer, get_template
-from convert.writer import HASHES, ShardWriter
+from shards.chat_template import TEMPLATES, TemplateRenderer, read_template
+from shards.tokenizer import Tokenizer
+from shards.writer import HASHES, ShardWriter
 from storage import open_store
 
 PAIRS = [
@@ -205,18 +206,23 @@ def test_an_interrupted_output_is_never_complete(tmp_path, small_tokenizer):
     assert json.loads((out / "train" / "index.json").read_text())["shards"]
 
 
-def test_both_sides_render_a_prompt_to_the_same_ids(small_tokenizer, sp):
-    """The template is interpreted twice (convert renders samples, llm renders chat prompts)."""
-    from llm.chat_template import ChatTemplate
-    from llm.tokenizer import Tokenizer
-
+def test_a_chat_prompt_is_rendered_as_the_converter_renders_a_sample_prompt(small_tokenizer, sp):
+    """Chat (`prompt_ids` on the user's text) and conversion (`TemplateRenderer` on token ids) give
+    the ids baby-llama2-chinese / Alpaca lay out by hand, for the template as meta.json carries it."""
     tokenizer = Tokenizer(small_tokenizer)
+    headers = [sp.encode("### Instruction:\n"), sp.encode("\n\n### Response:\n")]
+    by_hand = {
+        "baby-llama2": lambda ids: ids + [sp.bos_id()],
+        "alpaca": lambda ids: [sp.bos_id(), *headers[0], *ids, *headers[1]],
+    }
     for name in TEMPLATES:
-        template = get_template(name)
-        renderer = TemplateRenderer(template, sp, bos_id=sp.bos_id(), eos_id=sp.eos_id())
-        ours = ChatTemplate.from_dict({**template.as_meta(), "normalization": "none"}, name)
+        template = read_template(name).normalized("NFKC")
+        renderer = TemplateRenderer(template, tokenizer)
+        recorded = type(template).from_dict(template.to_dict(), "meta.json")
         for text in ("北京是哪个国家的首都？", "介绍一下 Python。"):
-            assert ours.prompt_ids(tokenizer, text) == renderer.prompt_ids(sp.encode(text)), name
+            expected = by_hand[name](sp.encode(unicodedata.normalize("NFKC", text)))
+            assert renderer.prompt_ids(sp.encode(unicodedata.normalize("NFKC", text))) == expected, name
+            assert recorded.prompt_ids(tokenizer, f"  {text} ") == expected, name
 
 
 def test_extra_columns_are_byte_identical_to_streaming(tmp_path):

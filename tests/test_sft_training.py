@@ -15,10 +15,10 @@ from composer.core import Callback
 from sft_fixtures import SFT_SEQ_LEN, review_pairs, sft_shards  # noqa: F401
 from train_fixtures import load, read_metrics, recipe_dict, train_data  # noqa: F401
 
-from llm.chat_template import ChatTemplate
 from llm.commands import main as llm_main
 from llm.errors import ConfigError
 from llm.weights import read_weights
+from shards.chat_template import ChatTemplate
 
 PROMPT = "评论：房间很干净，服务也很热情。 这条评论是正面还是负面？"
 
@@ -102,7 +102,7 @@ def test_sft_from_a_pretrained_run_folder_learns_answers_and_records_its_templat
     )
     # The generation callback put its prompt in the template, as `llm chat` does.
     from llm.callbacks.generation import GenerationCallback
-    from llm.tokenizer import Tokenizer
+    from shards.tokenizer import Tokenizer
 
     generation = next(cb for cb in callbacks if isinstance(cb, GenerationCallback))
     assert generation._prompt_ids == [template.prompt_ids(Tokenizer(cfg.tokenizer.path), PROMPT)]

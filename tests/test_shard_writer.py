@@ -1,4 +1,4 @@
-"""convert/writer.py writes, byte for byte, the shards and index entries streaming's MDSWriter writes."""
+"""shards/writer.py writes, byte for byte, the shards and index entries streaming's MDSWriter writes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zstd
 
-from convert.writer import HASHES, ShardWriter
+from shards.writer import HASHES, ShardWriter
 from storage import open_store
 
 

@@ -21,7 +21,7 @@ import storage
 from convert.errors import ConvertError
 from convert.sources import expand_inputs
 from llm.checkpoint.resume import newest_usable_checkpoint
-from llm.data import read_meta
+from shards.meta import SplitMeta, read_meta
 from storage import StorageError, atomic_open, open_store
 
 # --- one interface -----------------------------------------------------------------------------
@@ -133,8 +133,14 @@ def seeded(s3_server, s3_bucket, tmp_path):
     """A bucket holding what each user reads: a corpus file, a split's meta.json, a checkpoint."""
     client = s3_server.client()
     client.put_object(Bucket=s3_bucket, Key="corpus/a.jsonl", Body=b'{"text": "x"}\n')
-    meta = {"format": "llm-pretrain-tokens", "vocab_size": 10, "seq_len": 8}
-    client.put_object(Bucket=s3_bucket, Key="shards/train/meta.json", Body=json.dumps(meta).encode())
+    meta = SplitMeta(
+        split="train", seq_len=8, dtype="uint16", vocab_size=10, eos_id=2, bos_id=1, add_bos=False,
+        tokenizer_sha256="none", num_samples=0, num_tokens=0, num_documents=0, dropped={}, created_at="",
+        command="test",
+    )  # fmt: skip
+    client.put_object(
+        Bucket=s3_bucket, Key="shards/train/meta.json", Body=json.dumps(meta.to_dict()).encode()
+    )
     payload = tmp_path / "ckpt.pt"
     payload.write_bytes(b"weights")
     return s3_bucket, payload

@@ -10,7 +10,9 @@ import sentencepiece as spm
 from convert_fixtures import run_convert, small_corpus_docs, small_tokenizer  # noqa: F401
 
 from convert.errors import ConvertError
-from convert.tokenizer import TokenizerInfo, load_tokenizer, train_tokenizer
+from convert.tokenizer import train_tokenizer
+from shards.errors import ShardsError
+from shards.tokenizer import Tokenizer, TokenizerInfo
 
 
 def test_training_is_deterministic_and_atomic(tmp_path, chinese_documents):
@@ -55,20 +57,20 @@ def test_existing_model_ids_are_read_not_assumed(tmp_path, chinese_documents):
         eos_id=1,
         minloglevel=2,
     )
-    _, info = load_tokenizer(str(path))
+    info = Tokenizer(str(path)).info()
     assert (info.vocab_size, info.eos_id, info.bos_id) == (2000, 1, -1)
 
 
 def test_missing_tokenizer_path(tmp_path):
-    with pytest.raises(ConvertError, match="nope.model does not exist"):
-        load_tokenizer(str(tmp_path / "nope.model"))
+    with pytest.raises(ShardsError, match="nope.model does not exist"):
+        Tokenizer(str(tmp_path / "nope.model"))
 
 
 def test_not_a_model_file(tmp_path):
     bad = tmp_path / "bad.model"
     bad.write_text("hello")
-    with pytest.raises(ConvertError, match="not a SentencePiece .model"):
-        load_tokenizer(str(bad))
+    with pytest.raises(ShardsError, match="not a SentencePiece .model"):
+        Tokenizer(str(bad))
 
 
 def test_dtype_choice():
@@ -77,7 +79,7 @@ def test_dtype_choice():
     assert small.token_dtype("auto") == "uint16"
     assert big.token_dtype("auto") == "uint32"
     assert big.token_dtype("uint32") == "uint32"
-    with pytest.raises(ConvertError, match="--dtype uint16 cannot hold"):
+    with pytest.raises(ShardsError, match="--dtype uint16 cannot hold"):
         big.token_dtype("uint16")
 
 

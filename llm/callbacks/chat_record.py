@@ -7,10 +7,10 @@ import dataclasses
 
 from composer.core import Callback
 
-from llm.chat_template import CHAT_TEMPLATE_KEY, ChatTemplate
 from llm.data import chat_template_of
 from llm.model import ModelConfig
 from llm.weights import MODEL_CONFIG_KEY
+from shards.chat_template import CHAT_TEMPLATE_KEY, ChatTemplate
 
 
 class ChatRecord(Callback):

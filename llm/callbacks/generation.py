@@ -12,7 +12,7 @@ so the samples of different steps differ only because the weights did. A run sto
 SIGTERM/SIGINT skips the end-of-training samples: its checkpoint comes first.
 
 In an SFT run (data.kind=sft) each prompt is put in the shards' chat template, as `llm chat`
-puts it (`llm.chat_template`), so the samples show the model answering; otherwise a prompt starts
+puts it (`shards.chat_template`), so the samples show the model answering; otherwise a prompt starts
 a document, as in the pretraining shards.
 """
 
@@ -29,12 +29,12 @@ from composer.loggers import Logger
 from composer.utils import create_interval_scheduler, dist
 from torch import Tensor, nn
 
-from llm.chat_template import ChatTemplate
 from llm.checkpoint.preemption import stop_requested
 from llm.data import chat_template_of
 from llm.generate import generate
-from llm.tokenizer import Tokenizer
 from llm.weights import MODEL_CONFIG_KEY
+from shards.chat_template import ChatTemplate
+from shards.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

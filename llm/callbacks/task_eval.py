@@ -30,7 +30,7 @@ from torch import Tensor
 from llm.callbacks.generation import transformer_of
 from llm.eval.harness import PreparedTask, load_tasks, prepare, run
 from llm.eval.results import Report
-from llm.tokenizer import Tokenizer
+from shards.tokenizer import Tokenizer
 
 
 class TaskEvalCallback(Callback):

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from llm.errors import ConfigError
+from shards.errors import ShardsError
 from storage import StorageError
 
 # sub-command -> (module, one-line help)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except (ConfigError, FileNotFoundError) as err:
+    except (ConfigError, ShardsError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except StorageError as err:  # missing: the user's path; else S3 or the disk failed after retries

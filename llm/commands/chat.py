@@ -5,7 +5,7 @@
     llm chat s3://bkt/ckpt/sft-001 --tokenizer tok.model --prompts-file questions.txt --json
     llm chat export/sft --tokenizer export/sft/tokenizer.model
 
-Each prompt is put in the chat template the model was fine-tuned with (`llm.chat_template`): the
+Each prompt is put in the chat template the model was fine-tuned with (`shards.chat_template`): the
 one the checkpoint records (the trainer records it in every checkpoint of an SFT run; `llm export`
 writes it beside an export), or `--template` (an SFT split folder such as data/sft/train, its
 meta.json, or a JSON file with prompt and answer lists; needed for weights fine-tuned elsewhere,
@@ -25,13 +25,14 @@ import sys
 
 import torch
 
-from llm.chat_template import ChatTemplate, read_template
 from llm.commands import add_trust_argument
 from llm.commands.generate import read_prompts
 from llm.errors import ConfigError
 from llm.generate import generate
-from llm.tokenizer import Tokenizer
 from llm.weights import model_from_weights, read_weights
+from shards.chat_template import ChatTemplate, read_template
+from shards.errors import ShardsError
+from shards.tokenizer import Tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         try:
             chat.answer(prompt, json_line=args.json)
-        except ConfigError as err:  # a prompt too long for the context: say so and go on
+        except (ConfigError, ShardsError) as err:  # a prompt too long or empty: say so and go on
             print(f"error: {err}", file=sys.stderr)
 
 

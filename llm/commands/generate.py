@@ -26,8 +26,8 @@ import torch
 from llm.commands import add_trust_argument
 from llm.errors import ConfigError
 from llm.generate import generate
-from llm.tokenizer import Tokenizer
 from llm.weights import load_model
+from shards.tokenizer import Tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,8 @@ Pretraining shards have one column, `tokens`; SFT shards (`convert.sft`) add `lo
 Each shard entry carries the sha1 and xxh64 of both the raw and the compressed bytes, which
 streaming checks on download when asked to (`validate_hash`).
 
-Storage goes through the project's storage layer (`storage.Store`): a local folder (atomic
+Storage goes through the project's storage layer (`storage.Store`; the output folder is opened by
+shards/output.py): a local folder (atomic
 writes: temporary file, then rename) or an S3 prefix (a PUT is atomic). The pipeline writes `index.json` last, so a reader never sees a
 split whose shards are not all stored.
 """
@@ -26,29 +27,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 
 import numpy as np
 
-from convert.errors import ConvertError
-from storage import StorageError, Store, open_store
+from shards.errors import ShardsError
+from shards.index import INDEX_FILE
+from shards.meta import SplitMeta, write_meta
+from storage import Store
 
 COLUMN = "tokens"
 HASHES = ["sha1", "xxh64"]  # streaming wants them sorted
 ZSTD_LEVEL = 3
 _SHAPE_DTYPE_CODES = {"uint8": 0, "uint16": 1, "uint32": 2}
-
-
-# --- storage -----------------------------------------------------------------------------------
-
-
-def open_output(out: str) -> Store:
-    """The store for `--out` (a local folder or s3://bucket/prefix), checked before any work."""
-    try:
-        store = open_store(out)
-        store.check_writable()
-    except StorageError as err:
-        raise ConvertError(f"--out {out}: {err}") from None
-    return store
 
 
 # --- MDS shards --------------------------------------------------------------------------------
@@ -116,7 +107,7 @@ class ShardWriter:
         for name, values in columns.items():
             if len(values) and int(values.max()) > np.iinfo(self.columns[name]).max:
                 what = "token id" if name == COLUMN else f"{name} value"
-                raise ConvertError(
+                raise ShardsError(
                     f"{what} {int(values.max())} does not fit in {self.columns[name].name}; use --dtype auto"
                 )
         # One row of bytes per sample: every column's values, side by side, in column order.
@@ -157,7 +148,7 @@ class ShardWriter:
 
         name = f"shard.{len(self.shards):05d}.mds"
         compressed = zstd.compress(raw, ZSTD_LEVEL)
-        self.store.write_bytes(f"{self.folder}/{name}.zstd", compressed)
+        self.store.write_bytes(f"{self.folder}/{name}.zstd".lstrip("/"), compressed)
         entry = {
             "samples": samples,
             "raw_data": {"basename": name, "bytes": len(raw), "hashes": _hashes(raw)},
@@ -195,3 +186,13 @@ def prefixed_entries(shards: list[dict], folder: str) -> list[dict]:
 
 def index_json(shards: list[dict]) -> dict:
     return {"version": 2, "shards": shards}
+
+
+def write_token_split(store: Store, rows: Iterable[np.ndarray], meta: SplitMeta, *, size_limit: int) -> None:
+    """A whole pretraining split at the root of `store` from batches of token rows: shards, meta.json,
+    index.json last (for benchmarks and tests that need shards without a corpus)."""
+    writer = ShardWriter(store, "", seq_len=meta.seq_len, dtype=meta.dtype, size_limit=size_limit)
+    for batch in rows:
+        writer.write(batch)
+    write_meta(store, meta, folder="")
+    store.write_json(INDEX_FILE, index_json(writer.finish()))
