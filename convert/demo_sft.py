@@ -38,13 +38,13 @@ def prompt_for(review: str) -> str:
     return f"评论：{review} {QUESTION}"
 
 
-def labelled_pairs(seed: int = 0) -> list[tuple[str, str]]:
-    """(review, label) of every usable review, shuffled with `seed`."""
+def labelled_pairs(seed: int = 0, max_chars: int = MAX_CHARS) -> list[tuple[str, str]]:
+    """(review, label) of every usable review (MIN_CHARS..max_chars), shuffled with `seed`."""
     pairs = [
         (" ".join(review.split()), answer)
         for label, answer in LABELS.items()
         for review in labelled_reviews(label)
-        if MIN_CHARS <= len(review) <= MAX_CHARS
+        if MIN_CHARS <= len(review) <= max_chars
     ]
     random.Random(seed).shuffle(pairs)
     return pairs
