@@ -24,7 +24,7 @@ from llm.eval import harness
 from llm.eval.prompts import ANSWER_CUE, LETTERS, description
 from llm.eval.tasks import Subject, Task
 from llm.tokenizer import Tokenizer
-from llm.weights import load_model
+from llm.weights.read import load_model
 
 
 @dataclass

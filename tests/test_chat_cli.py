@@ -17,7 +17,9 @@ from llm.commands.chat import TextStream
 from llm.generate import generate
 from llm.model import ModelConfig, Transformer
 from llm.tokenizer import Tokenizer
-from llm.weights import MODEL_CONFIG_KEY, load_model, read_weights, save_composer_weights
+from llm.weights.composer_layout import save_composer_weights
+from llm.weights.keys import MODEL_CONFIG_KEY
+from llm.weights.read import load_model, read_weights
 from storage import open_store
 
 CFG = ModelConfig(vocab_size=2000, dim=32, n_layers=1, n_heads=2, max_seq_len=64, tie_embeddings=True)

@@ -15,7 +15,7 @@ from llm.commands import main as llm_main
 from llm.composer_model import LanguageModel
 from llm.errors import ConfigError
 from llm.model import ModelConfig
-from llm.weights import load_model
+from llm.weights.read import load_model
 
 VOCAB, SEQ = 2000, 32
 CFG = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, max_seq_len=SEQ + 16, tie_embeddings=True)

@@ -34,7 +34,7 @@ from llm.checkpoint.preemption import stop_requested
 from llm.data import chat_template_of
 from llm.generate import generate
 from llm.tokenizer import Tokenizer
-from llm.weights import MODEL_CONFIG_KEY
+from llm.weights.keys import MODEL_CONFIG_KEY
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from llm.commands.generate import read_prompts
 from llm.errors import ConfigError
 from llm.generate import generate
 from llm.tokenizer import Tokenizer
-from llm.weights import model_from_weights, read_weights
+from llm.weights.build import model_from_weights
+from llm.weights.read import read_weights
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

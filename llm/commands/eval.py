@@ -21,7 +21,7 @@ import torch
 from llm.errors import ConfigError
 from llm.eval import harness
 from llm.tokenizer import Tokenizer
-from llm.weights import load_model
+from llm.weights.read import load_model
 from storage import is_remote, join, open_store
 
 

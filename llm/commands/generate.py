@@ -27,7 +27,7 @@ from llm.commands import add_trust_argument
 from llm.errors import ConfigError
 from llm.generate import generate
 from llm.tokenizer import Tokenizer
-from llm.weights import load_model
+from llm.weights.read import load_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

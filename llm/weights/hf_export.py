@@ -1,4 +1,4 @@
-"""A model written in the Hugging Face Llama layout.
+"""`llm export`'s files: a model written as a Hugging Face Llama folder (all the writing is here).
 
 The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
 `LlamaTokenizer.from_pretrained(out)`:
@@ -7,14 +7,15 @@ The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
     tokenizer.model          the SentencePiece model, copied
     tokenizer_config.json    LlamaTokenizer settings and the special tokens
     chat_template.json       an SFT model's chat template (`llm.chat_template`), for `llm chat`
-Names and config keys come from `llm.weights`, which also reads such a folder back. Our rotary
-embeddings already use HF's rotate_half layout, so q/k rows are copied as they are.
+Names and config keys come from `llm.weights.hf`, which also reads such a folder back.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -22,7 +23,7 @@ from safetensors.torch import save_file
 from llm.chat_template import TEMPLATE_FILE
 from llm.model import Transformer
 from llm.tokenizer import Tokenizer
-from llm.weights import hf_config, to_hf, write_json
+from llm.weights.hf import hf_config, to_hf
 
 
 def export_hf(
@@ -71,3 +72,7 @@ def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
         },
     )
     write_json(out / "special_tokens_map.json", special)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
