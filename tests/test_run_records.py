@@ -13,7 +13,7 @@ import pytest
 from resume_support import MAX_BATCHES, SAVE_EVERY, interrupt, run, shards, write_recipe  # noqa: F401
 from train_fixtures import read_metrics
 
-from llm.checkpoint.records import cut_after
+from llm.run_dir import cut_after
 
 # metrics.jsonl every 3 steps: a stop at batch 4 or 5 falls between two lines, and the checkpoint
 # at 8 between the lines at 6 and 9.
