@@ -26,9 +26,9 @@ import torch
 from convert.demo_tasks import write_demo_tasks
 from llm.config import load_config
 from llm.eval import harness
-from llm.hf_export import export_hf
 from llm.model import Transformer
-from llm.weights import load_model
+from llm.weights.hf_export import export_hf
+from llm.weights.read import load_model
 from shards.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

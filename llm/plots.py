@@ -7,7 +7,7 @@ otherwise travel in every checkpoint. The x axis is tokens, as baby-llama2-chine
 runs with different batch sizes or sequence lengths line up.
 
 A run is found as a folder (local or `s3://`) holding `metrics.jsonl` (a `run_dir`) or
-`records/metrics.jsonl` (a checkpoint save folder, llm/checkpoint/records.py). No Composer import:
+`records/metrics.jsonl` (a checkpoint save folder, llm/run_dir.py). No Composer import:
 `llm plot` stays quick.
 """
 
@@ -23,10 +23,8 @@ from typing import Any
 import yaml
 
 from llm.errors import ConfigError
+from llm.run_dir import CONFIG, METRICS, RECORDS_DIR
 from storage import StorageError, open_store
-
-METRICS = "metrics.jsonl"
-RECORDS_DIR = "records"  # inside a checkpoint save folder
 
 
 @dataclass
@@ -101,7 +99,7 @@ def load_run(source: str) -> RunCurves:
 
 def _run_name(store, prefix: str, source: str) -> str:
     try:
-        config = yaml.safe_load(store.read_text(prefix + "config.yaml") or "") or {}
+        config = yaml.safe_load(store.read_text(prefix + CONFIG) or "") or {}
     except (yaml.YAMLError, StorageError):
         config = {}
     name = config.get("run_name") if isinstance(config, dict) else None

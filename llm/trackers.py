@@ -7,7 +7,7 @@ returns the Composer logger destinations:
 - TensorBoard: Composer's `TensorboardLogger`, writing to `<run_dir>/tensorboard`.
 - W&B: Composer's `WandBLogger` (`WandBTracker` adds the run's record files at the end). The run
   id is made at the first start and kept in `<run_dir>/trackers.json`, which travels with the
-  checkpoints (llm/checkpoint/records.py): a resumed run, even on an empty machine, continues the
+  checkpoints (llm/run_dir.py): a resumed run, even on an empty machine, continues the
   same W&B run (`resume="allow"`). `mode: offline` writes the run under `<dir>/wandb/` for a later
   `wandb sync`; W&B's own service buffers and retries when its server is away.
 - MLflow: `MLflowTracker`, a Composer `MLFlowLogger` whose sending is replaced. What Composer's
@@ -48,12 +48,12 @@ from composer.loggers import Logger, LoggerDestination, MLFlowLogger, Tensorboar
 from composer.utils import dist
 
 from llm.checkpoint.preemption import stop_requested
-from llm.checkpoint.records import RECORD_FILES
 from llm.config import MLflowConfig, TrainConfig, WandBConfig
 from llm.errors import ConfigError
+from llm.run_dir import METRICS, RECORD_FILES, TRACKERS
 from storage import atomic_write_text
 
-IDS_FILE = "trackers.json"  # {"mlflow_run_id": ..., "wandb_run_id": ...} in run_dir
+IDS_FILE = TRACKERS  # {"mlflow_run_id": ..., "wandb_run_id": ...} in run_dir
 # recipe key -> (module to import, extra of this project that installs it)
 _EXTRAS = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -433,7 +433,7 @@ class MLflowTracker(MLFlowLogger):
         _say(
             f"[mlflow] WARNING {self.tracking_uri} did not answer within {self.settings.close_timeout:g} s "
             f"at the end: {len(steps)} metric points{span} and {params} params were not sent, nor the "
-            f"record files; {self.record_dir / 'metrics.jsonl'} has every logged step"
+            f"record files; {self.record_dir / METRICS} has every logged step"
         )
 
 

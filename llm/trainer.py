@@ -45,6 +45,8 @@ from llm.data import (
 from llm.errors import ConfigError
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import all_reduce_between_replicas, compile_blocks, report, sharding_config
+from llm.plots import draw_run_plot
+from llm.run_dir import RunDir, RunRecords
 from llm.trackers import build_trackers, check_extras
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
@@ -122,7 +124,7 @@ def memory_callbacks(ctx: BuildContext) -> list[Callback]:
 def loss_plot_callbacks(ctx: BuildContext) -> list[Callback]:
     if not ctx.cfg.callbacks.loss_plot:
         return []
-    return [LossPlot(ctx.run_dir / "loss.png", title=f"{ctx.cfg.run_name}: loss")]
+    return [LossPlot(RunDir(ctx.run_dir).loss_plot, title=f"{ctx.cfg.run_name}: loss")]
 
 
 CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
@@ -145,10 +147,24 @@ def build_loggers(ctx: BuildContext) -> list[LoggerDestination]:
     cfg = ctx.cfg
     loggers: list[LoggerDestination] = []
     if cfg.loggers.metrics_file:
-        loggers.append(MetricsFile(ctx.run_dir / "metrics.jsonl", interval=cfg.training.log_interval))
+        loggers.append(MetricsFile(RunDir(ctx.run_dir).metrics, interval=cfg.training.log_interval))
     loggers.extend(build_trackers(cfg, ctx.run_dir))  # TensorBoard, MLflow, W&B: llm/trackers.py
     loggers.append(ProgressLine(cfg.training.log_interval))  # tokens/s, MFU, time to finish
     return loggers
+
+
+def records_hooks(cfg: TrainConfig, loggers: Sequence[LoggerDestination]) -> list[Callable[[Any], object]]:
+    """What runs before the records are stored with a checkpoint: metrics.jsonl's flush first (a
+    checkpoint's stored metrics include its own step), then the loss plot's redraw."""
+    hooks: list[Callable[[Any], object]] = [lg.flush for lg in loggers if isinstance(lg, MetricsFile)]
+    if cfg.callbacks.loss_plot:
+        plot, title = RunDir(cfg.run_dir).loss_plot, f"{cfg.run_name}: loss"
+
+        def redraw_loss_plot(state):
+            return draw_run_plot(plot, title)
+
+        hooks.append(redraw_loss_plot)
+    return hooks
 
 
 # --- the trainer ------------------------------------------------------------------------------
@@ -185,7 +201,7 @@ def announce(cfg: TrainConfig, run_dir: Path) -> None:
     if dist.get_global_rank() != 0:
         return
     print(f"resolved config ({cfg.run_name}):\n{to_yaml(cfg)}", flush=True)
-    save_resolved(cfg, run_dir / "config.yaml")
+    save_resolved(cfg, RunDir(run_dir).config)
 
 
 def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> Trainer:
@@ -202,7 +218,10 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     parallelism = parallelism_config(cfg, world_size)
     # Where to start (fresh, newest verified checkpoint, or an allowed load_path), and the
     # callbacks that save, publish and handle preemption: see llm/checkpoint and docs/resume.md.
-    checkpointing = plan_checkpointing(cfg, rank=dist.get_global_rank(), world_size=world_size)
+    records = RunRecords.for_run(cfg.run_dir, cfg.checkpoint.save_folder)  # llm/run_dir.py
+    checkpointing = plan_checkpointing(
+        cfg, rank=dist.get_global_rank(), world_size=world_size, records=records
+    )
     run_dir = Path(cfg.run_dir)
     announce(cfg, run_dir)
 
@@ -225,9 +244,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     optimizer = build_optimizer(model, cfg.optimizer)
     ctx = BuildContext(cfg=cfg, device=device, run_dir=run_dir, world_size=world_size, model=model)
     loggers = build_loggers(ctx)
-    if checkpointing.records is not None:  # a checkpoint's stored metrics.jsonl includes its own step
-        flushes = [lg.flush for lg in loggers if isinstance(lg, MetricsFile)]
-        checkpointing.records.before_store[:0] = flushes
+    records.before_store = records_hooks(cfg, loggers)
     trainer = Trainer(
         run_name=cfg.run_name,
         model=model,
@@ -304,10 +321,10 @@ def summarize(trainer: Trainer, cfg: TrainConfig) -> dict[str, Any]:
         "eval_perplexity": _float(eval_values.get("LanguagePerplexity")),
         "eval_sources": _eval_sources(state),
         "run_dir": str(run_dir),
-        "config": str(run_dir / "config.yaml"),
-        "metrics_file": str(run_dir / "metrics.jsonl") if cfg.loggers.metrics_file else None,
-        "loss_plot": str(run_dir / "loss.png") if cfg.callbacks.loss_plot else None,
-        "samples": first_and_last_samples(run_dir / "samples.jsonl"),
+        "config": str(RunDir(run_dir).config),
+        "metrics_file": str(RunDir(run_dir).metrics) if cfg.loggers.metrics_file else None,
+        "loss_plot": str(RunDir(run_dir).loss_plot) if cfg.callbacks.loss_plot else None,
+        "samples": first_and_last_samples(RunDir(run_dir).samples),
         "checkpoints": cfg.checkpoint.save_folder,
     }
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from llm.eval import harness
 from llm.eval.prompts import ANSWER_CUE, LETTERS, PROTOCOLS, description
 from llm.eval.tasks import Subject, Task
-from llm.weights import load_model
+from llm.weights.read import load_model
 from shards.tokenizer import Tokenizer
 
 

@@ -177,3 +177,63 @@ def test_the_cross_import_check_finds_planted_imports(tmp_path):
         "bench/planted.py -> conftest",
         "scenarios/planted.py -> bench",
     ]
+
+
+# --- checkpointing knows nothing of plots, the memory plan or callbacks; the weights' reader internals
+
+
+CHECKPOINT_MUST_NOT_IMPORT = ("llm.plots", "llm.memory_plan", "llm.callbacks")
+
+
+def checkpoint_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, import) pairs where llm.checkpoint imports plotting, the memory plan or a callback."""
+    return sorted(
+        (name, m)
+        for name, imported in graph.items()
+        if name == "llm.checkpoint" or name.startswith("llm.checkpoint.")
+        for m in imported
+        if any(m == bad or m.startswith(bad + ".") for bad in CHECKPOINT_MUST_NOT_IMPORT)
+    )
+
+
+def test_the_checkpoint_rule_catches_a_planted_import():
+    planted = {"llm.checkpoint.plan": {"llm.plots", "llm.config"}, "llm.trainer": {"llm.plots"}}
+    assert checkpoint_violations(planted) == [("llm.checkpoint.plan", "llm.plots")]
+    assert checkpoint_violations({"llm.checkpoint.x": {"llm.callbacks.loss_plot"}}) != []
+
+
+def test_checkpointing_imports_no_plots_memory_plan_or_callbacks():
+    assert checkpoint_violations(import_graph()) == []
+
+
+def private_weights_imports(path: Path, name: str) -> list[str]:
+    """Private names (leading underscore) that `path` imports from llm.weights.* from outside the
+    package, and private torch.distributed.checkpoint names imported outside llm.weights.safe_load."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+            continue
+        private = [a.name for a in node.names if a.name.startswith("_")]
+        if node.module.startswith("llm.weights") and not name.startswith("llm.weights"):
+            found += [f"{node.module}.{n}" for n in private]
+        if node.module.startswith("torch.distributed.checkpoint") and name != "llm.weights.safe_load":
+            found += [f"{node.module}.{n}" for n in private]
+    return found
+
+
+def test_the_private_reader_rule_catches_a_planted_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from llm.weights.safe_load import _MetadataUnpickler, load_pickle\n"
+        "from torch.distributed.checkpoint.state_dict_loader import _load_state_dict\n"
+    )
+    assert private_weights_imports(planted, "llm.commands.x") == [
+        "llm.weights.safe_load._MetadataUnpickler",
+        "torch.distributed.checkpoint.state_dict_loader._load_state_dict",
+    ]
+    assert private_weights_imports(planted, "llm.weights.safe_load") == []
+
+
+def test_only_the_safe_reader_uses_private_reader_internals():
+    found = {name: private_weights_imports(path, name) for name, path in module_files().items()}
+    assert {name: names for name, names in found.items() if names} == {}

@@ -74,7 +74,7 @@ def test_under_fsdp2_both_ranks_score_the_same_and_rank_zero_writes(launched, sm
 
 
 def test_under_fsdp2_every_rank_generates_in_lockstep_and_rank_zero_writes(launched):
-    from llm.weights import load_model
+    from llm.weights.read import load_model
 
     out, _ = launched
     rank0, rank1 = (r["texts"] for r in _ranks(out))

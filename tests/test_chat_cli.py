@@ -15,7 +15,9 @@ from llm.commands import main as llm_main
 from llm.commands.chat import TextStream
 from llm.generate import generate
 from llm.model import ModelConfig, Transformer
-from llm.weights import MODEL_CONFIG_KEY, load_model, read_weights, save_composer_weights
+from llm.weights.composer_layout import save_composer_weights
+from llm.weights.keys import MODEL_CONFIG_KEY
+from llm.weights.read import load_model, read_weights
 from shards.chat_template import CHAT_TEMPLATE_KEY, TEMPLATE_FILE, ChatTemplate
 from shards.meta import FORMAT_NAME
 from shards.tokenizer import Tokenizer

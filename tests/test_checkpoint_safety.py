@@ -23,7 +23,8 @@ from llm.composer_model import LanguageModel
 from llm.config import load_config
 from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer
-from llm.weights import read_weights, save_composer_weights, strip_wrappers
+from llm.weights.composer_layout import save_composer_weights, strip_wrappers
+from llm.weights.read import read_weights
 from storage import open_store
 
 VOCAB = 2000  # the session tokenizer's size, so `llm generate` can run on these checkpoints
@@ -242,6 +243,19 @@ def test_a_sharded_checkpoint_is_read_without_running_its_pickles(tmp_path, run_
     with pytest.raises(ConfigError, match=r"\.metadata asks for .*mkdir.*--trust"):
         read_weights(str(in_metadata))
     assert not marker.exists()
+
+
+def test_a_trusted_sharded_checkpoint_is_gathered_by_torch_in_full(tmp_path, run_folder):
+    full = torch.load(run_folder / "ep0-ba2-rank0.pt", weights_only=False)  # our own file: trusted
+    good = _sharded(tmp_path / "good", {"state": full["state"], "rng": full["rng"]})
+    loaded = read_weights(str(good), trust=True).tensors  # torch's dcp_to_torch_save path
+    final = final_weights(run_folder)
+    assert loaded.keys() == final.keys() and all(torch.equal(loaded[k], final[k]) for k in final)
+
+    marker = tmp_path / "payload-ran"
+    in_item = _sharded(tmp_path / "item", {"state": full["state"], "extra": Payload(marker)})
+    read_weights(str(in_item), trust=True)
+    assert marker.is_dir()  # what --trust means: the file's code ran
 
 
 @pytest.mark.parametrize("command", ["generate", "export", "import"])

@@ -16,8 +16,8 @@ CFG = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=12
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, small_tokenizer):
     from convert.demo_tasks import write_demo_tasks
-    from llm.hf_export import export_hf
-    from llm.weights import save_composer_weights
+    from llm.weights.composer_layout import save_composer_weights
+    from llm.weights.hf_export import export_hf
 
     root = tmp_path_factory.mktemp("cli")
     model = Transformer(CFG, seed=2)
@@ -90,7 +90,7 @@ def test_a_checkpoint_without_a_tokenizer_is_refused(setup, capsys):
 
 
 def test_a_prompt_longer_than_the_context_is_cut_and_counted(setup, small_tokenizer, capsys, tmp_path):
-    from llm.hf_export import export_hf
+    from llm.weights.hf_export import export_hf
 
     root, _, _ = setup
     short = export_hf(Transformer(ModelConfig(**{**CFG.__dict__, "max_seq_len": 48}), seed=2), tmp_path / "s")

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(
 def exported(tmp_path_factory, small_tokenizer):
     """A small model with perturbed norms, in the HF layout, and the demo task in both styles."""
     from convert.demo_tasks import write_demo_tasks
-    from llm.hf_export import export_hf
     from llm.model import ModelConfig, Transformer
+    from llm.weights.hf_export import export_hf
 
     root = tmp_path_factory.mktemp("agree")
     cfg = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=128, tie_embeddings=True)

@@ -42,8 +42,8 @@ def spaced(row: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, small_tokenizer):
     from convert.demo_tasks import write_demo_tasks
-    from llm.hf_export import export_hf
     from llm.model import ModelConfig, Transformer
+    from llm.weights.hf_export import export_hf
 
     root = tmp_path_factory.mktemp("stock")
     cfg = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=512, tie_embeddings=True)

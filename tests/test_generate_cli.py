@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from llm.commands import main as llm_main
-from llm.hf_export import export_hf
 from llm.model import ModelConfig, Transformer
-from llm.weights import load_model, save_composer_weights
+from llm.weights.composer_layout import save_composer_weights
+from llm.weights.hf_export import export_hf
+from llm.weights.read import load_model
 
 VOCAB = 2000
 CFG = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=64, tie_embeddings=True)

@@ -14,7 +14,7 @@ from llm.callbacks.generation import GenerationCallback
 from llm.commands import main as llm_main
 from llm.composer_model import LanguageModel
 from llm.model import ModelConfig
-from llm.weights import load_model
+from llm.weights.read import load_model
 from shards.errors import ShardsError
 
 VOCAB, SEQ = 2000, 32

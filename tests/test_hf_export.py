@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from llm.commands import main as llm_main
-from llm.hf_export import export_hf
 from llm.model import ModelConfig, Transformer
-from llm.weights import load_model, save_composer_weights
+from llm.weights.composer_layout import save_composer_weights
+from llm.weights.hf_export import export_hf
+from llm.weights.read import load_model
 
 CONFIGS = {
     "tied": ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=32, tie_embeddings=True),
@@ -122,7 +123,7 @@ def test_the_exports_generation_defaults_are_llm_generates():
     import argparse
 
     from llm.commands import generate as command
-    from llm.hf_export import GENERATE_DEFAULTS
+    from llm.weights.hf_export import GENERATE_DEFAULTS
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from llm.commands import main as llm_main
 from llm.errors import ConfigError
-from llm.import_weights import import_baby_llama2
-from llm.weights import load_model
+from llm.weights.baby_llama2 import import_baby_llama2
+from llm.weights.read import load_model
 
 DIM, LAYERS, HEADS, HIDDEN, VOCAB, SEQ = 64, 2, 4, 96, 300, 32
 

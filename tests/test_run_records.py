@@ -8,7 +8,7 @@ lines past the checkpoint (tests/test_resume.py).
 
 from __future__ import annotations
 
-from llm.checkpoint.records import cut_after
+from llm.run_dir import cut_after
 
 
 def test_cut_after_keeps_lines_up_to_the_step_and_drops_torn_ones(tmp_path):

@@ -17,7 +17,7 @@ from train_fixtures import load, read_metrics, recipe_dict, train_data  # noqa: 
 
 from llm.commands import main as llm_main
 from llm.errors import ConfigError
-from llm.weights import read_weights
+from llm.weights.read import read_weights
 from shards.chat_template import ChatTemplate
 
 PROMPT = "评论：房间很干净，服务也很热情。 这条评论是正面还是负面？"

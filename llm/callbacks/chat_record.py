@@ -9,12 +9,12 @@ from composer.core import Callback
 
 from llm.data import chat_template_of
 from llm.model import ModelConfig
-from llm.weights import MODEL_CONFIG_KEY
+from llm.weights.keys import MODEL_CONFIG_KEY
 from shards.chat_template import CHAT_TEMPLATE_KEY, ChatTemplate
 
 
 class ChatRecord(Callback):
-    """Its state, saved in each checkpoint, is the template and the model config; `llm.weights`
+    """Its state, saved in each checkpoint, is the template and the model config; `llm.weights.composer_layout`
     reads them back."""
 
     def __init__(self, template: ChatTemplate, model: ModelConfig):

@@ -32,7 +32,8 @@ from torch import Tensor, nn
 from llm.checkpoint.preemption import stop_requested
 from llm.data import chat_template_of
 from llm.generate import generate
-from llm.weights import MODEL_CONFIG_KEY
+from llm.run_dir import RunDir
+from llm.weights.keys import MODEL_CONFIG_KEY
 from shards.chat_template import ChatTemplate
 from shards.tokenizer import Tokenizer
 
@@ -57,7 +58,7 @@ class GenerationCallback(Callback):
         self.chat_template = chat_template
         self.interval = interval
         self.tokenizer_path = tokenizer_path
-        self.samples_path = Path(run_dir) / "samples.jsonl"
+        self.samples_path = RunDir(run_dir).samples
         self.sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         self.seed = seed
         self._should_run = create_interval_scheduler(

@@ -4,7 +4,7 @@ The picture (llm/plots.py) shows train loss, raw and smoothed, the eval total an
 streams, each source's curve, against tokens, with the learning rate in a panel below. It is drawn
 from the run's records, not from a history kept in this callback: nothing of it travels in
 checkpoints, and a resumed run's plot still shows the whole run because its metrics.jsonl was
-brought back and appended to (llm/checkpoint/records.py). The checkpoint records redraw it at
+brought back and appended to (llm/run_dir.py). The checkpoint records redraw it at
 every save, so the copy beside the checkpoints is never older than the last save.
 """
 

@@ -52,7 +52,7 @@ class MetricsFile(LoggerDestination):
     that starts from step 0 starts a fresh file. A run stopping on SIGTERM/SIGINT writes no extra
     "final" line for the step it stopped at: the resumed run writes the lines an uninterrupted run
     would have, so the file of a run preempted any number of times equals an uninterrupted run's
-    (the lines past the checkpoint resumed from are cut at start, llm/checkpoint/records.py).
+    (the lines past the checkpoint resumed from are cut at start, llm/run_dir.py).
     """
 
     def __init__(self, path: str | Path, interval: int = 1):

@@ -30,6 +30,7 @@ from torch import Tensor
 from llm.callbacks.generation import transformer_of
 from llm.eval.harness import PreparedTask, load_tasks, prepare, run
 from llm.eval.results import Report
+from llm.run_dir import RunDir
 from shards.tokenizer import Tokenizer
 
 
@@ -48,7 +49,7 @@ class TaskEvalCallback(Callback):
     ):
         self.task_paths = list(tasks)
         self.tokenizer_path = tokenizer_path
-        self.results_path = Path(run_dir) / "tasks.jsonl"
+        self.results_path = RunDir(run_dir).tasks
         self.shots, self.split, self.max_questions = shots, split, max_questions
         self.batch_size, self.shared_prompt = batch_size, shared_prompt
         self._should_run = create_interval_scheduler(

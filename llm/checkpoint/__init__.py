@@ -4,11 +4,11 @@
   resume.py      which checkpoint a run (or `llm generate/export`) starts from, verified
   manifest.py    what makes a checkpoint complete; how its files are checked
   publisher.py   stores what Composer's saver wrote, writes manifests, moves latest.json, retention
-  records.py     the run's records (metrics, samples, plot, config) beside the checkpoints; restored at start
   lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)
   preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch, then exit 143/130
 
-Storage (local folder or S3, retries, atomic writes) is `storage`'s, not this package's. The
+Storage (local folder or S3, retries, atomic writes) is `storage`'s, not this package's; the run's
+records (metrics, samples, plot, config) are `llm.run_dir`'s, handed in by the trainer. The
 package imports nothing itself (import the module you need), so no module here imports its own
 package's initialiser in a circle.
 """

@@ -22,14 +22,14 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint.lock import RunLock, RunLockHeld
-from llm.checkpoint.records import RunRecords
 from llm.checkpoint.resume import (
     ResumePoint,
     announce,
@@ -41,13 +41,24 @@ from llm.checkpoint.resume import (
 )
 from llm.config import TrainConfig
 from llm.errors import ConfigError
-from llm.memory_plan import count_params
-from llm.plots import draw_run_plot
+from llm.model import Transformer
 from storage import StorageError, Store, open_store
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
 # The least one checkpoint takes: fp32 weights and AdamW's two fp32 moments, 4 bytes each.
 CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+class RunRecordsHook(Protocol):
+    """What checkpointing asks of the run's records (the trainer passes `llm.run_dir.RunRecords`):
+    bring them back for the step a run starts at, store them with each checkpoint (before its
+    manifests, rank 0) and once more at the end. Checkpointing knows nothing of the files."""
+
+    def restore(self, step: int) -> object: ...
+
+    def save(self, state: Any = None) -> object: ...
+
+    def save_quietly(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,6 @@ class CheckpointPlan:
     resume: ResumePoint
     trainer_kwargs: dict[str, Any]
     callbacks: tuple  # (CheckpointSaver, CheckpointPublisher, RunLockCallback?)? + (PreemptionCallback,)
-    records: RunRecords | None = None  # stored with each checkpoint (remote save_folder only)
 
     def callbacks_after(self, others: Sequence) -> list:
         """`others` followed by this plan's callbacks; refuses checkpointing callbacks in `others`."""
@@ -73,7 +83,9 @@ class CheckpointPlan:
         return [*others, *self.callbacks]
 
 
-def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> CheckpointPlan:
+def plan_checkpointing(
+    cfg: TrainConfig, *, rank: int, world_size: int, records: RunRecordsHook | None = None
+) -> CheckpointPlan:
     """Check the checkpoint settings, choose the resume point and build the callbacks (every rank).
 
     - `checkpoint.num_to_keep` and the load-path safety rule (ConfigError: a `load_path` outside
@@ -89,9 +101,9 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
       checkpoint that verifies (`newest_usable_checkpoint`), else `checkpoint.load_path`, and says
       which; raises RunAlreadyComplete when that checkpoint already reached max_duration;
     - warns about every recipe value that differs from the checkpoint's recipe (docs/resume.md);
-    - (rank 0) brings the run's records (metrics.jsonl, samples, plot ...) back from beside the
-      checkpoints and cuts them to the resume step, or clears them for a fresh start
-      (`llm.checkpoint.records`).
+    - (rank 0) asks `records` (the trainer's, `llm.run_dir.RunRecords`) to bring the run's records
+      back from beside the checkpoints and cut them to the resume step, or to clear them for a
+      fresh start; the publisher then stores them with every checkpoint.
 
     The lock is released again if anything here fails; once the Trainer runs, its callback holds it.
     """
@@ -105,7 +117,7 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
     check_load_path_allowed(cfg)
     lock = take_run_lock(cfg, rank=rank, world_size=world_size) if ck.save_folder else None
     try:
-        point = _starting_point(cfg, rank, world_size)
+        point = _starting_point(cfg, rank, world_size, records)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -119,13 +131,14 @@ def plan_checkpointing(cfg: TrainConfig, *, rank: int, world_size: int) -> Check
         "load_weights_only": point.weights_only,
     }
     held = (RunLockCallback(lock),) if lock is not None else ()
-    saving = _saving_callbacks(cfg, rank) if ck.save_folder else ()
+    saving = _saving_callbacks(cfg, rank, records) if ck.save_folder else ()
     callbacks = (*saving, *held, PreemptionCallback())
-    records = saving[1].records if saving else None
-    return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks, records=records)
+    return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
 
 
-def _starting_point(cfg: TrainConfig, rank: int, world_size: int) -> ResumePoint:
+def _starting_point(
+    cfg: TrainConfig, rank: int, world_size: int, records: RunRecordsHook | None
+) -> ResumePoint:
     ck = cfg.checkpoint
     if ck.save_folder:
         remove_stale_composer_copy(ck.save_folder)
@@ -139,27 +152,9 @@ def _starting_point(cfg: TrainConfig, rank: int, world_size: int) -> ResumePoint
     stop_if_complete(cfg, point)
     if point.checkpoint is not None and point.checkpoint.recipe and rank == 0:
         warn_recipe_changes(point.checkpoint.recipe, cfg.to_dict(redact=True))
-    if rank == 0 and point.source != "load_path":  # metrics, samples ... continue from the resume point
-        run_records(cfg).restore(point.batch or 0)
+    if records is not None and rank == 0 and point.source != "load_path":
+        records.restore(point.batch or 0)  # metrics, samples ... continue from the resume point
     return point
-
-
-def run_records(cfg: TrainConfig) -> RunRecords:
-    """The run's records (`llm.checkpoint.records`): mirrored beside the checkpoints when
-    `save_folder` is remote, the loss plot redrawn before each store when the recipe draws it."""
-    ck = cfg.checkpoint
-    store = open_store(ck.save_folder) if ck.save_folder else None
-    if store is None or not store.is_remote:
-        return RunRecords(cfg.run_dir)
-    hooks = []
-    if cfg.callbacks.loss_plot:
-        plot, title = Path(cfg.run_dir) / "loss.png", f"{cfg.run_name}: loss"
-
-        def redraw_loss_plot(state):
-            return draw_run_plot(plot, title)
-
-        hooks.append(redraw_loss_plot)
-    return RunRecords(cfg.run_dir, store, before_store=hooks)
 
 
 class RunLockCallback(Callback):
@@ -208,7 +203,8 @@ def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> No
     """ConfigError if a local `save_folder` cannot be written, or if the disk a checkpoint is first
     written to (the local save_folder, or the temp folder Composer stages an S3 save in) has less
     free space than one checkpoint of this model needs at the least."""
-    need = CHECKPOINT_BYTES_PER_PARAM * count_params(cfg.model).total
+    with torch.device("meta"):  # nothing allocated
+        need = CHECKPOINT_BYTES_PER_PARAM * Transformer(cfg.model).num_params()
     if store.is_remote:
         where = Path(tempfile.gettempdir())
         if cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded":
@@ -238,7 +234,7 @@ def _unwritable(cfg: TrainConfig, err: StorageError) -> ConfigError:
     )
 
 
-def _saving_callbacks(cfg: TrainConfig, rank: int) -> tuple:
+def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | None) -> tuple:
     from composer.callbacks import CheckpointSaver
 
     from llm.checkpoint.publisher import CheckpointPublisher
@@ -259,7 +255,6 @@ def _saving_callbacks(cfg: TrainConfig, rank: int) -> tuple:
         overwrite=True,
         num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
     )
-    records = run_records(cfg) if store.is_remote else None
     publisher = CheckpointPublisher(
         store, staging, ck.num_to_keep, recipe=cfg.to_dict(redact=True), records=records
     )

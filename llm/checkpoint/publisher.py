@@ -5,8 +5,9 @@ Composer's `CheckpointSaver` writes the files (into a local staging folder when 
 after it at the same event (it must come after the saver in the callback list), and on every rank:
 
 1. uploads the files this rank wrote (retried by the store; the staging copy is then removed),
-   and on rank 0 first the run's records when the recipe gives any (`llm.checkpoint.records`:
-   metrics, samples, plot, config beside the checkpoints),
+   and on rank 0 first the run's records when the trainer gives them (`llm.run_dir.RunRecords`
+   through `llm.checkpoint.plan.RunRecordsHook`: metrics, samples, plot, config beside the
+   checkpoints),
 2. writes this rank's manifest (sizes + SHA-256 of those files) after its files are stored,
 3. agrees with the other ranks that all of them succeeded (`all_reduce` MIN),
 4. on rank 0 only: moves `latest.json` to this checkpoint, then deletes checkpoints beyond the
@@ -39,7 +40,6 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint import manifest as cm
-from llm.checkpoint.records import RunRecords
 from storage import StorageError, Store
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class CheckpointPublisher(Callback):
         staging_root: str,
         num_to_keep: int,
         recipe: dict[str, Any] | None = None,
-        records: RunRecords | None = None,
+        records: Any = None,  # llm.checkpoint.plan.RunRecordsHook
     ):
         self.store = store
         self.records = records  # stored by rank 0 with every checkpoint, before its manifests

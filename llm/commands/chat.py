@@ -29,7 +29,8 @@ from llm.commands import add_trust_argument
 from llm.commands.generate import read_prompts
 from llm.errors import ConfigError
 from llm.generate import generate
-from llm.weights import model_from_weights, read_weights
+from llm.weights.build import model_from_weights
+from llm.weights.read import read_weights
 from shards.chat_template import ChatTemplate, read_template
 from shards.errors import ShardsError
 from shards.tokenizer import Tokenizer

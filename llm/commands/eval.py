@@ -23,7 +23,7 @@ import torch
 from llm.errors import ConfigError
 from llm.eval import harness
 from llm.eval.tasks import PROTOCOLS
-from llm.weights import load_model
+from llm.weights.read import load_model
 from shards.tokenizer import Tokenizer
 from storage import is_remote, join, open_store
 

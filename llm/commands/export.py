@@ -1,6 +1,6 @@
 """`llm export CHECKPOINT --out FOLDER [--tokenizer T.model] [--recipe R] [--dtype D]`.
 
-Writes the model in the Hugging Face Llama layout (`llm.hf_export.export_hf`). CHECKPOINT is a
+Writes the model in the Hugging Face Llama layout (`llm.weights.hf_export.export_hf`). CHECKPOINT is a
 checkpoint file, a run's checkpoint folder (its newest verified checkpoint), an `llm import`
 output or an exported folder, local or s3://. It is read without running code from it (see
 `llm generate --help`); --trust lifts that for a file you trust.
@@ -13,8 +13,9 @@ import argparse
 import torch
 
 from llm.commands import add_trust_argument
-from llm.hf_export import export_hf
-from llm.weights import model_from_weights, read_weights
+from llm.weights.build import model_from_weights
+from llm.weights.hf_export import export_hf
+from llm.weights.read import read_weights
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

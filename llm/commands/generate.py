@@ -26,7 +26,7 @@ import torch
 from llm.commands import add_trust_argument
 from llm.errors import ConfigError
 from llm.generate import generate
-from llm.weights import load_model
+from llm.weights.read import load_model
 from shards.tokenizer import Tokenizer
 
 

@@ -1,6 +1,6 @@
 """`llm import --from {baby-llama2,baichuan} SRC --recipe R --out OUT.pt`.
 
-Converts the weights (`llm.import_weights`), refusing a source whose own configuration
+Converts the weights (`llm.weights.baby_llama2`, `llm.weights.baichuan`), refusing a source whose own configuration
 contradicts the recipe, and writes a checkpoint the trainer loads with
 `checkpoint.load_path=OUT.pt checkpoint.load_weights_only=true`. SRC is read without running code
 from it (a `.pth`/`.bin` pickle that needs more than weights is refused unless --trust).
@@ -9,11 +9,21 @@ from it (a `.pth`/`.bin` pickle that needs more than weights is refused unless -
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+
+from torch import Tensor
 
 from llm.commands import add_trust_argument
 from llm.config import load_config
-from llm.import_weights import IMPORTERS
-from llm.weights import save_composer_weights
+from llm.weights.baby_llama2 import import_baby_llama2
+from llm.weights.baichuan import import_baichuan
+from llm.weights.composer_layout import save_composer_weights
+
+# --from -> (source, recipe's model config, trust=...) -> our tensors
+IMPORTERS: dict[str, Callable[..., dict[str, Tensor]]] = {
+    "baby-llama2": import_baby_llama2,
+    "baichuan": import_baichuan,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

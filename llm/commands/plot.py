@@ -4,7 +4,7 @@
     llm plot s3://bkt/ckpt/b7-001 s3://bkt/ckpt/b7-002 --out compare.png --title "7B: lr sweep"
 
 Each RUN is a run_dir (holds metrics.jsonl) or a checkpoint save folder whose records are stored
-beside the checkpoints (records/metrics.jsonl, llm/checkpoint/records.py), local or s3://. The
+beside the checkpoints (records/metrics.jsonl, llm/run_dir.py), local or s3://. The
 figure has each run's smoothed train loss (a line) and eval loss (markers) in its own colour with a
 legend, and the learning rates below; the command prints one row per run: steps, tokens, final
 train and eval loss, median tokens/s.

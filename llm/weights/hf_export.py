@@ -1,4 +1,4 @@
-"""A model written in the Hugging Face Llama layout.
+"""`llm export`'s files: a model written as a Hugging Face Llama folder (all the writing is here).
 
 The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
 `LlamaTokenizer.from_pretrained(out)`:
@@ -9,7 +9,7 @@ The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
     special_tokens_map.json  the same special tokens
     generation_config.json   `llm generate`'s defaults and token ids, for `model.generate`
     chat_template.json       an SFT model's chat template (`shards.chat_template`), for `llm chat`
-Names and config keys come from `llm.weights`, which also reads such a folder back. Our rotary
+Names and config keys come from `llm.weights.hf`, which also reads such a folder back. Our rotary
 embeddings already use HF's rotate_half layout, so q/k rows are copied as they are.
 
 Reproducing our commands with no edit: `llm generate` and `llm eval` start every context with the
@@ -22,13 +22,15 @@ defaults. (The SentencePiece model's own BOS piece, `<s>`, is never used by our 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
 from llm.model import Transformer
-from llm.weights import hf_config, to_hf, write_json
+from llm.weights.hf import hf_config, to_hf
 from shards.chat_template import TEMPLATE_FILE
 from shards.tokenizer import Tokenizer
 
@@ -89,3 +91,7 @@ def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
     write_json(out / "special_tokens_map.json", special)
     generation = {"bos_token_id": start, "eos_token_id": tok.eos_id, "pad_token_id": tok.eos_id}
     write_json(out / "generation_config.json", {**generation, **GENERATE_DEFAULTS})
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

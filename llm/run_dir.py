@@ -1,4 +1,9 @@
-"""A run's records beside its checkpoints, so that a resume on an empty machine continues them.
+"""The run folder (`run_dir`): the one owner of its file names, and of its records beside the checkpoints.
+
+`RunDir` names the files; every module that writes or reads one asks it (`RunDir(path).metrics`).
+`RunRecords` keeps them beside the checkpoints, so that a resume on an empty machine continues them.
+Checkpointing knows nothing of these files: the trainer hands it a `RunRecords` to `restore` at
+start and to `save` with each checkpoint (`llm.checkpoint.plan.RunRecordsHook`).
 
 The records are the files a person reads after a run, written to `run_dir` by the callbacks and
 loggers: `config.yaml`, `metrics.jsonl`, `samples.jsonl`, `tasks.jsonl`, `loss.png`, and
@@ -29,14 +34,51 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from storage import StorageError, Store, atomic_write_text
+from storage import StorageError, Store, atomic_write_text, open_store
 
 log = logging.getLogger(__name__)
 
-RECORDS_DIR = "records"
-STEP_FILES = ("metrics.jsonl", "samples.jsonl", "tasks.jsonl")  # JSON lines, each with a "step"
-OTHER_FILES = ("config.yaml", "loss.png", "trackers.json")
+RECORDS_DIR = "records"  # inside a checkpoint save folder
+CONFIG = "config.yaml"  # the resolved, redacted recipe (llm.config.save_resolved)
+METRICS = "metrics.jsonl"  # one line per logged step (llm/callbacks/metrics_file.py)
+SAMPLES = "samples.jsonl"  # generated samples (llm/callbacks/generation.py)
+TASKS = "tasks.jsonl"  # task accuracies (llm/callbacks/task_eval.py)
+LOSS_PLOT = "loss.png"  # the loss curves (llm/callbacks/loss_plot.py, llm.plots)
+TRACKERS = "trackers.json"  # the MLflow / W&B run ids (llm/trackers.py)
+STEP_FILES = (METRICS, SAMPLES, TASKS)  # JSON lines, each with a "step"
+OTHER_FILES = (CONFIG, LOSS_PLOT, TRACKERS)
 RECORD_FILES = (*STEP_FILES, *OTHER_FILES)
+
+
+class RunDir:
+    """The paths of one run folder's files."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    @property
+    def samples(self) -> Path:
+        return self.root / SAMPLES
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / TASKS
+
+    @property
+    def loss_plot(self) -> Path:
+        return self.root / LOSS_PLOT
+
+    @property
+    def trackers(self) -> Path:
+        return self.root / TRACKERS
 
 
 class RunRecords:
@@ -45,7 +87,7 @@ class RunRecords:
     `before_store` are called with the trainer's state before each store, in order: the trainer
     puts metrics.jsonl's flush of the current step first (Composer runs loggers after the other
     callbacks of an event, so the line of the step being saved is not written yet), then the loss
-    plot's redraw.
+    plot's redraw. `for_run` builds the records of a run with its checkpoint `save_folder`.
     """
 
     def __init__(
@@ -58,6 +100,12 @@ class RunRecords:
         self.store = store
         self.before_store = list(before_store or [])
         self.stored = 0  # how many times the records were stored
+
+    @classmethod
+    def for_run(cls, run_dir: str | Path, save_folder: str | None) -> RunRecords:
+        """The records of `run_dir`, mirrored beside the checkpoints when `save_folder` is remote."""
+        store = open_store(save_folder) if save_folder else None
+        return cls(run_dir, store if store is not None and store.is_remote else None)
 
     def save(self, state: Any = None) -> list[str]:
         """Store every record file that exists (rank 0); returns the names stored."""
@@ -89,7 +137,7 @@ class RunRecords:
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if step <= 0:
-            for name in (*STEP_FILES, "trackers.json"):
+            for name in (*STEP_FILES, TRACKERS):
                 (self.run_dir / name).unlink(missing_ok=True)
             return {}
         if self.store is not None:
