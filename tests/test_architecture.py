@@ -237,3 +237,64 @@ def test_the_private_reader_rule_catches_a_planted_import(tmp_path):
 def test_only_the_safe_reader_uses_private_reader_internals():
     found = {name: private_weights_imports(path, name) for name, path in module_files().items()}
     assert {name: names for name, names in found.items() if names} == {}
+
+
+# --- the floors inside llm/ that docs/architecture.md draws: a module imports its own floor or lower
+
+FLOORS = {
+    0: (
+        "llm.config",
+        "llm.model",
+        "llm.composer_model",
+        "llm.generate",
+        "llm.run_dir",
+        "llm.meta_init",
+        "llm.errors",
+    ),
+    1: (
+        "llm.checkpoint",
+        "llm.data",
+        "llm.eval",
+        "llm.optim",
+        "llm.parallelism",
+        "llm.plots",
+        "llm.float8",
+        "llm.profiling",
+    ),
+    2: ("llm.weights", "llm.trackers", "llm.memory_plan"),
+    3: ("llm.callbacks",),
+    4: ("llm.trainer",),
+    5: ("llm.commands", "llm.__main__"),
+}
+
+
+def floor_of(name: str) -> int | None:
+    for floor, prefixes in FLOORS.items():
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return floor
+    return None
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, import) pairs inside llm/ where a module imports a higher floor than its own."""
+    found = []
+    for name, imported in graph.items():
+        own = floor_of(name)
+        for m in imported:
+            other = floor_of(m)
+            if own is not None and other is not None and other > own:
+                found.append((name, m))
+    return sorted(found)
+
+
+def test_every_llm_module_has_a_floor_on_the_map():
+    assert [n for n in module_files() if n.startswith("llm.") and floor_of(n) is None] == []
+
+
+def test_llm_imports_run_down_the_floors():
+    assert floor_violations(import_graph()) == []
+
+
+def test_the_floor_rule_catches_a_planted_upward_import():
+    planted = {"llm.data": {"llm.trainer", "llm.config"}, "llm.trainer": {"llm.data"}}
+    assert floor_violations(planted) == [("llm.data", "llm.trainer")]
