@@ -314,7 +314,7 @@ def slice_plan(sizes: Sizes, layers: int, checkpointing: bool):
     shape = replace(sizes.slice_shape, n_layers=layers)
     return plan_memory(
         shape, n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len,
-        compute="fp32" if sizes.smoke else "bf16", activation_checkpointing=checkpointing,
+        compute="fp32" if sizes.smoke else "bf16", activation_checkpointing="full" if checkpointing else "none",
     )  # fmt: skip
 
 
@@ -335,7 +335,7 @@ def check_slice(ctx: Context, compiled: bool, timeout: float) -> Row:
         f"training.device_microbatch_size={sizes.slice_batch}",
         f"training.max_duration={sizes.slice_warmup + sizes.slice_steps}ba",
         f"training.compile={str(compiled).lower()}",
-        f"fsdp.activation_checkpointing={str(ac).lower()}",
+        f"fsdp.activation_checkpointing={'full' if ac else 'none'}",
     ]
     f = speed_figures(train_probe("recipes/7b.yaml", overrides, sizes.slice_warmup, ctx.work, tag, timeout))
     planned = slice_plan(sizes, layers, ac).total

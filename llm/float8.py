@@ -23,7 +23,11 @@ FLOAT8_CAPABILITY = (8, 9)
 
 
 def float8_hardware(device: str) -> bool:
-    return device == "gpu" and torch.cuda.is_available() and torch.cuda.get_device_capability() >= FLOAT8_CAPABILITY
+    return (
+        device == "gpu"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability() >= FLOAT8_CAPABILITY
+    )
 
 
 def check_float8(emulate: bool, device: str) -> None:
@@ -31,9 +35,7 @@ def check_float8(emulate: bool, device: str) -> None:
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
-        raise ConfigError(
-            "training.float8.enabled=true needs torchao: pip install -e '.[float8]'"
-        ) from None
+        raise ConfigError("training.float8.enabled=true needs torchao: pip install -e '.[float8]'") from None
     if not emulate and not float8_hardware(device):
         where = torch.cuda.get_device_name() if device == "gpu" and torch.cuda.is_available() else device
         raise ConfigError(

@@ -43,8 +43,8 @@ from llm.data import (
     train_data_spec,
 )
 from llm.errors import ConfigError
-from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.float8 import apply_float8
+from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import (
     all_reduce_between_replicas,
     apply_activation_checkpointing,
