@@ -52,7 +52,8 @@ def _block_linear(module: nn.Module, fqn: str) -> bool:
 def apply_float8(model: nn.Module, cfg, fsdp: bool, device: str) -> int:
     """Swap the blocks' linear layers of `model` (a Transformer) for float8 ones; returns how many."""
     check_float8(cfg.emulate, device)
-    from torchao.float8 import Float8Linear, Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
 
     config = Float8LinearConfig(emulate=cfg.emulate, enable_fsdp_float8_all_gather=fsdp and cfg.all_gather)
     convert_to_float8_training(model, config=config, module_filter_fn=_block_linear)
