@@ -368,7 +368,10 @@ def check_slice(
         f"MFU {_mfu(f)} ({f['tflops_per_s']:.1f} TFLOP/s, {f['tokens_per_s']:,.0f} tokens/s), "
         f"peak {_gib(measured)} = {ratio}"
     )
-    row.ok = None if sizes.smoke or f["mfu"] is None else f["mfu"] >= SLICE_TARGET_MFU
+    if profile:
+        row.result += f"; trace {Path(f['trace']['file']).name}: {f['trace']['events']} events, ops {', '.join(f['trace']['block_ops'])}"
+        row.target = "a trace naming the blocks' matmuls and attention"
+    row.ok = None if sizes.smoke or f["mfu"] is None or profile else f["mfu"] >= SLICE_TARGET_MFU
     return row
 
 
