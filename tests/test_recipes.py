@@ -40,7 +40,11 @@ def test_7b_is_baichuan_on_s3_with_fsdp():
     assert _params(cfg) == 7_000_559_616
     assert not cfg.model.tie_embeddings and cfg.model.norm_eps == 1e-6
     assert cfg.training.precision == "amp_bf16"
-    assert cfg.fsdp.enabled and cfg.fsdp.activation_checkpointing == "selective" and cfg.fsdp.state_dict_type == "sharded"
+    assert (
+        cfg.fsdp.enabled
+        and cfg.fsdp.activation_checkpointing == "selective"
+        and cfg.fsdp.state_dict_type == "sharded"
+    )
     assert (cfg.fsdp.version, cfg.fsdp.replicate, cfg.fsdp.mixed_precision) == (2, 1, "DEFAULT")  # FSDP2
     assert all(s.remote.startswith("s3://") for s in cfg.data.train + cfg.data.eval)
     assert cfg.checkpoint.save_folder.startswith("s3://")
