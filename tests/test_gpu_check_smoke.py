@@ -46,7 +46,7 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     result = run_check("--smoke", "--json", str(out), "--work", str(tmp_path / "work"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = result.stdout.strip().splitlines()
-    assert table[0].startswith("gpu-check: cpu (smoke") and "11 checks" in table[0]
+    assert table[0].startswith("gpu-check: cpu (smoke") and "10 checks" in table[0]
     assert table[1].split()[:3] == ["check", "ok", "result"]
     listed = json.loads(out.read_text())
     assert all(r["error"] is None for r in listed), listed
