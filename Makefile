@@ -91,8 +91,8 @@ soak-resume: install
 bench-restart: $(DEMO)/shards/train/index.json install
 	$(PY) -m bench.restart
 
-bench-gpu: install
-	$(PY) -m bench.gpu
+# bench/gpu.py (a plain loop on the same shapes) was folded into gpu-check: one GPU measurement.
+bench-gpu: gpu-check
 
 # The GPU acceptance run of the real trainer (one H100/H200, < 8 minutes, one table); ARGS=--smoke
 # (or gpu-check-smoke) runs the same checks on the CPU at toy sizes, as the test suite does.

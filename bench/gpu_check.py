@@ -308,21 +308,32 @@ def slice_layers(sizes: Sizes, memory_bytes: float, checkpointing: bool) -> int:
     return best
 
 
-def slice_plan(sizes: Sizes, layers: int, checkpointing: bool):
+def slice_plan(sizes: Sizes, layers: int, checkpointing: bool | str, float8: bool = False):
     """The dry-run memory plan of the slice on one GPU (the prediction the peak is compared with)."""
     shape = replace(sizes.slice_shape, n_layers=layers)
+    policy = checkpointing if isinstance(checkpointing, str) else "full" if checkpointing else "none"
     return plan_memory(
         shape, n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len,
-        compute="fp32" if sizes.smoke else "bf16", activation_checkpointing=checkpointing,
+        compute="fp32" if sizes.smoke else "bf16", activation_checkpointing=policy, float8=float8,
     )  # fmt: skip
 
 
-def check_slice(ctx: Context, compiled: bool, timeout: float) -> Row:
-    sizes, shape, ac = ctx.sizes, ctx.sizes.slice_shape, ctx.slice_checkpointing
-    layers = slice_layers(sizes, ctx.memory_bytes, ac)
-    setting = f"{layers} layers, AC {'on' if ac else 'off'}, compile {'on' if compiled else 'off'}"
+POLICIES = ("none", "selective", "full")
+PROFILE_STEPS = {"wait": 1, "warmup": 1, "active": 1}  # within the slice's warm-up + timed batches
+
+
+def check_slice(
+    ctx: Context, compiled: bool, timeout: float, policy: str | None = None, float8: bool = False,
+    profile: bool = False,
+) -> Row:  # fmt: skip
+    """The 7b-slice at one checkpointing policy (the layers fixed by the no-recompute plan), float8 on/off."""
+    sizes, shape = ctx.sizes, ctx.sizes.slice_shape
+    layers = slice_layers(sizes, ctx.memory_bytes, ctx.slice_checkpointing)
+    ac = policy or ("full" if ctx.slice_checkpointing else "none")
+    setting = (f"{layers} layers, AC {ac}, {'float8' if float8 else 'bf16' if not sizes.smoke else 'fp32'}, "
+               f"compile {'on' if compiled else 'off'}{', profiled' if profile else ''}")  # fmt: skip
     row = Row("7b-slice", setting, target=f"MFU >= {100 * SLICE_TARGET_MFU:.0f}%")
-    tag = f"slice-compile-{'on' if compiled else 'off'}"
+    tag = f"slice-{ac}-{'f8' if float8 else 'hp'}-compile-{'on' if compiled else 'off'}{'-prof' if profile else ''}"
     toy_shape = [f"model.vocab_size={shape.vocab_size}", f"model.dim={shape.dim}", f"model.n_heads={shape.n_heads}",
                  f"model.hidden_dim={shape.hidden_dim}", f"model.max_seq_len={shape.max_seq_len}",
                  "training.precision=auto"]  # fmt: skip
@@ -334,10 +345,20 @@ def check_slice(ctx: Context, compiled: bool, timeout: float) -> Row:
         f"training.device_microbatch_size={sizes.slice_batch}",
         f"training.max_duration={sizes.slice_warmup + sizes.slice_steps}ba",
         f"training.compile={str(compiled).lower()}",
-        f"fsdp.activation_checkpointing={str(ac).lower()}",
+        f"fsdp.activation_checkpointing={ac}",
+        "fsdp.checkpoint_full_every=0",
+        f"training.float8.enabled={str(float8).lower()}",
+        f"training.float8.emulate={str(sizes.smoke).lower()}",  # no float8 hardware on the CPU
     ]
+    if profile:
+        overrides += [
+            "training.profile.enabled=true",
+            *(f"training.profile.{k}={v}" for k, v in PROFILE_STEPS.items()),
+        ]
     f = speed_figures(train_probe("recipes/7b.yaml", overrides, sizes.slice_warmup, ctx.work, tag, timeout))
-    planned = slice_plan(sizes, layers, ac).total
+    if profile:
+        f["trace"] = collect_trace(ctx.work / "runs" / tag / "profile")
+    planned = slice_plan(sizes, layers, ac, float8).total
     measured = f["peak_memory_bytes"]
     f.update(planned_bytes=planned, layers=layers, memory_ratio=measured / planned if measured else None)
     ratio = f"{measured / planned:.2f} x the plan's {_gib(planned)}" if measured else f"plan {_gib(planned)}"
@@ -346,7 +367,45 @@ def check_slice(ctx: Context, compiled: bool, timeout: float) -> Row:
         f"MFU {_mfu(f)} ({f['tflops_per_s']:.1f} TFLOP/s, {f['tokens_per_s']:,.0f} tokens/s), "
         f"peak {_gib(measured)} = {ratio}"
     )
-    row.ok = None if sizes.smoke or f["mfu"] is None else f["mfu"] >= SLICE_TARGET_MFU
+    if profile:
+        row.result += f"; trace {Path(f['trace']['file']).name}: {f['trace']['events']} events, ops {', '.join(f['trace']['block_ops'])}"
+        row.target = "a trace naming the blocks' matmuls and attention"
+    row.ok = None if sizes.smoke or f["mfu"] is None or profile else f["mfu"] >= SLICE_TARGET_MFU
+    return row
+
+
+def collect_trace(folder: Path) -> dict:
+    """The profiled window's trace: its ops checked, and a copy under $OUT (the device machine's return)."""
+    traces = sorted(folder.glob("*.pt.trace.json"))
+    if not traces:
+        raise RuntimeError(f"no profiler trace under {folder}")
+    events = json.loads(traces[-1].read_text()).get("traceEvents", [])
+    names = {e.get("name", "") for e in events}
+    ops = sorted(n for n in names if n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
+                 or n.startswith("aten::_scaled_dot_product"))  # fmt: skip
+    copies = []
+    if os.environ.get("OUT"):
+        dest = Path(os.environ["OUT"]) / "gpu-check-profile"
+        dest.mkdir(parents=True, exist_ok=True)
+        for path in folder.iterdir():
+            shutil.copy(path, dest / path.name)
+            copies.append(str(dest / path.name))
+    return {"file": str(traces[-1]), "events": len(events), "block_ops": ops, "copied": copies}
+
+
+def speedup_row(rows: list[Row]) -> Row:
+    """float8's tokens/s over bf16's on the same slice and policy."""
+    row = Row("float8", "speed-up over bf16, same slice", target="> 1 (float8 faster)")
+    by = {r.setting: r.figures for r in rows if r.check == "7b-slice" and r.figures}
+    f8 = next((s for s in by if "float8" in s), None)
+    base = f8 and f8.replace("float8", "fp32" if "fp32" in " ".join(by) else "bf16")
+    if not f8 or base not in by:
+        row.error = "needs both the float8 and the matching high-precision slice rows"
+        return row
+    ratio = by[f8]["tokens_per_s"] / by[base]["tokens_per_s"]
+    row.figures = {"speedup": ratio}
+    row.result = f"{ratio:.2f}x ({by[f8]['tokens_per_s']:,.0f} vs {by[base]['tokens_per_s']:,.0f} tokens/s)"
+    row.ok = None if "fp32" in base else ratio > 1
     return row
 
 
@@ -514,15 +573,17 @@ def prepare(sizes: Sizes, work: Path) -> dict:
 def plan_checks(ctx: Context) -> list:
     """(name, estimated seconds on an H200, function of the timeout returning rows), most important first."""
     checks = [
+        *[(f"7b-slice, AC {p}", 60, lambda t, p=p: [check_slice(ctx, False, t, policy=p)]) for p in POLICIES],
+        ("7b-slice, float8", 60, lambda t: [check_slice(ctx, False, t, policy="selective", float8=True)]),
+        ("7b-slice, profiled", 60, lambda t: [check_slice(ctx, False, t, policy="selective", profile=True)]),
         ("tiny, compile off", 40, lambda t: [check_tiny(ctx, False, t)]),
-        ("7b-slice, compile off", 60, lambda t: [check_slice(ctx, False, t)]),
         ("7b-init", 90, lambda t: [check_init(ctx, t)]),
         ("resume + generation", 90, lambda t: check_resume_and_generation(ctx, t)),
     ]
     if True in ctx.sizes.compile_modes:
         checks += [
             ("tiny, compile on", 90, lambda t: [check_tiny(ctx, True, t)]),
-            ("7b-slice, compile on", 100, lambda t: [check_slice(ctx, True, t)]),
+            ("7b-slice, compile on", 100, lambda t: [check_slice(ctx, True, t, policy="full")]),
         ]
     return checks
 
@@ -602,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(args.budget)
     ctx = Context(sizes, work, prepare(sizes, work), device, memory, args.slice_checkpointing == "on")
     rows = run_checks(plan_checks(ctx), budget, args.smoke)
+    rows.insert(5, speedup_row(rows))
     failed = [r for r in rows if r.error or r.ok is False]
     if not args.work and not failed:  # a failure keeps its logs (named in the table)
         shutil.rmtree(work, ignore_errors=True)

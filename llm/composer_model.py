@@ -40,10 +40,9 @@ class LanguageModel(ComposerModel):
             "LanguageCrossEntropy": LanguageCrossEntropy(),
             "LanguagePerplexity": LanguagePerplexity(),
         }
-        # Composer's FSDP (1 and 2) wraps each child of a ComposerModel and asks that child which
-        # submodules to shard and to recompute: one unit per transformer block.
+        # Composer's FSDP2 wraps each child of a ComposerModel and asks that child which submodules
+        # to shard: one unit per transformer block (checkpointing: llm/parallelism.py).
         model.fsdp_wrap_fn = _is_block
-        model.activation_checkpointing_fn = _is_block
 
     @classmethod
     def from_config(

@@ -110,6 +110,27 @@ class SchedulerConfig:
 
 
 @dataclass
+class Float8Config:
+    """Float8 matmuls in the decoder blocks' linear layers (torchao; extra `float8`)."""
+
+    enabled: bool = False
+    # Emulate float8 in higher precision (CPUs, GPUs without float8 tensor cores): for tests only.
+    emulate: bool = False
+    all_gather: bool = True  # with FSDP2: all-gather the block weights in float8 (half of bf16's bytes)
+
+
+@dataclass
+class ProfileConfig:
+    """A torch profiler window (Chrome/Perfetto trace) and, on GPUs, a CUDA memory snapshot."""
+
+    enabled: bool = False
+    wait: int = 1  # batches skipped before the window (after the first batch)
+    warmup: int = 1  # batches traced but discarded (the profiler's own warm-up)
+    active: int = 2  # batches in the trace
+    ranks: list[int] = field(default_factory=lambda: [0])  # global ranks that write traces
+
+
+@dataclass
 class TrainingConfig:
     global_batch_size: int = 32  # samples per optimizer step, all ranks together
     device_microbatch_size: int = 32  # samples per forward/backward on one device
@@ -121,6 +142,8 @@ class TrainingConfig:
     eval_subset_num_batches: int = -1  # -1: the whole validation split
     compile: bool = False  # torch.compile each decoder block (training path; llm/parallelism.py)
     log_interval: int = 10  # batches between console lines
+    float8: Float8Config = field(default_factory=lambda: Float8Config())
+    profile: ProfileConfig = field(default_factory=lambda: ProfileConfig())
 
 
 @dataclass
@@ -133,7 +156,12 @@ class FSDPConfig:
     # (one per node, say) that each hold a full sharded copy, gradients all-reduced between them.
     replicate: int = 1
     mixed_precision: str = "DEFAULT"  # DEFAULT: params in the compute dtype, fp32 reduction; PURE; FULL
-    activation_checkpointing: bool = True  # recompute each decoder block in backward
+    # none: keep every activation; full: recompute each decoder block in backward; selective: keep
+    # the outputs of the matmuls and attention, recompute the cheap ops (torch's selective
+    # checkpoint API). The old true/false still read as full/none. Memory: llm/memory_plan.py.
+    activation_checkpointing: str = "full"
+    # selective only: every k-th block (k, 2k, ...) is recomputed in full instead; 0: none is.
+    checkpoint_full_every: int = 0
     state_dict_type: str = "sharded"  # full | sharded
     init_on_meta: bool = True  # build on the meta device; FSDP materialises each rank's shard (GPU)
 
@@ -417,6 +445,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"fsdp.replicate={cfg.fsdp.replicate} must be at least 1 (1 = plain FSDP, N = HSDP)"
         )
+    _check_activation_checkpointing(cfg)
+    _check_profile(cfg.training.profile)
     _check_choice("fsdp.mixed_precision", cfg.fsdp.mixed_precision, ("DEFAULT", "PURE", "FULL"))
     _check_choice("fsdp.state_dict_type", cfg.fsdp.state_dict_type, ("full", "sharded"))
     _check_choice("data.validate_hash", cfg.data.validate_hash, (None, "xxh64", "sha1"))
@@ -506,6 +536,41 @@ def _check_eval_tasks(tasks: EvalTasksCallbackConfig) -> None:
         raise ConfigError(f"{key}.batch_size={tasks.batch_size} must be at least 1")
     if tasks.max_questions is not None and tasks.max_questions < 1:
         raise ConfigError(f"{key}.max_questions={tasks.max_questions} must be at least 1, or null for all")
+
+
+CHECKPOINTING_POLICIES = ("none", "full", "selective")
+_LEGACY_CHECKPOINTING = {"true": "full", "false": "none"}  # the old on/off key
+
+
+def _check_activation_checkpointing(cfg: TrainConfig) -> None:
+    f = cfg.fsdp
+    f.activation_checkpointing = _LEGACY_CHECKPOINTING.get(
+        str(f.activation_checkpointing).lower(), f.activation_checkpointing
+    )
+    _check_choice("fsdp.activation_checkpointing", f.activation_checkpointing, CHECKPOINTING_POLICIES)
+    if f.checkpoint_full_every < 0:
+        raise ConfigError(f"fsdp.checkpoint_full_every={f.checkpoint_full_every} must be 0 (never) or more")
+    if f.checkpoint_full_every and f.activation_checkpointing != "selective":
+        raise ConfigError(
+            "fsdp.checkpoint_full_every applies to fsdp.activation_checkpointing=selective only; "
+            "set it to 0 or choose selective"
+        )
+    if f.activation_checkpointing == "selective" and cfg.training.compile:
+        raise ConfigError(
+            "fsdp.activation_checkpointing=selective does not combine with training.compile=true "
+            "(the selective policy must see each op); use full or none with compile"
+        )
+
+
+def _check_profile(p: ProfileConfig) -> None:
+    if not p.enabled:
+        return
+    if p.wait < 0 or p.warmup < 0 or p.active < 1:
+        raise ConfigError(
+            f"training.profile: wait={p.wait} and warmup={p.warmup} must be 0 or more, active={p.active} at least 1"
+        )
+    if not p.ranks or min(p.ranks) < 0:
+        raise ConfigError(f"training.profile.ranks={p.ranks} must list global ranks (0, 1, ...)")
 
 
 def _check_choice(key: str, value: Any, choices: tuple) -> None:

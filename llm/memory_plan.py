@@ -32,8 +32,16 @@ flash/memory-efficient kernels (no T x T score matrix; the small log-sum-exp is 
   (bf16: a * (24h + 8f) bytes; 45.5 * a * h for Baichuan-7B's f = 11008; compare Korthikanti et
   al.'s 34 * a * h for a GELU MLP with f = 4h and dropout masks.)
 - without checkpointing:  L * per layer
-- with per-block checkpointing: L * a * h * cb (each block's saved input) + one block's per-layer
-  activations while it is recomputed during backward
+- full checkpointing (fsdp.activation_checkpointing=full): L * a * h * cb (each block's saved
+  input) + one block's per-layer activations while it is recomputed during backward
+- selective (=selective): each block keeps its input and the outputs of its matmuls and attention
+  (q, k, v, attention output, wo, w1, w3, w2): a * cb * (7h + 2f) per layer (bf16: 14h + 4f
+  bytes), plus one block's per-layer activations during its recompute; with
+  fsdp.checkpoint_full_every=k every k-th block costs the full policy's a * h * cb instead
+- float8 (training.float8): the matmul inputs that only matmuls keep (the normalised attention
+  and feed-forward inputs, silu * up) are saved in float8 (1 byte) instead of cb, and each layer
+  that is not fully checkpointed also keeps its float8 weights (1 byte x its linear parameters)
+  for backward; with FSDP2 float8 all-gather the gathered block weights are 1 byte, not cb
 - loss head (both cases): final norm a * h * (4 + cb) + output input a * h * cb + logits
   a * V * (12 + cb): fp32 logits kept for the loss and metrics, the fp32 log-softmax cross-entropy
   saves, and during backward the fp32 logits gradient and its compute-dtype cast.
@@ -109,17 +117,20 @@ class MemoryPlan:
     micro_batch: int
     seq_len: int
     compute: str
-    activation_checkpointing: bool
+    activation_checkpointing: str  # none | full | selective (see the module docstring)
     weights: int
     gradients: int
     optimizer: int
     gathered_params: int
     gradient_buffers: int
     activations_no_checkpointing: int
-    activations_checkpointing: int
+    activations_checkpointing: int  # full
+    activations_selective: int
     loss_head: int
     host_memory_per_rank: int
     host_memory_per_rank_eager: int
+    full_every: int = 0
+    float8: bool = False
 
     @property
     def static(self) -> int:
@@ -134,14 +145,23 @@ class MemoryPlan:
         return self.static + self.activations_checkpointing + self.loss_head
 
     @property
+    def total_selective(self) -> int:
+        return self.static + self.activations_selective + self.loss_head
+
+    def activations_for(self, policy: str) -> int:
+        return {
+            "none": self.activations_no_checkpointing,
+            "full": self.activations_checkpointing,
+            "selective": self.activations_selective,
+        }[policy]
+
+    @property
     def activations(self) -> int:
-        if self.activation_checkpointing:
-            return self.activations_checkpointing
-        return self.activations_no_checkpointing
+        return self.activations_for(self.activation_checkpointing)
 
     @property
     def total(self) -> int:
-        return self.total_checkpointing if self.activation_checkpointing else self.total_no_checkpointing
+        return self.static + self.activations + self.loss_head
 
     def fits(self, gpu_bytes: float, reserve_fraction: float = 0.1) -> bool:
         return self.total <= gpu_bytes * (1.0 - reserve_fraction)
@@ -157,22 +177,30 @@ class MemoryPlan:
         def verdict(total: int) -> str:
             return "fits" if total <= budget else "does NOT fit"
 
-        ckpt = "on" if self.activation_checkpointing else "off"
+        ckpt = self.activation_checkpointing + (
+            f", 1 block in {self.full_every} full" if self.full_every and ckpt_selective(self) else ""
+        )
+        selective = "activations, selective" + (f" (1 in {self.full_every} full)" if self.full_every else "")
         lines = [
             f"Memory per GPU: parameters sharded over {self.n_gpus} GPU(s), micro-batch {self.micro_batch} x "
-            f"{self.seq_len} tokens, {self.compute} compute, activation checkpointing {ckpt}",
+            f"{self.seq_len} tokens, {self.compute} compute{', float8 block matmuls' if self.float8 else ''}, "
+            f"activation checkpointing {ckpt}",
             row("weights (fp32 master, sharded)", self.weights),
             row("gradients (fp32, sharded)", self.gradients),
             row("AdamW state (2 x fp32, sharded)", self.optimizer),
             row(f"gathered params ({self.compute}, root + 2 blocks)", self.gathered_params),
             row("unsharded gradient buffers", self.gradient_buffers),
             row("activations, no checkpointing", self.activations_no_checkpointing),
-            row("activations, per-block checkpointing", self.activations_checkpointing),
+            row("activations, full checkpointing", self.activations_checkpointing),
+            row(selective, self.activations_selective),
             row("loss head (final norm, logits, log-softmax)", self.loss_head),
             row("TOTAL without checkpointing", self.total_no_checkpointing)
             + f"  {verdict(self.total_no_checkpointing)}",
-            row("TOTAL with checkpointing", self.total_checkpointing)
+            row("TOTAL with selective checkpointing", self.total_selective)
+            + f"  {verdict(self.total_selective)}",
+            row("TOTAL with full checkpointing", self.total_checkpointing)
             + f"  {verdict(self.total_checkpointing)}",
+            row(f"TOTAL as configured ({ckpt})", self.total) + f"  {verdict(self.total)}",
             row(f"budget: {gpu_gb:g} GB GPU less 10% reserve", budget),
             row("host memory per rank, meta-device init", self.host_memory_per_rank),
             row("host memory per rank, ordinary init", self.host_memory_per_rank_eager),
@@ -190,12 +218,44 @@ def _check_plan_args(n_gpus: int, micro_batch: int, seq_len: int, compute: str, 
         raise MemoryPlanError(f"sharding {sharding!r} is not modelled; only FSDP full sharding ('full') is")
 
 
-def layer_activation_bytes(cfg: ModelConfig, tokens: int, cb: int) -> int:
+def ckpt_selective(plan: MemoryPlan) -> bool:
+    return plan.activation_checkpointing == "selective"
+
+
+def layer_activation_bytes(cfg: ModelConfig, tokens: int, cb: int, float8: bool = False) -> int:
+    """What autograd keeps for one block without checkpointing (module docstring)."""
     h, f = cfg.dim, cfg.ffn_hidden_dim
     norms = 2 * tokens * h * (4 + cb)
     attention = tokens * cb * 5 * h
     feed_forward = tokens * cb * (h + 4 * f)
-    return norms + attention + feed_forward
+    saved = norms + attention + feed_forward
+    if float8:  # attention input, feed-forward input and silu * up kept in float8 instead
+        saved -= tokens * (cb - 1) * (2 * h + f)
+    return saved
+
+
+def selective_layer_bytes(cfg: ModelConfig, tokens: int, cb: int) -> int:
+    """One block under the selective policy: its input and its matmul and attention outputs."""
+    return tokens * cb * (7 * cfg.dim + 2 * cfg.ffn_hidden_dim)
+
+
+def checkpointing_activations(
+    cfg: ModelConfig, tokens: int, cb: int, full_every: int = 0, float8: bool = False, linear: int = 0
+) -> dict[str, int]:
+    """Activation bytes per GPU under each policy; `linear`: one block's linear parameters (float8)."""
+    layers = cfg.n_layers
+    per_layer = layer_activation_bytes(cfg, tokens, cb, float8)
+    kept_input = tokens * cfg.dim * cb
+    weights8 = linear if float8 else 0  # float8 weights saved for backward by a layer not recomputed
+    full_blocks = layers // full_every if full_every else 0
+    selective_blocks = layers - full_blocks
+    return {
+        "none": layers * (per_layer + weights8),
+        "full": layers * kept_input + per_layer + weights8,
+        "selective": selective_blocks * (selective_layer_bytes(cfg, tokens, cb) + weights8)
+        + full_blocks * kept_input
+        + per_layer,
+    }
 
 
 def plan_memory(
@@ -206,18 +266,28 @@ def plan_memory(
     seq_len: int,
     param_dtype_bytes: int = 4,
     compute: str = "bf16",
-    activation_checkpointing: bool = True,
+    activation_checkpointing: str | bool = "full",
     sharding: str = "full",
+    full_every: int = 0,
+    float8: bool = False,
 ) -> MemoryPlan:
     """Estimate memory per GPU for FSDP full sharding (formulas in the module docstring)."""
     _check_plan_args(n_gpus, micro_batch, seq_len, compute, sharding)
+    if isinstance(activation_checkpointing, bool):  # the old on/off form
+        activation_checkpointing = "full" if activation_checkpointing else "none"
+    if activation_checkpointing not in ("none", "full", "selective"):
+        raise MemoryPlanError(
+            f"activation_checkpointing {activation_checkpointing!r} is not one of none, full, selective"
+        )
     counts = count_params(cfg)
     cb = 2 if compute == "bf16" else 4
     reduce_copy = 4 if cb != 4 else 0
     shard = math.ceil(counts.total / n_gpus)
     tokens = micro_batch * seq_len
-    per_layer = layer_activation_bytes(cfg, tokens, cb)
     h = cfg.dim
+    linear = counts.block - 2 * h  # a block's parameters less its two norms
+    acts = checkpointing_activations(cfg, tokens, cb, full_every, float8, linear)
+    gathered_block = (linear + 2 * h * cb) if float8 else cb * counts.block  # float8 all-gather
     return MemoryPlan(
         n_gpus=n_gpus,
         micro_batch=micro_batch,
@@ -227,14 +297,38 @@ def plan_memory(
         weights=shard * param_dtype_bytes,
         gradients=shard * param_dtype_bytes,
         optimizer=shard * 8,
-        gathered_params=cb * (counts.root + 2 * counts.block),
+        gathered_params=cb * counts.root + 2 * gathered_block,
         gradient_buffers=cb * counts.root + (cb + reduce_copy) * counts.block,
-        activations_no_checkpointing=cfg.n_layers * per_layer,
-        activations_checkpointing=cfg.n_layers * tokens * h * cb + per_layer,
+        activations_no_checkpointing=acts["none"],
+        activations_checkpointing=acts["full"],
+        activations_selective=acts["selective"],
         loss_head=tokens * h * (4 + cb) + tokens * h * cb + tokens * cfg.vocab_size * (12 + cb),
         host_memory_per_rank=4 * counts.largest,
         host_memory_per_rank_eager=4 * counts.total,
+        full_every=full_every,
+        float8=float8,
     )
+
+
+# Least recomputation first: none recomputes nothing, selective only the cheap elementwise ops,
+# every k-th block in full adds a forward of 1/k of the blocks, full adds a forward of all of them.
+POLICY_LADDER = (
+    ("none", 0),
+    ("selective", 0),
+    ("selective", 4),
+    ("selective", 3),
+    ("selective", 2),
+    ("full", 0),
+)
+
+
+def cheapest_policy(cfg: ModelConfig, *, gpu_bytes: float, **plan_args) -> tuple[str, int, MemoryPlan] | None:
+    """The first (policy, full_every) of POLICY_LADDER whose plan fits `gpu_bytes`; None if none fits."""
+    for policy, every in POLICY_LADDER:
+        plan = plan_memory(cfg, activation_checkpointing=policy, full_every=every, **plan_args)
+        if plan.fits(gpu_bytes):
+            return policy, every, plan
+    return None
 
 
 @dataclass(frozen=True)
@@ -307,7 +401,9 @@ def describe_run(
         micro_batch=t.device_microbatch_size,
         seq_len=seq_len,
         compute="fp32" if t.precision == "fp32" else "bf16",
-        activation_checkpointing=cfg.fsdp.enabled and cfg.fsdp.activation_checkpointing,
+        activation_checkpointing=cfg.fsdp.activation_checkpointing if cfg.fsdp.enabled else "none",
+        full_every=cfg.fsdp.checkpoint_full_every if cfg.fsdp.enabled else 0,
+        float8=cfg.training.float8.enabled,
     )
     verdict = "fits" if plan.fits(gpu_gb * 1e9) else "does NOT fit"
     lines += ["", sharding, plan.format(gpu_gb), f"=> this recipe {verdict} on {gpus} x {gpu_gb:g} GB GPUs"]
@@ -326,7 +422,8 @@ def sharding_plan(cfg: TrainConfig, gpus: int) -> tuple[int, str]:
     extras = (
         f"{compute} compute"
         + (", fp32 master weights and gradient reduction" if compute == "bf16" and f.enabled else "")
-        + f", activation checkpointing {'per block' if f.enabled and f.activation_checkpointing else 'off'}"
+        + f", activation checkpointing {_policy_words(f) if f.enabled else 'none'}"
+        + (", float8 block matmuls" if cfg.training.float8.enabled else "")
         + f", compile {'per block' if cfg.training.compile else 'off'}"
     )
     if not f.enabled:
@@ -342,6 +439,11 @@ def sharding_plan(cfg: TrainConfig, gpus: int) -> tuple[int, str]:
         f"Sharding: FSDP2 HSDP, {f.replicate} replica groups (fsdp.replicate) x {shards}-way shards "
         f"over {gpus} GPUs: gradients reduce-scattered within a group, all-reduced between groups; {extras}"
     )
+
+
+def _policy_words(f) -> str:
+    every = f", 1 block in {f.checkpoint_full_every} full" if f.checkpoint_full_every else ""
+    return f"{f.activation_checkpointing}{every}"
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def sharding_config(fsdp: FSDPConfig, world_size: int) -> HybridShardConfig | No
         )
     return HybridShardConfig(
         replicate=fsdp.replicate,
-        activation_checkpointing=fsdp.activation_checkpointing,
+        activation_checkpointing=False,  # applied by `apply_activation_checkpointing` (build_model)
         state_dict_type=fsdp.state_dict_type,
         mixed_precision=fsdp.mixed_precision,
     )
@@ -116,6 +116,61 @@ def all_reduce_between_replicas(model: nn.Module, config: FSDP2Config | None) ->
     for unit in units:
         unit.set_all_reduce_hook(average_over_replicas)
     return len(units)
+
+
+# --- activation checkpointing ------------------------------------------------------------------
+
+# The ops whose outputs the selective policy keeps: the matmuls and attention (the expensive ones;
+# `_scaled_mm` is float8's matmul). Everything else in a block is recomputed in backward.
+SAVED_OPS = frozenset(
+    op
+    for name in (
+        "mm", "addmm", "bmm", "_scaled_mm", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if (op := getattr(torch.ops.aten, name, None)) is not None
+)  # fmt: skip
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    packet = getattr(op, "overloadpacket", op)
+    return CheckpointPolicy.MUST_SAVE if packet in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_selective_policy)
+
+
+def block_policies(n_layers: int, policy: str, full_every: int = 0) -> list[str]:
+    """The checkpointing of each block: "none", "full" or "selective" (every k-th full if asked)."""
+    if policy != "selective" or not full_every:
+        return [policy] * n_layers
+    return ["full" if (i + 1) % full_every == 0 else "selective" for i in range(n_layers)]
+
+
+def apply_activation_checkpointing(model: Transformer, policy: str, full_every: int = 0) -> int:
+    """Wrap the decoder blocks in checkpoint wrappers per `policy`; returns how many were wrapped.
+
+    Done here rather than by Composer's `FSDP2Config.activation_checkpointing`, which only knows
+    full recomputation; the wrappers sit where Composer puts its own (inside each FSDP unit), and
+    their state-dict hooks keep parameter names unchanged.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    wrapped = 0
+    for i, kind in enumerate(block_policies(len(model.layers), policy, full_every)):
+        if kind == "none":
+            continue
+        options = {"context_fn": _selective_context} if kind == "selective" else {}
+        block = model.layers[i]
+        model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **options)
+        wrapped += 1
+    return wrapped
 
 
 # --- compile -----------------------------------------------------------------------------------

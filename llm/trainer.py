@@ -43,9 +43,17 @@ from llm.data import (
     train_data_spec,
 )
 from llm.errors import ConfigError
+from llm.float8 import apply_float8
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
-from llm.parallelism import all_reduce_between_replicas, compile_blocks, report, sharding_config
+from llm.parallelism import (
+    all_reduce_between_replicas,
+    apply_activation_checkpointing,
+    compile_blocks,
+    report,
+    sharding_config,
+)
 from llm.plots import draw_run_plot
+from llm.profiling import memory_snapshot_callbacks, profiler_for
 from llm.run_dir import RunDir, RunRecords
 from llm.trackers import build_trackers, check_extras
 
@@ -98,8 +106,14 @@ def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
     # Composer's meta initialisation targets CUDA, so the CPU path always builds for real.
     on_meta = cfg.fsdp.enabled and cfg.fsdp.init_on_meta and device == "gpu"
     model = LanguageModel.from_config(cfg.model, seed=cfg.seed, device="meta" if on_meta else None)
+    if cfg.training.float8.enabled:
+        apply_float8(model.model, cfg.training.float8, fsdp=cfg.fsdp.enabled, device=device)
     if cfg.training.compile:
-        compile_blocks(model.model)  # per block, before Composer adds checkpointing and FSDP
+        compile_blocks(model.model)  # per block, before checkpointing and FSDP wrap it
+    if cfg.fsdp.enabled:  # as the memory plan assumes: checkpointing comes with FSDP
+        apply_activation_checkpointing(
+            model.model, cfg.fsdp.activation_checkpointing, cfg.fsdp.checkpoint_full_every
+        )
     return model
 
 
@@ -121,6 +135,10 @@ def memory_callbacks(ctx: BuildContext) -> list[Callback]:
     return [MemoryMonitor()] if ctx.cfg.callbacks.memory_monitor and ctx.device == "gpu" else []
 
 
+def profile_callbacks(ctx: BuildContext) -> list[Callback]:
+    return memory_snapshot_callbacks(ctx.cfg, ctx.device, dist.get_global_rank())
+
+
 def loss_plot_callbacks(ctx: BuildContext) -> list[Callback]:
     if not ctx.cfg.callbacks.loss_plot:
         return []
@@ -132,6 +150,7 @@ CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
     speed_callbacks,
     lr_callbacks,
     memory_callbacks,
+    profile_callbacks,
     loss_plot_callbacks,
     generation_callbacks,
     task_eval_callbacks,
@@ -274,6 +293,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         log_to_console=False,
         **checkpointing.trainer_kwargs,  # saving, autoresume and loading: decided in llm/checkpoint
         compile_config=None,  # training.compile compiles per block instead (build_model)
+        profiler=profiler_for(cfg, dist.get_global_rank()),  # training.profile (llm/profiling.py)
     )
     hooked = all_reduce_between_replicas(trainer.state.model, trainer.state.fsdp_config)  # HSDP only
     if dist.get_global_rank() == 0:  # what Composer applied, read back from the wrapped model

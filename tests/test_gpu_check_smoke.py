@@ -46,11 +46,29 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     result = run_check("--smoke", "--json", str(out), "--work", str(tmp_path / "work"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = result.stdout.strip().splitlines()
-    assert table[0].startswith("gpu-check: cpu (smoke") and "5 checks" in table[0]
+    assert table[0].startswith("gpu-check: cpu (smoke") and "10 checks" in table[0]
     assert table[1].split()[:3] == ["check", "ok", "result"]
-    rows = {r["check"]: r for r in json.loads(out.read_text())}
-    assert list(rows) == ["tiny", "7b-slice", "7b-init", "resume", "generation"]
-    assert all(r["error"] is None for r in rows.values()), rows
+    listed = json.loads(out.read_text())
+    assert all(r["error"] is None for r in listed), listed
+    slices = [r for r in listed if r["check"] == "7b-slice"]
+    # Each checkpointing policy, float8 (emulated), and the profiled window, on the same layers.
+    assert [s["setting"].split(", ")[1:3] for s in slices] == [
+        ["AC none", "fp32"],
+        ["AC selective", "fp32"],
+        ["AC full", "fp32"],
+        ["AC selective", "float8"],
+        ["AC selective", "fp32"],
+    ]
+    assert len({s["figures"]["layers"] for s in slices}) == 1
+    planned = [s["figures"]["planned_bytes"] for s in slices[:3]]
+    assert planned[0] > planned[1] > planned[2]  # the plan's order of the policies
+    trace = slices[4]["figures"]["trace"]
+    assert trace["events"] > 0 and "aten::mm" in trace["block_ops"]
+    assert any(op.startswith("aten::_scaled_dot_product") for op in trace["block_ops"])
+    assert next(r for r in listed if r["check"] == "float8")["figures"]["speedup"] > 0
+    rows = {r["check"]: r for r in listed if r["check"] != "7b-slice"}
+    assert list(rows) == ["float8", "tiny", "7b-init", "resume", "generation"]
+    rows["7b-slice"] = slices[0]
 
     # tiny: tokens and FLOPs of the timed batches (global batch 4 of 64-token samples).
     tiny = rows["tiny"]["figures"]
@@ -64,7 +82,7 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     sliced = rows["7b-slice"]["figures"]
     layers = slice_layers(SMOKE, SMOKE_MEMORY_BYTES, checkpointing=False)
     assert 1 < layers < SMOKE.max_layers and sliced["layers"] == layers
-    assert sliced["planned_bytes"] == slice_plan(SMOKE, layers, False).total
+    assert sliced["planned_bytes"] == slice_plan(SMOKE, layers, "none").total
     shape = replace(SMOKE.slice_shape, n_layers=layers)
     assert sliced["flops_per_batch"] == pytest.approx(SMOKE.slice_batch * _flops_per_sample(shape))
 

@@ -98,7 +98,8 @@ def test_format_prints_a_readable_table_in_gib():
     assert "8 GPU(s)" in table and "GiB" in table
     assert "AdamW state (2 x fp32, sharded)" in table
     assert f"{plan.optimizer / 1024**3:.2f} GiB" in table
-    assert "TOTAL with checkpointing" in table and "fits" in table
+    assert "TOTAL with full checkpointing" in table and "TOTAL with selective checkpointing" in table
+    assert "fits" in table
 
 
 def test_describe_reports_params_flops_and_tokens_per_step():

@@ -32,7 +32,7 @@ def test_tiny_is_baby_llama2_chinese():
     assert (cfg.optimizer.lr, cfg.optimizer.betas, cfg.optimizer.weight_decay) == (3e-4, (0.9, 0.95), 0.1)
     assert (cfg.scheduler.warmup, cfg.scheduler.min_lr, cfg.training.grad_clip_norm) == ("1000ba", 1e-5, 1.0)
     assert cfg.training.device_microbatch_size == 32
-    assert cfg.fsdp.enabled and cfg.fsdp.version == 2 and not cfg.fsdp.activation_checkpointing
+    assert cfg.fsdp.enabled and cfg.fsdp.version == 2 and cfg.fsdp.activation_checkpointing == "none"
 
 
 def test_7b_is_baichuan_on_s3_with_fsdp():
@@ -40,7 +40,11 @@ def test_7b_is_baichuan_on_s3_with_fsdp():
     assert _params(cfg) == 7_000_559_616
     assert not cfg.model.tie_embeddings and cfg.model.norm_eps == 1e-6
     assert cfg.training.precision == "amp_bf16"
-    assert cfg.fsdp.enabled and cfg.fsdp.activation_checkpointing and cfg.fsdp.state_dict_type == "sharded"
+    assert (
+        cfg.fsdp.enabled
+        and cfg.fsdp.activation_checkpointing == "selective"
+        and cfg.fsdp.state_dict_type == "sharded"
+    )
     assert (cfg.fsdp.version, cfg.fsdp.replicate, cfg.fsdp.mixed_precision) == (2, 1, "DEFAULT")  # FSDP2
     assert all(s.remote.startswith("s3://") for s in cfg.data.train + cfg.data.eval)
     assert cfg.checkpoint.save_folder.startswith("s3://")

@@ -23,7 +23,8 @@ def test_the_7b_recipe_asks_composer_for_fsdp2_with_bf16_params_and_fp32_reducti
     sharding = sharding_config(cfg.fsdp, world_size=64)
     assert isinstance(sharding, HybridShardConfig)
     assert sharding.data_parallel_replicate_degree is None  # plain FSDP2: one mesh dimension
-    assert sharding.activation_checkpointing and sharding.state_dict_type == "sharded"
+    # Checkpointing is applied by llm/parallelism.py (per policy), not by Composer's on/off switch.
+    assert not sharding.activation_checkpointing and sharding.state_dict_type == "sharded"
     policy = create_mixed_precision_policy(Precision.AMP_BF16, sharding.mixed_precision)
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
 
