@@ -52,7 +52,7 @@ def test_7b_dry_run_shows_the_fsdp2_plan_and_the_cost_at_40_and_50_percent_mfu(c
     out = capsys.readouterr().out
     assert (
         "Sharding: FSDP2 full shard over 64 GPU(s); bf16 compute, fp32 master weights and gradient "
-        "reduction, activation checkpointing per block, compile off"
+        "reduction, activation checkpointing selective, 1 block in 2 full, compile off"
     ) in out
     # Hand calculation: ceil(1.2e12 / 2,097,152) steps of 2,097,152 tokens at the FLOPs per token above.
     steps = -(-1_200_000_000_000 // 2_097_152)
