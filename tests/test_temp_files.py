@@ -13,7 +13,7 @@ from pathlib import Path
 from llm.config import load_config
 from llm.checkpoint.plan import _saving_callbacks
 cfg = load_config(Path("recipes/demo.yaml"), ["checkpoint.save_folder=s3://bucket/run"])
-saver, publisher = _saving_callbacks(cfg, 0)
+saver, publisher = _saving_callbacks(cfg, 0, records=None)
 print(saver.folder)
 """
 
