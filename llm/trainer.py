@@ -107,7 +107,9 @@ def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
     on_meta = cfg.fsdp.enabled and cfg.fsdp.init_on_meta and device == "gpu"
     model = LanguageModel.from_config(cfg.model, seed=cfg.seed, device="meta" if on_meta else None)
     if cfg.training.float8.enabled:
-        apply_float8(model.model, cfg.training.float8, fsdp=cfg.fsdp.enabled, device=device)
+        swapped = apply_float8(model.model, cfg.training.float8, fsdp=cfg.fsdp.enabled, device=device)
+        how = "emulated" if cfg.training.float8.emulate else "float8 tensor cores"
+        print(f"[float8] {swapped} linear layers of the blocks compute in float8 ({how})", flush=True)
     if cfg.training.compile:
         compile_blocks(model.model)  # per block, before checkpointing and FSDP wrap it
     if cfg.fsdp.enabled:  # as the memory plan assumes: checkpointing comes with FSDP
