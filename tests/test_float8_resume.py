@@ -33,7 +33,9 @@ def test_float8_runs_finish_and_say_float8_is_on(float8_runs):
     assert reference.returncode == 0, reference.output[-4000:]
     assert first.returncode == 143, first.output[-4000:]
     assert second.returncode == 0, second.output[-4000:]
-    assert "[float8] 14 linear layers of the blocks compute in float8 (emulated)" in reference.output  # 7 a block
+    assert (
+        "[float8] 14 linear layers of the blocks compute in float8 (emulated)" in reference.output
+    )  # 7 a block
 
 
 def test_a_float8_run_resumed_after_sigterm_is_bit_identical(float8_runs):
