@@ -61,14 +61,18 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two workers (pytest-xdist), each given whole test files, so a module's shared scenario runs once.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 test: lint
-	$(PY) -m pytest tests --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 test-slow: install
-	$(PY) -m pytest tests -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(XDIST) -m slow $(PYTEST_ARGS)
 
 # --- benchmarks (figures and ratios, never timed tests) --------------------------------------
 bench-convert: install

@@ -221,14 +221,23 @@ def train_probe(recipe: str, overrides: list[str], warmup: int, work: Path, tag:
     env = {**os.environ, "LLM_GPU_CHECK_PROBE": str(out), "LLM_GPU_CHECK_WARMUP": str(warmup),
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}  # fmt: skip
     log = work / f"{tag}.log"
-    with log.open("w") as f:
-        proc = subprocess.run(
-            [sys.executable, str(DRIVER), str(REPO / recipe), *overrides],
-            cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-        )  # fmt: skip
+    with log.open("w") as f:  # started as the resume harness starts its runs (rs.SPAWN)
+        proc = _wait(rs.SPAWN([sys.executable, str(DRIVER), str(REPO / recipe), *overrides],
+                              cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT), timeout)  # fmt: skip
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"exit {proc.returncode}; {_tail(log)}")
     return json.loads(out.read_text())
+
+
+def _wait(proc, timeout: float):
+    """Wait for a process started with rs.SPAWN (Popen or the test suite's stand-in); kill it on timeout."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
 
 
 def _tail(log: Path, lines: int = 3) -> str:
@@ -425,10 +434,8 @@ def check_init(ctx: Context, timeout: float) -> Row:
     log = ctx.work / "init.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     with log.open("w") as f:
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.gpu_check", "--init-only", str(out), "recipes/7b.yaml", *overrides],
-            cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-        )  # fmt: skip
+        proc = _wait(rs.SPAWN([sys.executable, __file__, "--init-only", str(out), "recipes/7b.yaml", *overrides],
+                       cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT), timeout)  # fmt: skip
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"exit {proc.returncode}; {_tail(log)}")
     f = json.loads(out.read_text())

@@ -22,6 +22,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("resume_driver.py")
+# How a training process is started: `subprocess.Popen`, or a stand-in with its interface (the test
+# suite's fork server, tests/forkserver.py, which skips the interpreter's start-up).
+SPAWN = subprocess.Popen
 SEQ_LEN = 32
 VOCAB = 256
 NUM_SAMPLES = 96
@@ -134,7 +137,7 @@ def start(
         p.unlink(missing_ok=True)
     cmd = [*(launcher or [sys.executable]), str(driver), str(recipe), *overrides]
     log = open(folder / f"{tag}.log", "w")
-    proc = subprocess.Popen(
+    proc = SPAWN(
         cmd,
         cwd=cwd,
         env=driver_env(record, weights, sleep, env, pause_at),
@@ -273,33 +276,36 @@ def release(record: Path, batch: int) -> None:
     Path(f"{record}.go.{batch}").touch()
 
 
-def wait_for_line(log: Path, text: str, proc, timeout: float = 120) -> None:
-    """Wait until the process's log has a line containing `text`."""
+def _poll(ready, proc, what: str, log: Path, timeout: float) -> None:
+    """Wait until `ready()` is true; fail with the log's tail if the process exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if text in Path(log).read_text():
+        if ready():
             return
         if proc.poll() is not None:
             raise AssertionError(
-                f"exited with {proc.returncode} before {text!r}:\n{Path(log).read_text()[-4000:]}"
+                f"exited with {proc.returncode} before {what}:\n{Path(log).read_text()[-4000:]}"
             )
         time.sleep(0.05)
-    raise AssertionError(f"{text!r} not in {log} within {timeout} s")
+    raise AssertionError(f"{what} not reached within {timeout} s (log: {log})")
+
+
+def wait_for_line(log: Path, text: str, proc, timeout: float = 120) -> None:
+    """Wait until the process's log has a line containing `text`."""
+    _poll(lambda: text in Path(log).read_text(), proc, repr(text), log, timeout)
 
 
 def wait_for_batch(record: Path, batch: int, proc, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if record.exists():
-            lines = [json.loads(x) for x in record.read_text().splitlines() if x.strip()]
-            if lines and lines[-1]["batch"] >= batch:
-                return
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"training exited with {proc.returncode} before batch {batch}:\n{Path(proc.tag_log).read_text()[-4000:]}"
-            )
-        time.sleep(0.05)
-    raise AssertionError(f"batch {batch} not reached in {timeout} s")
+    """Wait until the recorder has written batch `batch` (or a later one)."""
+
+    def reached() -> bool:
+        lines = [x for x in record.read_text().splitlines() if x.strip()] if record.exists() else []
+        try:
+            return bool(lines) and json.loads(lines[-1])["batch"] >= batch
+        except json.JSONDecodeError:  # a line being written
+            return False
+
+    _poll(reached, proc, f"batch {batch}", proc.tag_log, timeout)
 
 
 def interrupt(

@@ -61,12 +61,14 @@ class Recorder(Callback):
             # (Event.AFTER_LOAD), fit started: where a restart's time goes.
             **MILESTONES,
         }
+        # A test acts once it reads this batch's line: a pause must catch signals before it is written.
+        pause = Pause() if row["batch"] in self.pause_at else None
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         if self.sleep:
             time.sleep(self.sleep)
-        if row["batch"] in self.pause_at:
-            pause_until_signalled(Path(f"{self.release}.go.{row['batch']}"))
+        if pause:
+            pause.wait(Path(f"{self.release}.go.{row['batch']}"))
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self.planned = state.max_duration  # a preemption's stop_training() lowers max_duration
@@ -99,29 +101,34 @@ def full_weights(state: State) -> dict:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def pause_until_signalled(release: Path, limit: float = 300.0) -> None:
-    """Wait for SIGTERM/SIGINT (then handled by the handlers already installed) or `release`."""
-    arrived = threading.Event()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+class Pause:
+    """Hold the process until SIGTERM/SIGINT (then passed to the handlers installed before) or a
+    release file. The signals are caught from construction on, so one that arrives before `wait`
+    (right after the batch's line was written) is not lost."""
 
-    def chained(signum, frame):
-        arrived.set()
-        signal.signal(signum, previous[signum])
-        handler = previous[signum]
+    def __init__(self):
+        self.arrived = threading.Event()
+        self.previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in self.previous:
+            signal.signal(sig, self._chained)
+
+    def _chained(self, signum, frame) -> None:
+        self.arrived.set()
+        handler = self.previous[signum]
+        signal.signal(signum, handler)
         if callable(handler):
             handler(signum, frame)
         elif handler == signal.SIG_DFL:
             os.kill(os.getpid(), signum)
 
-    for sig in previous:
-        signal.signal(sig, chained)
-    deadline = time.monotonic() + limit
-    try:
-        while not arrived.is_set() and not release.exists() and time.monotonic() < deadline:
-            arrived.wait(0.02)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    def wait(self, release: Path, limit: float = 300.0) -> None:
+        deadline = time.monotonic() + limit
+        try:
+            while not self.arrived.is_set() and not release.exists() and time.monotonic() < deadline:
+                self.arrived.wait(0.02)
+        finally:
+            for sig, handler in self.previous.items():
+                signal.signal(sig, handler)
 
 
 IMPORTED = STARTED

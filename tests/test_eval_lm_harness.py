@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import torch
+from export_fixtures import perturbed_export
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("lm_eval") is None,
@@ -23,17 +23,9 @@ pytestmark = pytest.mark.skipif(
 def exported(tmp_path_factory, small_tokenizer):
     """A small model with perturbed norms, in the HF layout, and the demo task in both styles."""
     from convert.demo_tasks import write_demo_tasks
-    from llm.model import ModelConfig, Transformer
-    from llm.weights.hf_export import export_hf
 
     root = tmp_path_factory.mktemp("agree")
-    cfg = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=128, tie_embeddings=True)
-    model = Transformer(cfg, seed=7)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-    hf = export_hf(model, root / "hf", small_tokenizer)
+    hf = perturbed_export(root / "hf", small_tokenizer, max_seq_len=128, seed=7)
     for style in ("cloze", "letter"):
         write_demo_tasks(str(root / style), style=style, questions=8)
     return str(hf), [str(root / "cloze"), str(root / "letter")]

@@ -15,8 +15,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
+from export_fixtures import perturbed_export
 
 from llm.eval.prompts import PROTOCOLS
 from llm.eval.subjects import CEVAL_SUBJECTS, CMMLU_SUBJECTS
@@ -42,17 +42,9 @@ def spaced(row: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, small_tokenizer):
     from convert.demo_tasks import write_demo_tasks
-    from llm.model import ModelConfig, Transformer
-    from llm.weights.hf_export import export_hf
 
     root = tmp_path_factory.mktemp("stock")
-    cfg = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=512, tie_embeddings=True)
-    model = Transformer(cfg, seed=11)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-    hf = export_hf(model, root / "hf", small_tokenizer)
+    hf = perturbed_export(root / "hf", small_tokenizer, max_seq_len=512, seed=11)
     write_demo_tasks(str(root / "demo"), style="letter", questions=6)
     rows = {}
     for split in ("dev", "val"):

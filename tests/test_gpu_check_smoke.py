@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bench.gpu_check import SMOKE, SMOKE_MEMORY_BYTES, slice_layers, slice_plan
+from bench.gpu_check import main as gpu_check_main
 from llm.memory_plan import count_params
 from llm.model import ModelConfig, Transformer
 
@@ -41,11 +42,12 @@ def _flops_per_sample(cfg: ModelConfig) -> float:
 
 
 @pytest.mark.slow
-def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tmp_path):
+def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tmp_path, capsys):
     out = tmp_path / "rows.json"
-    result = run_check("--smoke", "--json", str(out), "--work", str(tmp_path / "work"))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    table = result.stdout.strip().splitlines()
+    code = gpu_check_main(["--smoke", "--json", str(out), "--work", str(tmp_path / "work")])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out[-3000:] + printed.err[-3000:]
+    table = printed.out.strip().splitlines()
     assert table[0].startswith("gpu-check: cpu (smoke") and "10 checks" in table[0]
     assert table[1].split()[:3] == ["check", "ok", "result"]
     listed = json.loads(out.read_text())

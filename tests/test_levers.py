@@ -120,7 +120,7 @@ def test_checkpointing_setting_is_checked_and_the_old_switch_still_reads(tmp_pat
         load_config("recipes/tiny.yaml", ["fsdp.checkpoint_full_every=2"])
 
 
-@pytest.mark.slow  # two 200-step runs: about 3 minutes on 2 cores
+@pytest.mark.slow  # two 200-step runs: about 10 s on one thread (float8 emulation is the slow half)
 def test_float8_emulated_trains_like_fp32_and_keeps_ordinary_weights():
     from torchao.float8.float8_linear import Float8Linear
 
