@@ -136,15 +136,15 @@ def start(
     for p in (record, weights, *release_files(record)):
         p.unlink(missing_ok=True)
     cmd = [*(launcher or [sys.executable]), str(driver), str(recipe), *overrides]
-    log = open(folder / f"{tag}.log", "w")
-    proc = SPAWN(
-        cmd,
-        cwd=cwd,
-        env=driver_env(record, weights, sleep, env, pause_at),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(folder / f"{tag}.log", "w") as log:  # the process keeps its own descriptor
+        proc = SPAWN(
+            cmd,
+            cwd=cwd,
+            env=driver_env(record, weights, sleep, env, pause_at),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     proc.tag_log = folder / f"{tag}.log"  # type: ignore[attr-defined]
     return proc, record, weights
 
@@ -244,17 +244,17 @@ def start_nodes(
             "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
             str(DRIVER), str(recipe), *overrides, f"data.cache_root={folder / f'cache-{tag}-node{node}'}",
         ]  # fmt: skip
-        log = open(folder / f"{tag}.log.node{node}", "w")
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                cwd=cwd,
-                env=driver_env(record, weights, sleep, env, pause_at),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+        with open(folder / f"{tag}.log.node{node}", "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    env=driver_env(record, weights, sleep, env, pause_at),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             )
-        )
     return Nodes(procs, folder / f"{tag}.log"), record, weights
 
 

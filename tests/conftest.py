@@ -76,4 +76,6 @@ def pytest_collection_modifyitems(session, config, items):
     """Files with `slow` tests first, so that with `-n 2` (pytest-xdist, one file per worker at a
     time) the long multi-process files overlap each other instead of finishing last, alone."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: order within a file is kept
+    # The longest files (four-rank launches, the gpu-check smoke) go first of all.
+    first = {"test_parallelism.py", "test_resume_fsdp2.py", "test_gpu_check_smoke.py", "test_multinode.py"}
+    items.sort(key=lambda item: (item.path.name not in first, item.path not in slow_files))  # stable

@@ -176,10 +176,11 @@ class ForkedProcess:
 
     def _message(self, timeout: float | None) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
+        poller = select.poll()  # not select.select: a long session's descriptors pass 1024
+        poller.register(self._conn, select.POLLIN)
         while b"\n" not in self._buffer:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self._conn], [], [], left)
-            if not ready:
+            if not poller.poll(None if left is None else left * 1000):
                 raise subprocess.TimeoutExpired(self.args, timeout)
             chunk = self._conn.recv(4096)
             if not chunk:
