@@ -170,16 +170,21 @@ class Chunk:
         self.size += doc.size
 
     def seal(self, options: ShardOptions, tokenizer: TokenizerInfo) -> ChunkTokens:
-        """The chunk as a worker gets it, with its fingerprint: its documents by digest, and what
-        else shapes the part's bytes (an earlier run's part is reused only if they all match)."""
-        bos_id = tokenizer.bos_id if options.add_bos else None
-        shaping = (_PIPELINE_VERSION, tokenizer.sha256, options.seq_len, options.dtype,
-                   options.size_limit, bos_id, options.min_tokens)  # fmt: skip
-        key = b"".join(self.digests) + "|".join(map(str, shaping)).encode()
-        fingerprint = hashlib.blake2b(key, digest_size=16).hexdigest()
+        """The chunk as a worker gets it, with its fingerprint (`chunk_fingerprint`)."""
+        fingerprint = chunk_fingerprint(b"".join(self.digests), options, tokenizer)
         lengths = np.fromiter(map(len, self.pieces), dtype=np.int64, count=len(self.pieces))
         tokens = np.concatenate(self.pieces) if self.pieces else np.empty(0, dtype=TOKEN_DTYPE)
         return ChunkTokens(self.split, self.index, tokens, lengths, fingerprint)
+
+
+def chunk_fingerprint(digests: bytes, options: ShardOptions, tokenizer: TokenizerInfo) -> str:
+    """A chunk's identity: its documents by digest (concatenated, in order), and what else shapes
+    the part's bytes (an earlier run's part is reused only if they all match)."""
+    bos_id = tokenizer.bos_id if options.add_bos else None
+    shaping = (_PIPELINE_VERSION, tokenizer.sha256, options.seq_len, options.dtype,
+               options.size_limit, bos_id, options.min_tokens)  # fmt: skip
+    key = digests + "|".join(map(str, shaping)).encode()
+    return hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
 def chunk_documents(docs: Iterable[Doc], *, chunk_size: int) -> Iterator[Chunk]:
@@ -250,26 +255,36 @@ class Conversion:
 
     def run(
         self,
-        documents: Callable[[Executor], Iterable[Doc]],
+        documents: Callable[[Executor], Iterable[Doc]] | None = None,
         *,
+        chunks: Callable[[Executor], Iterable] | None = None,
+        process: Callable = process_chunk,
+        done: Callable[[PartResult], None] | None = None,
         write_here: bool = False,
         cleaner: Cleaner | None = None,
     ) -> None:
-        """Convert the documents that `documents(executor)` yields, in order. With `write_here`
-        this process packs and writes the parts, not the workers; `cleaner` is the workers'
-        (without de-duplication) for texts sent to them uncleaned."""
+        """Convert the documents that `documents(executor)` yields, in order; or write the sealed
+        chunks that `chunks(executor)` yields (each with split, index and fingerprint), each by
+        `process` in a worker, `done(result)` called as each part comes back, in order. With
+        `write_here` this process packs and writes the parts, not the workers; `cleaner` is the
+        workers' (without de-duplication) for texts sent to them uncleaned."""
         window = 2 * self.options.workers
         if write_here:
             init_worker(self.options, self.out)  # before the workers are forked: they set their own
         worker_setup = (self.options, self.out, self.model_bytes, cleaner)
         with start_workers(self.options.workers, init_worker, *worker_setup) as executor:
-            chunks = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
-            tasks = (chunk.seal(self.options, self.tokenizer) for chunk in chunks)
+            if chunks is None:
+                cut = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
+                tasks = (chunk.seal(self.options, self.tokenizer) for chunk in cut)
+            else:
+                tasks = chunks(executor)
             parts = None if write_here else executor
             reusable = partial(reuse_part, self.store)
-            for result in ordered(parts, process_chunk, tasks, window, shortcut=reusable):
+            for result in ordered(parts, process, tasks, window, shortcut=reusable):
                 self.totals[result.split].parts.append(result)
                 self.reused_parts += result.reused
+                if done is not None:
+                    done(result)
         for split in SPLITS:
             self._finish_split(split)
 

@@ -1,5 +1,6 @@
 """The converter's output, byte for byte, against a record written by the code before issue 21
-moved the per-document work out of the main process (tests/convert_golden.py)."""
+moved the per-document work out of the main process (tests/convert_golden.py); and the workers'
+reading of byte ranges (convert/ranges.py) against the main process's reading."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ def golden_inputs(tmp_path_factory, chinese_documents, small_tokenizer) -> tuple
     return inputs, record
 
 
+def test_the_workers_read_these_inputs(golden_inputs):
+    from convert.options import ReadOptions
+    from convert.ranges import range_formats
+
+    assert range_formats(golden_inputs[0], ReadOptions()) == ["jsonl", "jsonl"]
+    assert range_formats(golden_inputs[0], ReadOptions(strict=True)) is None
+
+
 @pytest.mark.parametrize(
     ("label", "near", "run"), [(label, near, run) for label, near, runs in CASES for run in runs]
 )
@@ -29,3 +38,30 @@ def test_output_is_byte_identical_to_the_record(golden_inputs, small_tokenizer, 
     inputs, record = golden_inputs
     convert(inputs, small_tokenizer, tmp_path / "out", near, run)
     assert digests(tmp_path / "out") == record["cases"][label]
+
+
+def _comparable(summary: dict) -> dict:
+    return {key: value for key, value in summary.items() if key not in ("elapsed_s", "tokens_per_s", "out")}
+
+
+@pytest.mark.parametrize(("label", "near"), [("plain", False), ("near_filters", True)])
+def test_small_ranges_match_the_record_and_the_main_process_reading(
+    golden_inputs, small_tokenizer, tmp_path, monkeypatch, label, near
+):
+    """Ranges of ~700 bytes: many per file, chunks spanning several, a malformed line inside one;
+    the summary (counts, malformed lines, near-duplicate pairs) equals the main process's reading."""
+    from convert import ranges
+
+    inputs, record = golden_inputs
+    monkeypatch.setattr(ranges, "RANGE_BYTES", 700)
+    ranged = convert(inputs, small_tokenizer, tmp_path / "ranged", near, (3, False))
+    assert digests(tmp_path / "ranged") == record["cases"][label]
+    monkeypatch.setattr(ranges, "range_formats", lambda paths, read: None)
+    whole = convert(inputs, small_tokenizer, tmp_path / "whole", near, (2, False))
+    assert digests(tmp_path / "whole") == record["cases"][label]
+    assert ranged["read"]["malformed_examples"][0]["line"] == 19
+    assert _comparable(ranged) == _comparable(whole) | {"workers": 3}
+    if near:
+        assert (tmp_path / "ranged/near_duplicates.json").read_bytes() == (
+            tmp_path / "whole/near_duplicates.json"
+        ).read_bytes()
