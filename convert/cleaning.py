@@ -4,7 +4,9 @@
   "empty"            nothing left after cleaning
   "too_short_chars"  fewer than `min_chars` characters left
   "duplicate"        exactly the same cleaned text as an earlier document
-(The conversion counts "too_short_tokens" after tokenization.) `clean_with_digest` also returns
+(The conversion counts "too_short_tokens" after tokenization.) A text dropped by an earlier rule
+is counted by that rule only: a conversion's too-short texts (`filtered_below`, its --min-chars)
+are never counted as duplicates. `clean_with_digest` also returns
 the text's digest (`text_digest`), and `first_seen(digest)` is the de-duplication on its own,
 for digests computed elsewhere (a conversion's workers clean without de-duplicating and the
 main process de-duplicates their digests, in input order).
@@ -22,11 +24,13 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
+import numpy as np
 import xxhash
 
 from convert.errors import ConvertError
 
 NORMALIZATIONS = ("NFKC", "NFC", "NFKD", "NFD", "none")
+DIGEST_BYTES = 16  # `text_digest`
 
 # ESC [ params intermediates final (CSI: colours, cursor moves), ESC ] ... BEL/ST (OSC: window
 # titles, links), ESC ( B style charset picks, any other two-character ESC sequence; then single
@@ -82,6 +86,9 @@ class Cleaner:
         self.dedup = dedup
         self.drops = DropCounts()
         self._seen: set[bytes] = set()
+        # Texts shorter than this are left to the quality filter's "too_short_chars" (counted by
+        # the first rule that drops them), not de-duplicated: set by `Selection` (--min-chars).
+        self.filtered_below = 0
 
     def clean(self, text: str) -> str | None:
         """The cleaned text, or None (and the reason counted in `drops`) if it is dropped."""
@@ -96,6 +103,8 @@ class Cleaner:
         if len(text) < self.min_chars:
             return self._drop("too_short_chars")
         digest = text_digest(text)
+        if len(text) < self.filtered_below:
+            return text, digest  # the quality filter drops it as too short: not a duplicate
         return (text, digest) if self.first_seen(digest) else None
 
     def first_seen(self, digest: bytes) -> bool:
@@ -107,6 +116,26 @@ class Cleaner:
             return False
         self._seen.add(digest)
         return True
+
+    def first_seen_all(self, digests: bytes, skip: np.ndarray | None = None) -> np.ndarray:
+        """`first_seen` for each DIGEST_BYTES digest of `digests`, in order, as a bool array;
+        rows where `skip` is True are left out of de-duplication (True, their digest not kept)."""
+        seen, size = self._seen, DIGEST_BYTES
+        count = len(digests) // size
+        if not self.dedup:
+            return np.ones(count, dtype=bool)
+        views = map(digests.__getitem__, _slices(len(digests), size))
+        if skip is not None and skip.any():
+            keep = (~skip).tolist()
+            views = (d for d, checked in zip(views, keep, strict=True) if checked)
+            fresh = np.ones(count, dtype=bool)
+            fresh[~skip] = np.fromiter((d not in seen and not seen.add(d) for d in views), dtype=bool)
+        else:
+            fresh = np.fromiter((d not in seen and not seen.add(d) for d in views), dtype=bool, count=count)
+        duplicates = int(count - fresh.sum())
+        if duplicates:
+            self.drops.add("duplicate", duplicates)
+        return fresh
 
     def normalize(self, text: str) -> str:
         """Cleaning without the drop decisions: escapes, controls, Unicode form, whitespace.
@@ -132,6 +161,10 @@ class Cleaner:
     def _drop(self, reason: str) -> None:
         self.drops.add(reason)
         return None
+
+
+def _slices(total: int, size: int) -> map:
+    return map(slice, range(0, total, size), range(size, total + size, size))
 
 
 def text_digest(text: str) -> bytes:
