@@ -7,6 +7,7 @@ task's share of a multi-machine conversion instead (convert/tasks.py, merged by 
 from __future__ import annotations
 
 import time
+from contextlib import closing
 
 from convert.cleaning import Cleaner
 from convert.conversion import Conversion, tokenize_in_workers
@@ -51,7 +52,11 @@ def convert_corpus(
     start = time.monotonic()
     if formats is not None:  # the workers read the files themselves (convert/ranges.py)
         selection = Selection(conversion.options, cleaner)
-        with spool_folder() as spools, progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
+        with (
+            closing(selection),
+            spool_folder() as spools,
+            progress_bar(None, "doc", "reading", enabled=options.progress) as bar,
+        ):
             feed = RangeFeed(conversion, selection, read, paths, formats, stats, bar, spools)
             conversion.run(
                 chunks=feed.chunks,
@@ -71,7 +76,7 @@ def convert_corpus(
         paths, read.fmt, text_field=read.text_field, preset=read.preset, strict=read.strict, stats=stats
     )
     selection = Selection(conversion.options, cleaner)
-    with progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
+    with closing(selection), progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
         texts = counted_texts(docs, bar)
         conversion.run(
             lambda executor: tokenize_in_workers(

@@ -33,7 +33,9 @@ document with the same bands: `make bench-dedup`).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import os
 
 import numpy as np
 
@@ -145,14 +147,133 @@ class SketchStore:
         return out
 
 
+def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, per_key: int):
+    """Look a batch's keys up in `index` and insert them: (later, before) candidate pairs, `later`
+    a document of the batch (0-based), `before` the position of an earlier one (this batch's at
+    `base` on). `flat`: the keys, `doc`: each key's document, in document order.
+
+    Everything here is decided key by key (a key's earlier documents, its room under `per_key`,
+    its order in the batch), so the keys can be split by value across indexes (`KeyPartitions`)
+    and the union of their pairs is this function's pairs on all keys."""
+    # Equal keys in document order (the index is searched with the keys sorted).
+    order = np.argsort(flat, kind="stable")
+    sorted_keys, sorted_doc = flat[order], doc[order]
+    stored_before, hit_query, hit_position = index.lookup(sorted_keys)
+
+    # Within the batch: each key takes the documents that fit, in document order.
+    starts_group = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
+    group_start = np.flatnonzero(starts_group)[np.cumsum(starts_group) - 1]
+    rank = np.arange(len(sorted_keys)) - group_start
+    room = np.maximum(per_key - stored_before, 0)
+    earlier = np.minimum(rank, room)  # stored documents of this batch before this one
+    source, offset = _expand(np.arange(len(sorted_keys)), earlier)
+
+    later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
+    before = np.concatenate([hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]])
+    stored = rank < room
+    index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32))
+    return later, before
+
+
+def split_keys(keys: np.ndarray, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(keys, row) of each key of `keys` (rows x bands) whose value is p modulo `parts`, for each
+    p, in row order: what a worker sends for the `KeyPartitions`."""
+    flat = keys.ravel()
+    row = np.repeat(np.arange(len(keys), dtype=np.int32), keys.shape[1])
+    part = (flat % np.uint64(parts)).astype(np.int64)
+    order = np.argsort(part, kind="stable")
+    bounds = np.searchsorted(part[order], np.arange(parts + 1))
+    return [(flat[order[a:b]], row[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+class KeyPartitions:
+    """The band index split by key value over `parts` processes, each looking up and inserting
+    its share of every batch's keys (`candidates`, in input order); the main process unites
+    their pairs and verifies them. The same pairs, so the same decisions, as one index.
+
+    The processes are forked when this is made: make it before any thread starts (the worker
+    pool's). They end with the main process (even by SIGKILL) and at `close`."""
+
+    def __init__(self, parts: int, per_key: int) -> None:
+        import multiprocessing
+
+        from convert.executor import die_with
+
+        context = multiprocessing.get_context("fork")
+        self.connections, self.processes = [], []
+        for _ in range(parts):
+            mine, theirs = context.Pipe()
+            process = context.Process(
+                target=_serve_keys, args=(theirs, per_key, os.getpid(), die_with), daemon=True
+            )
+            process.start()
+            theirs.close()
+            self.connections.append(mine)
+            self.processes.append(process)
+        self.nbytes = 0
+
+    def candidates(self, key_parts, base: int) -> tuple[np.ndarray, np.ndarray]:
+        """`key_parts`: (parts from `split_keys`, each key's row -> its document in the batch or -1)."""
+        parts, document_of = key_parts
+        for connection, (keys, rows) in zip(self.connections, parts, strict=True):
+            connection.send((keys, rows, document_of, base))
+        later, before = [], []
+        for connection in self.connections:
+            pair = self._receive(connection)
+            later.append(pair[0])
+            before.append(pair[1])
+        return np.concatenate(later), np.concatenate(before)
+
+    def _receive(self, connection):
+        try:
+            return connection.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(
+                "a near-duplicate index process died (killed, e.g. for lack of memory)"
+            ) from None
+
+    def close(self) -> None:
+        for connection in self.connections:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                connection.send(None)
+        for connection in self.connections:
+            with contextlib.suppress(EOFError, OSError):
+                self.nbytes += connection.recv()
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        self.connections, self.processes = [], []
+
+
+def _serve_keys(connection, per_key: int, parent: int, die_with) -> None:
+    die_with(parent)
+    index = BandIndex()
+    while True:
+        message = connection.recv()
+        if message is None:
+            connection.send(index.nbytes)
+            return
+        keys, rows, document_of, base = message
+        doc = document_of[rows]
+        indexed = doc >= 0
+        connection.send(candidates(index, keys[indexed], doc[indexed], base, per_key))
+
+
 class NearDuplicates:
     """The near-duplicate decisions of one conversion (see the module docstring)."""
 
-    def __init__(self, options: NearDedupOptions) -> None:
+    def __init__(self, options: NearDedupOptions, partitions: int = 1) -> None:
         self.options = options
         self.index = BandIndex()
         self.sketches = SketchStore(options.bins)
         self.candidates = 0  # pairs verified, for the benchmark
+        self.partitions = KeyPartitions(partitions, options.per_key) if partitions > 1 else None
+
+    def close(self) -> None:
+        """Stop the index processes (with partitions); `nbytes` stays right."""
+        if self.partitions is not None:
+            self.partitions.close()
 
     @property
     def size(self) -> int:
@@ -160,44 +281,29 @@ class NearDuplicates:
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes + self.sketches.nbytes
+        parted = self.partitions.nbytes if self.partitions is not None else 0
+        return self.index.nbytes + parted + self.sketches.nbytes
 
-    def add(self, keys: np.ndarray, sketches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def add(self, keys: np.ndarray, sketches: np.ndarray, key_parts=None) -> tuple[np.ndarray, np.ndarray]:
         """Decide and index a batch of documents in input order (rows of `keys`, `sketches`).
+        With partitions, `key_parts` is the batch's keys as `KeyPartitions.candidates` takes them.
 
         Returns, per document, the position of the earlier document it is a near-duplicate of
         (-1: none) and that pair's estimated Jaccard. The batch's documents get positions
         `size`, `size + 1`, ... (read `size` before the call).
         """
-        count, per_key = len(keys), self.options.per_key
+        count = len(sketches)
         base = self.size
         if base + count > _MAX_POSITIONS:
             raise OverflowError("more than 2**32 documents in one near-duplicate index")
         self.sketches.append(sketches)
-        flat = keys.ravel()
-        doc = np.repeat(np.arange(count), keys.shape[1])
-        # Equal keys in document order (the index is searched with the keys sorted).
-        order = np.argsort(flat, kind="stable")
-        sorted_keys, sorted_doc = flat[order], doc[order]
-        stored_before, hit_query, hit_position = self.index.lookup(sorted_keys)
-
-        # Within the batch: each key takes the documents that fit, in document order.
-        starts_group = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
-        group_start = np.flatnonzero(starts_group)[np.cumsum(starts_group) - 1]
-        rank = np.arange(len(sorted_keys)) - group_start
-        room = np.maximum(per_key - stored_before, 0)
-        earlier = np.minimum(rank, room)  # stored documents of this batch before this one
-        source, offset = _expand(np.arange(len(sorted_keys)), earlier)
-
-        later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
-        before = np.concatenate(
-            [hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]]
-        )
-        match, estimate = self._verify(later, before, base, count, sketches)
-
-        stored = rank < room
-        self.index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32))
-        return match, estimate
+        if self.partitions is not None:
+            later, before = self.partitions.candidates(key_parts, base)
+        else:
+            flat = keys.ravel()
+            doc = np.repeat(np.arange(count), keys.shape[1])
+            later, before = candidates(self.index, flat, doc, base, self.options.per_key)
+        return self._verify(later, before, base, count, sketches)
 
     def _verify(self, later: np.ndarray, before: np.ndarray, base: int, count: int, sketches: np.ndarray):
         match = np.full(count, -1, dtype=np.int64)

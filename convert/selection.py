@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from convert.cleaning import Cleaner
-from convert.near_dedup import NearDuplicates, PairSample
+from convert.near_dedup import NearDuplicates, PairSample, split_keys
 from convert.options import ShardOptions
 from convert.quality import REASON_CODES, REASONS
 from convert.worker import DIGEST_BYTES, TokenizedBatch
@@ -90,7 +90,8 @@ class Selection:
         self.options, self.cleaner = options, cleaner
         cleaner.filtered_below = options.filters.min_chars or 0  # too short before duplicate
         near = options.near_dedup
-        self.near = NearDuplicates(near) if near is not None and decide_near else None
+        partitions = options.near_partitions if near is not None and decide_near else 1
+        self.near = NearDuplicates(near, partitions) if near is not None and decide_near else None
         self.sample = sample if sample is not None else (PairSample() if near is not None else None)
         self.dropped_tokens: dict[str, int] = {}
         self.positions = 0  # documents indexed so far (positions in the near-duplicate index)
@@ -122,10 +123,16 @@ class Selection:
         if batch.keys is not None and len(rows):
             # keys and sketches are there for passing rows only: their index among those
             among_passing = (np.cumsum(batch.passing()) - 1)[rows]
-            keys, sketches = batch.keys[among_passing], batch.sketches[among_passing]
-            self._offer(keys[:, 0], rows, first, text)
+            sketches = batch.sketches[among_passing]
+            self._offer(batch.keys[among_passing, 0], rows, first, text)
             if self.near is not None:
-                match, estimate = self.near.add(keys, sketches)
+                if self.near.partitions is not None:
+                    parts = batch.key_parts or split_keys(batch.keys, len(self.near.partitions.processes))
+                    document_of = np.full(len(batch.keys), -1, dtype=np.int64)
+                    document_of[among_passing] = np.arange(len(rows))
+                    match, estimate = self.near.add(None, sketches, (parts, document_of))
+                else:
+                    match, estimate = self.near.add(batch.keys[among_passing], sketches)
                 near = np.flatnonzero(match >= 0)
                 if len(near):
                     self._drop(NEAR_DUPLICATE, int(batch.lengths[rows[near]].sum()), len(near))
@@ -133,6 +140,11 @@ class Selection:
                     for i in near.tolist():
                         self.sample.record(first + i, int(match[i]), float(estimate[i]))
         return Selected(batch, rows, match, filtered, first)
+
+    def close(self) -> None:
+        """Stop the near-duplicate index's processes, if it has any."""
+        if self.near is not None:
+            self.near.close()
 
     def _offer(self, first_keys: np.ndarray, rows: np.ndarray, first: int, text) -> None:
         if self.sample is None:

@@ -37,6 +37,7 @@ import io
 import os
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -423,7 +424,8 @@ def merge_tasks(
                     yield from selected.documents(conversion.options.val_fraction)
                     bar.update()
 
-    conversion.run(documents, write_here=conversion.options.main_helps, cleaner=read.worker_cleaner())
+    with closing(selection):
+        conversion.run(documents, write_here=conversion.options.main_helps, cleaner=read.worker_cleaner())
     return conversion.finish(
         read=_merged_read(markers),
         dropped=cleaner.drops.as_dict(),

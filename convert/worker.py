@@ -16,6 +16,7 @@ import numpy as np
 
 from convert.cleaning import Cleaner, DropCounts
 from convert.minhash import signatures
+from convert.near_dedup import split_keys
 from convert.options import ShardOptions
 from convert.packing import Packer, concat_documents, drop_short_documents
 from convert.quality import filter_reasons, utf32
@@ -85,6 +86,7 @@ class TokenizedBatch:
     keys: np.ndarray | None = None  # passing rows x bands, uint64
     sketches: np.ndarray | None = None  # passing rows x bins, uint8
     sources: np.ndarray | None = None  # index of each row's text in the batch sent (cleaned here)
+    key_parts: list | None = None  # the keys split for the main process's index partitions
 
     def __len__(self) -> int:
         return len(self.chars)
@@ -121,9 +123,15 @@ def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
         if not all_pass:
             codes = codes[np.repeat(passing, chars)]
         keys, sketches = signatures(codes, chars[passing], options.near_dedup)
-    return TokenizedBatch(
-        batch.digests, chars, lengths, tokens, drops, None if all_pass else reasons, keys, sketches, sources
+    key_parts = (
+        split_keys(keys, options.near_partitions)
+        if keys is not None and options.near_partitions > 1
+        else None
     )
+    return TokenizedBatch(
+        batch.digests, chars, lengths, tokens, drops, None if all_pass else reasons, keys, sketches, sources,
+        key_parts,
+    )  # fmt: skip
 
 
 @dataclass

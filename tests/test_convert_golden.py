@@ -65,3 +65,36 @@ def test_small_ranges_match_the_record_and_the_main_process_reading(
         assert (tmp_path / "ranged/near_duplicates.json").read_bytes() == (
             tmp_path / "whole/near_duplicates.json"
         ).read_bytes()
+
+
+def test_a_near_duplicate_index_split_over_processes_decides_alike(
+    golden_inputs, small_tokenizer, tmp_path, monkeypatch
+):
+    """Three index processes, keys split by value (convert/near_dedup.py `KeyPartitions`): the same
+    bytes, pairs and index size as the main process's one index; on the main process's reading too."""
+    import dataclasses
+
+    import convert_golden
+
+    from convert import ranges
+
+    inputs, record = golden_inputs
+    one = convert(inputs, small_tokenizer, tmp_path / "one", True, (2, False))
+    plain = convert_golden.options
+    monkeypatch.setattr(
+        convert_golden, "options", lambda *a: dataclasses.replace(plain(*a), near_partitions=3)
+    )
+    monkeypatch.setattr(ranges, "RANGE_BYTES", 700)
+    split = convert(inputs, small_tokenizer, tmp_path / "split", True, (2, False))
+    monkeypatch.setattr(ranges, "range_formats", lambda paths, read: None)
+    whole = convert(inputs, small_tokenizer, tmp_path / "whole", True, (2, False))
+    for out in ("one", "split", "whole"):
+        assert digests(tmp_path / out) == record["cases"]["near_filters"], out
+        assert (tmp_path / out / "near_duplicates.json").read_bytes() == (
+            tmp_path / "one/near_duplicates.json"
+        ).read_bytes()
+    assert (
+        split["near_dedup"]["index_bytes"]
+        == whole["near_dedup"]["index_bytes"]
+        == one["near_dedup"]["index_bytes"]
+    )
