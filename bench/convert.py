@@ -221,7 +221,8 @@ results: dict = {}
 MAIN_SETTINGS = {
     "plain (no de-duplication)": ({"dedup": False}, {}),
     "exact de-duplication": ({}, {}),
-    "--near-dedup --filters": ({}, {"near": True}),
+    "--near-dedup --filters": ({}, {"near": True, "partitions": 1}),
+    "--near-dedup --filters, 8 index processes": ({}, {"near": True, "partitions": 8}),
 }
 
 
@@ -231,22 +232,26 @@ class MainCost:
     tokens: int
     main_cpu_s: float  # the replay: this process alone
     worker_cpu_s: float  # the recorded run's one worker
+    index_cpu_s: float = 0.0  # the replay's near-duplicate index processes, all together
+    partitions: int = 1
 
     @property
     def feeds(self) -> float:
         return self.worker_cpu_s / self.main_cpu_s
 
 
-def main_cost(corpus: Path, tokenizer: str, out: Path, seq_len: int, setting: str, repeat: int) -> MainCost:
+def _replayed(corpus: Path, tokenizer: str, out: Path, seq_len: int, setting: str, repeat: int) -> MainCost:
+    """One corpus: the recorded run, then the best of `repeat` replays (see the module docstring)."""
     from convert.jobs import convert_corpus
     from convert.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
 
     read_changes, shard_changes = MAIN_SETTINGS[setting]
     near = shard_changes.get("near", False)
+    extra = {"near_partitions": shard_changes.get("partitions", 1)} if near else {}
     options = ShardOptions(
         seq_len=seq_len, val_fraction=0.01, workers=1, overwrite=True, progress=False, main_works=False,
         filters=QualityFilters.recommended() if near else QualityFilters(),
-        near_dedup=NearDedupOptions() if near else None,
+        near_dedup=NearDedupOptions() if near else None, **extra,
     )  # fmt: skip
     read = ReadOptions(**read_changes)
     results.clear()
@@ -255,26 +260,52 @@ def main_cost(corpus: Path, tokenizer: str, out: Path, seq_len: int, setting: st
         summary = convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options, read=read)
     after = os.times()
     worker_cpu = after.children_user - before.children_user + after.children_system - before.children_system
-    replays = []
+    replays, index = [], []
     for _ in range(repeat):
-        cpu = time.process_time()
+        cpu, before = time.process_time(), os.times()
         with contextlib.redirect_stdout(io.StringIO()), _patched_executor(None):
             convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options, read=read)
         replays.append(time.process_time() - cpu)
+        after = os.times()  # the index processes are reaped: their CPU time
+        index.append(
+            after.children_user - before.children_user + after.children_system - before.children_system
+        )
     results.clear()
     tokens = sum(s["tokens"] + s["lost_tail_tokens"] for s in summary["splits"].values())
-    return MainCost(summary["read"]["documents"], tokens, min(replays), worker_cpu)
+    # The recorded run's children are its worker and its index processes (the same work as the replay's).
+    partitions = getattr(options, "near_partitions", 1) if near else 1
+    return MainCost(
+        summary["read"]["documents"], tokens, min(replays), worker_cpu - min(index), min(index), partitions
+    )
 
 
-def report_main_costs(costs: dict[str, MainCost]) -> None:
-    for label, cost in costs.items():
+def main_cost(corpora: tuple[Path, Path], tokenizer: str, out: Path, seq_len: int, setting: str, repeat: int):
+    """The whole run on the full corpus, and the cost of its documents past the half corpus's:
+    per document without the run's fixed costs (starting processes, the output's small files)."""
+    half, full = (_replayed(c, tokenizer, out, seq_len, setting, repeat) for c in corpora)
+    marginal = MainCost(
+        full.documents - half.documents, full.tokens - half.tokens, full.main_cpu_s - half.main_cpu_s,
+        full.worker_cpu_s - half.worker_cpu_s, full.index_cpu_s - half.index_cpu_s, full.partitions,
+    )  # fmt: skip
+    return full, marginal
+
+
+def report_main_costs(costs: dict[str, tuple[MainCost, MainCost]]) -> None:
+    for label, (full, cost) in costs.items():
         print(
-            f"main process alone, {label}: {cost.main_cpu_s:.2f} CPU s for {cost.documents:,} documents, "
-            f"{cost.tokens:,} tokens: {cost.main_cpu_s / cost.documents * 1e6:.1f} us per document, "
+            f"main process alone, {label}: {full.main_cpu_s:.2f} CPU s for {full.documents:,} documents "
+            f"({full.main_cpu_s / full.documents * 1e6:.1f} us each, fixed costs included); past the half "
+            f"corpus: {cost.main_cpu_s / cost.documents * 1e6:.2f} us per document, "
             f"{cost.main_cpu_s / cost.tokens * 1e9:.1f} ns per token; one worker: "
             f"{cost.worker_cpu_s / cost.documents * 1e6:.1f} us per document"
         )
         print(f"main process feeds at most {cost.feeds:.0f} workers ({label}; target >= 64)")
+        if cost.partitions > 1:
+            per_index = cost.worker_cpu_s / (cost.index_cpu_s / cost.partitions)
+            print(
+                f"  its {cost.partitions} index processes: {cost.index_cpu_s / cost.documents * 1e6:.2f} us "
+                f"per document together; each keeps up with {per_index:.0f} workers"
+            )
 
 
 # (label, workers, clean in the main process); None: the default for this machine
@@ -411,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
         root = Path(tmp)
+        (root / "half").mkdir()
+        half, _ = build_corpus(root / "half", args.chars // 2, args.copies)
         corpus, base_texts = build_corpus(root, args.chars, args.copies)
         tokenizer = str(root / "tok.model")
         train_tokenizer(base_texts, vocab_size=args.vocab_size, out=tokenizer)
@@ -418,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         _, tokens, _ = raw_encode_rate(corpus, tokenizer)  # a warm-up, not counted
         print(f"corpus: {corpus.stat().st_size / 1e6:,.1f} MB of JSON lines, {tokens:,} tokens")
         costs = {
-            label: main_cost(corpus, tokenizer, root / "out", args.seq_len, label, args.repeat)
+            label: main_cost((half, corpus), tokenizer, root / "out", args.seq_len, label, args.repeat)
             for label in MAIN_SETTINGS
         }
         report_main_costs(costs)

@@ -108,3 +108,25 @@ def test_controls_go_before_nfkc_so_the_output_is_normalised():
 
     cleaned = Cleaner().clean("e\x00\u0301 ｔｅｓｔ")
     assert cleaned == "é test" and unicodedata.is_normalized("NFKC", cleaned)
+
+
+def test_digest_index_matches_a_set_in_order_with_collisions_of_the_upper_half():
+    import random
+
+    import numpy as np
+
+    from convert.cleaning import DigestIndex
+
+    rng = random.Random(3)
+    # Few distinct upper halves: equal uppers with different lowers must stay distinct digests.
+    universe = [(rng.randrange(4), rng.randrange(1 << 64)) for _ in range(300)]
+    index, seen = DigestIndex(), set()
+    for _ in range(40):
+        batch = [rng.choice(universe) for _ in range(rng.randrange(0, 60))]
+        expected = []
+        for digest in batch:
+            expected.append(digest not in seen)
+            seen.add(digest)
+        got = index.add(np.array(batch, dtype=np.uint64).reshape(-1, 2))
+        assert got.tolist() == expected
+    assert len(index) == len(seen)
