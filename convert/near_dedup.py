@@ -36,6 +36,8 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -187,42 +189,48 @@ def split_keys(keys: np.ndarray, parts: int) -> list[tuple[np.ndarray, np.ndarra
 
 
 class KeyPartitions:
-    """The band index split by key value over `parts` processes, each looking up and inserting
-    its share of every batch's keys (`candidates`, in input order); the main process unites
-    their pairs and verifies them. The same pairs, so the same decisions, as one index.
+    """The band index split by key value over `parts` processes. For each batch, in input order,
+    each process looks up and inserts its share of the keys (`candidates`) and verifies its
+    candidate pairs by the sketches, which the main process appends to a file that every index
+    process maps (the sketches are stored once, on the temp disk); the main process only picks,
+    per document, the best of the pairs at or over the threshold. The union of the processes'
+    pairs is one index's pairs, so the decisions are the same for any number of processes.
 
     The processes are forked when this is made: make it before any thread starts (the worker
     pool's). They end with the main process (even by SIGKILL) and at `close`."""
 
-    def __init__(self, parts: int, per_key: int) -> None:
+    def __init__(self, parts: int, options: NearDedupOptions) -> None:
         import multiprocessing
 
         from convert.executor import die_with
 
+        self.folder = tempfile.mkdtemp(prefix="convert-sketches-")
+        self.path = os.path.join(self.folder, "sketches.u8")
+        self.file = open(self.path, "wb")  # noqa: SIM115 (open for the whole run, closed in close)
         context = multiprocessing.get_context("fork")
         self.connections, self.processes = [], []
         for _ in range(parts):
             mine, theirs = context.Pipe()
-            process = context.Process(
-                target=_serve_keys, args=(theirs, per_key, os.getpid(), die_with), daemon=True
-            )
+            args = (theirs, options, self.path, os.getpid(), die_with)
+            process = context.Process(target=_serve_keys, args=args, daemon=True)
             process.start()
             theirs.close()
             self.connections.append(mine)
             self.processes.append(process)
         self.nbytes = 0
+        self.verified = 0
 
-    def candidates(self, key_parts, base: int) -> tuple[np.ndarray, np.ndarray]:
-        """`key_parts`: (parts from `split_keys`, each key's row -> its document in the batch or -1)."""
+    def decide(self, key_parts, sketches: np.ndarray, base: int):
+        """(later, before, score) of every verified pair at or over the threshold of one batch.
+        `key_parts`: (parts from `split_keys`, each key's row -> its document in the batch or -1)."""
+        self.file.write(np.ascontiguousarray(sketches).tobytes())
+        self.file.flush()
         parts, document_of = key_parts
         for connection, (keys, rows) in zip(self.connections, parts, strict=True):
-            connection.send((keys, rows, document_of, base))
-        later, before = [], []
-        for connection in self.connections:
-            pair = self._receive(connection)
-            later.append(pair[0])
-            before.append(pair[1])
-        return np.concatenate(later), np.concatenate(before)
+            connection.send((keys, rows, document_of, base, len(sketches)))
+        found = [self._receive(connection) for connection in self.connections]
+        self.verified += sum(verified for *_, verified in found)
+        return tuple(np.concatenate([f[i] for f in found]) for i in range(3))
 
     def _receive(self, connection):
         try:
@@ -234,7 +242,7 @@ class KeyPartitions:
 
     def close(self) -> None:
         for connection in self.connections:
-            with contextlib.suppress(OSError, BrokenPipeError):
+            with contextlib.suppress(OSError):
                 connection.send(None)
         for connection in self.connections:
             with contextlib.suppress(EOFError, OSError):
@@ -244,9 +252,12 @@ class KeyPartitions:
             if process.is_alive():
                 process.kill()
         self.connections, self.processes = [], []
+        self.nbytes += self.file.tell()
+        self.file.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _serve_keys(connection, per_key: int, parent: int, die_with) -> None:
+def _serve_keys(connection, options: NearDedupOptions, path: str, parent: int, die_with) -> None:
     die_with(parent)
     index = BandIndex()
     while True:
@@ -254,10 +265,30 @@ def _serve_keys(connection, per_key: int, parent: int, die_with) -> None:
         if message is None:
             connection.send(index.nbytes)
             return
-        keys, rows, document_of, base = message
+        keys, rows, document_of, base, count = message
         doc = document_of[rows]
         indexed = doc >= 0
-        connection.send(candidates(index, keys[indexed], doc[indexed], base, per_key))
+        later, before = candidates(index, keys[indexed], doc[indexed], base, options.per_key)
+        later, before = _distinct_pairs(later, before, base, count)
+        scores = np.empty(len(later))
+        if len(later):
+            stored = np.memmap(path, dtype=np.uint8, mode="r", shape=(base + count, options.bins))
+            step = max(1, (1 << 24) // options.bins)
+            for lo in range(0, len(later), step):
+                hi = lo + step
+                scores[lo:hi] = estimate_jaccard(stored[base + later[lo:hi]], stored[before[lo:hi]])
+            del stored
+        near = scores >= options.threshold
+        connection.send((later[near], before[near], scores[near], len(later)))
+
+
+def _distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int):
+    """The distinct (later, before) pairs, by later then before, without a document and itself."""
+    width = base + count
+    pairs = np.unique(later * width + before)
+    later, before = pairs // width, pairs % width
+    keep = before != base + later  # (a document's two bands with one key: never itself)
+    return later[keep], before[keep]
 
 
 class NearDuplicates:
@@ -268,7 +299,8 @@ class NearDuplicates:
         self.index = BandIndex()
         self.sketches = SketchStore(options.bins)
         self.candidates = 0  # pairs verified, for the benchmark
-        self.partitions = KeyPartitions(partitions, options.per_key) if partitions > 1 else None
+        self.partitions = KeyPartitions(partitions, options) if partitions > 1 else None
+        self._size = 0  # documents indexed, with partitions (the sketches are in their file)
 
     def close(self) -> None:
         """Stop the index processes (with partitions); `nbytes` stays right."""
@@ -277,7 +309,7 @@ class NearDuplicates:
 
     @property
     def size(self) -> int:
-        return self.sketches.size
+        return self._size if self.partitions is not None else self.sketches.size
 
     @property
     def nbytes(self) -> int:
@@ -286,7 +318,7 @@ class NearDuplicates:
 
     def add(self, keys: np.ndarray, sketches: np.ndarray, key_parts=None) -> tuple[np.ndarray, np.ndarray]:
         """Decide and index a batch of documents in input order (rows of `keys`, `sketches`).
-        With partitions, `key_parts` is the batch's keys as `KeyPartitions.candidates` takes them.
+        With partitions, `key_parts` is the batch's keys as `KeyPartitions.decide` takes them.
 
         Returns, per document, the position of the earlier document it is a near-duplicate of
         (-1: none) and that pair's estimated Jaccard. The batch's documents get positions
@@ -296,34 +328,35 @@ class NearDuplicates:
         base = self.size
         if base + count > _MAX_POSITIONS:
             raise OverflowError("more than 2**32 documents in one near-duplicate index")
-        self.sketches.append(sketches)
         if self.partitions is not None:
-            later, before = self.partitions.candidates(key_parts, base)
-        else:
-            flat = keys.ravel()
-            doc = np.repeat(np.arange(count), keys.shape[1])
-            later, before = candidates(self.index, flat, doc, base, self.options.per_key)
+            self._size += count
+            later, before, scores = self.partitions.decide(key_parts, sketches, base)
+            return self._best(later, before, scores, count)
+        self.sketches.append(sketches)
+        flat = keys.ravel()
+        doc = np.repeat(np.arange(count), keys.shape[1])
+        later, before = candidates(self.index, flat, doc, base, self.options.per_key)
         return self._verify(later, before, base, count, sketches)
 
     def _verify(self, later: np.ndarray, before: np.ndarray, base: int, count: int, sketches: np.ndarray):
-        match = np.full(count, -1, dtype=np.int64)
-        estimate = np.zeros(count, dtype=np.float64)
-        width = base + count
-        pairs = np.unique(later * width + before)
-        later, before = pairs // width, pairs % width
-        keep = before != base + later  # (a document's two bands with one key: never itself)
-        later, before = later[keep], before[keep]
+        later, before = _distinct_pairs(later, before, base, count)
         self.candidates += len(later)
         if not len(later):
-            return match, estimate
+            return self._best(later, before, np.empty(0), count)
         scores = np.empty(len(later))
         step = max(1, (1 << 24) // self.options.bins)  # bounded temporary arrays
         for lo in range(0, len(later), step):
             hi = lo + step
             scores[lo:hi] = estimate_jaccard(sketches[later[lo:hi]], self.sketches.take(before[lo:hi]))
         near = scores >= self.options.threshold
-        if near.any():
-            later, before, scores = later[near], before[near], scores[near]
+        return self._best(later[near], before[near], scores[near], count)
+
+    @staticmethod
+    def _best(later: np.ndarray, before: np.ndarray, scores: np.ndarray, count: int):
+        """Per document of the batch: its match among the near pairs and the estimate (-1, 0: none)."""
+        match = np.full(count, -1, dtype=np.int64)
+        estimate = np.zeros(count, dtype=np.float64)
+        if len(later):
             best = np.lexsort((before, -scores, later))  # per document: highest estimate, then earliest
             first = best[np.r_[True, later[best][1:] != later[best][:-1]]]
             match[later[first]] = before[first]
