@@ -110,23 +110,21 @@ def test_controls_go_before_nfkc_so_the_output_is_normalised():
     assert cleaned == "é test" and unicodedata.is_normalized("NFKC", cleaned)
 
 
-def test_digest_index_matches_a_set_in_order_with_collisions_of_the_upper_half():
+def test_first_seen_all_decides_a_batch_as_first_seen_does_one_by_one():
     import random
 
     import numpy as np
 
-    from convert.cleaning import DigestIndex
+    from convert.cleaning import Cleaner, text_digest
 
     rng = random.Random(3)
-    # Few distinct upper halves: equal uppers with different lowers must stay distinct digests.
-    universe = [(rng.randrange(4), rng.randrange(1 << 64)) for _ in range(300)]
-    index, seen = DigestIndex(), set()
-    for _ in range(40):
-        batch = [rng.choice(universe) for _ in range(rng.randrange(0, 60))]
-        expected = []
-        for digest in batch:
-            expected.append(digest not in seen)
-            seen.add(digest)
-        got = index.add(np.array(batch, dtype=np.uint64).reshape(-1, 2))
-        assert got.tolist() == expected
-    assert len(index) == len(seen)
+    texts = [str(rng.randrange(40)) for _ in range(300)]
+    batch = Cleaner()
+    skip = np.array([t == "7" for t in texts])  # never de-duplicated, never remembered
+    got = np.concatenate([batch.first_seen_all(b"".join(map(text_digest, texts[i : i + 37])), skip[i : i + 37])
+                          for i in range(0, len(texts), 37)])  # fmt: skip
+    assert got[skip].all()
+    fresh = Cleaner()
+    plain = [fresh.first_seen(text_digest(t)) for t in texts if t != "7"]
+    assert got[~skip].tolist() == plain
+    assert batch.drops.as_dict() == {"duplicate": plain.count(False)}
