@@ -124,7 +124,7 @@ class Selection:
             # keys and sketches are there for passing rows only: their index among those
             among_passing = (np.cumsum(batch.passing()) - 1)[rows]
             sketches = batch.sketches[among_passing]
-            self._offer(batch.keys[among_passing, 0], rows, first, text)
+            offered = self._offer(batch.keys[among_passing, 0], rows, first, text)
             if self.near is not None:
                 if self.near.partitions is not None:
                     parts = batch.key_parts or split_keys(batch.keys, len(self.near.partitions.processes))
@@ -136,8 +136,8 @@ class Selection:
                 near = np.flatnonzero(match >= 0)
                 if len(near):
                     self._drop(NEAR_DUPLICATE, int(batch.lengths[rows[near]].sum()), len(near))
-                if self.sample is not None:
-                    for i in near.tolist():
+                if self.sample is not None:  # only a document offered to the sample can be a member
+                    for i in near[offered[near]].tolist():
                         self.sample.record(first + i, int(match[i]), float(estimate[i]))
         return Selected(batch, rows, match, filtered, first)
 
@@ -146,13 +146,16 @@ class Selection:
         if self.near is not None:
             self.near.close()
 
-    def _offer(self, first_keys: np.ndarray, rows: np.ndarray, first: int, text) -> None:
+    def _offer(self, first_keys: np.ndarray, rows: np.ndarray, first: int, text) -> np.ndarray:
+        """Offer the rows whose first key may join the pair sample; returns which were offered."""
         if self.sample is None:
-            return
-        for i in np.flatnonzero(first_keys <= np.uint64(min(self.sample.bound, (1 << 64) - 1))).tolist():
+            return np.zeros(len(rows), dtype=bool)
+        offered = first_keys <= np.uint64(min(self.sample.bound, (1 << 64) - 1))
+        for i in np.flatnonzero(offered).tolist():
             cleaned = text(int(rows[i]))
             if cleaned is not None:
                 self.sample.offer(int(first_keys[i]), first + i, cleaned)
+        return offered
 
     def _drop(self, reason: str, tokens: int, count: int = 1) -> None:
         self.cleaner.drops.add(reason, count)

@@ -128,3 +128,13 @@ def test_first_seen_all_decides_a_batch_as_first_seen_does_one_by_one():
     plain = [fresh.first_seen(text_digest(t)) for t in texts if t != "7"]
     assert got[~skip].tolist() == plain
     assert batch.drops.as_dict() == {"duplicate": plain.count(False)}
+
+
+def test_digests_ending_in_zero_bytes_stay_distinct():
+    from convert.cleaning import Cleaner
+
+    cleaner = Cleaner()
+    zero, one, other = bytes(16), bytes(15) + b"\x01", bytes(14) + b"\x01\x00"
+    assert cleaner.first_seen_all(zero + one + zero + other).tolist() == [True, True, False, True]
+    assert not cleaner.first_seen(zero) and not cleaner.first_seen(other)
+    assert cleaner.first_seen(bytes(13) + b"\x01\x00\x00")
