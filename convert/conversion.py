@@ -117,36 +117,56 @@ def select_in_workers(
     here until their batch comes back, for the few that the near-duplicate pair sample keeps.
     """
     cleaner = selection.cleaner
-    sent: deque[list[str]] = deque()
+    sent: deque[tuple[list[str], list]] = deque()
 
     def batches() -> Iterator[TextBatch]:
-        for texts_in in _batches(texts, _BATCH_CHARS):
-            batch = clean_batch(texts_in, cleaner)[0] if clean_here else TextBatch(texts_in)
-            sent.append(batch.texts)
+        for items in _batches(texts, _BATCH_CHARS):
+            texts_in = [item if isinstance(item, str) else item.text for item in items]
+            if clean_here:
+                batch, sources = clean_batch(texts_in, cleaner)
+                places = [_place(items[i]) for i in sources.tolist()]
+            else:
+                batch, places = TextBatch(texts_in), [_place(item) for item in items]
+            sent.append((batch.texts, places))
             yield batch
 
     for batch in ordered(executor, tokenize_batch, batches(), window):
-        texts_sent = sent.popleft()
+        texts_sent, places = sent.popleft()
         for reason, count in batch.drops.items():
             cleaner.drops.add(reason, count)
         if clean_here:
-            text = texts_sent.__getitem__
+            text = partial(_sent, texts_sent, places)
         else:
             sources = batch.sources
-            text = partial(_cleaned, cleaner, texts_sent, sources)
+            text = partial(_cleaned, cleaner, texts_sent, places, sources)
         yield selection.select(batch, text, deduped=clean_here)
 
 
-def _cleaned(cleaner: Cleaner, texts: list[str], sources, row: int) -> str:
-    return cleaner.normalize(texts[int(sources[row])])
+def _place(item) -> tuple[str, int] | None:
+    """A `readers.Document`'s file and line; None for a bare text."""
+    return None if isinstance(item, str) else (item.source, item.line)
 
 
-def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _located(text: str, place: tuple[str, int] | None):
+    return text if place is None else (text, *place)
+
+
+def _sent(texts: list[str], places: list, row: int):
+    return _located(texts[row], places[row])
+
+
+def _cleaned(cleaner: Cleaner, texts: list[str], places: list, sources, row: int):
+    source = int(sources[row])
+    return _located(cleaner.normalize(texts[source]), places[source])
+
+
+def _batches(texts: Iterable, batch_chars: int) -> Iterator[list]:
+    """Texts (or `readers.Document`s) in batches of about `batch_chars` characters."""
+    batch: list = []
     size = 0
     for text in texts:
         batch.append(text)
-        size += len(text)
+        size += len(text if isinstance(text, str) else text.text)
         if size >= batch_chars:
             yield batch
             batch, size = [], 0

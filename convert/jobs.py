@@ -77,7 +77,7 @@ def convert_corpus(
     )
     selection = Selection(conversion.options, cleaner)
     with closing(selection), progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
-        texts = counted_texts(docs, bar)
+        texts = counted_texts(docs, bar, documents=True)  # with their file and line
         conversion.run(
             lambda executor: tokenize_in_workers(
                 executor,

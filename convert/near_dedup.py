@@ -382,18 +382,21 @@ class PairSample:
         self._heap: list[int] = []  # negated keys: the largest member key on top
         self._key_of: dict[int, int] = {}  # position -> key
         self.removed: dict[int, tuple[int, float]] = {}  # position -> (match position, estimate)
+        self.where: dict[int, tuple[str, int]] = {}  # position -> (input file, line), when known
 
     @property
     def bound(self) -> int:
         """Keys at or above this cannot join (2**64 while there is room)."""
         return -self._heap[0] if len(self.members) >= self.capacity else 1 << 64
 
-    def offer(self, key: int, position: int, text: str) -> None:
+    def offer(self, key: int, position: int, text: str, where: tuple[str, int] | None = None) -> None:
+        """`where`: the document's input file and line (record) number, when known."""
         if key in self.members:
             members = self.members[key]
             if len(members) < self.per_key:
                 members.append((position, text))
                 self._key_of[position] = key
+                self._where_of(position, where)
             return
         if key >= self.bound:
             return
@@ -402,15 +405,28 @@ class PairSample:
         heapq.heappush(self._heap, -key)
         self.members[key] = [(position, text)]
         self._key_of[position] = key
+        self._where_of(position, where)
+
+    def _where_of(self, position: int, where: tuple[str, int] | None) -> None:
+        if where is not None:
+            self.where[position] = where
 
     def _evict(self, key: int) -> None:
         for position, _ in self.members.pop(key):
             del self._key_of[position]
             self.removed.pop(position, None)
+            self.where.pop(position, None)
 
     def record(self, position: int, match: int, estimate: float) -> None:
         if position in self._key_of:
             self.removed[position] = (match, estimate)
+
+    def _document(self, position: int, text: str) -> dict:
+        """A document of the report: its input file and line (1-based; a JSON list's item
+        number) when known, its position among the documents that reached near-dedup, its text."""
+        where = self.where.get(position)
+        place = {"file": where[0], "line": where[1]} if where is not None else {}
+        return {**place, "position": position, "text": text}
 
     def texts(self) -> list[tuple[int, int, str]]:
         """(key, position, text) of every member, by key then position."""
@@ -428,8 +444,8 @@ class PairSample:
                 continue
             kept = text_of[match]
             out.append({
-                "kept": {"position": match, "text": kept},
-                "removed": {"position": position, "text": text},
+                "kept": self._document(match, kept),
+                "removed": self._document(position, text),
                 "estimated_jaccard": round(estimate, 4),
                 "jaccard": round(jaccard(kept, text, ngram), 4),
             })  # fmt: skip

@@ -233,7 +233,7 @@ class RangeFeed:
         self.open = {split: _OpenChunk(0) for split in SPLITS}
         self.users: dict[str, int] = {}  # spool file -> batch routing + chunks still to write it
         self.chunk_spools: dict[tuple[str, int], list[str]] = {}
-        self.lines_before: list[int] = []  # per range handed out, in order: lines of its file before it
+        self._lines_before = 0  # lines of its file before the range being routed
 
     def _tasks(self) -> Iterator[RangeTask]:
         number = 0
@@ -263,6 +263,7 @@ class RangeFeed:
             before = lines_in_file.get(task.path, 0)
             lines_in_file[task.path] = before + result.range_lines
             self._absorb(task, result, before)
+            self._lines_before = before
             self.users[task.spool] = 1
             yield from self._route(task, result)
             self._release(task.spool)
@@ -285,7 +286,13 @@ class RangeFeed:
 
     def _route(self, task: RangeTask, result: RangeResult) -> Iterator[SpooledChunk]:
         batch = result.batch
-        selected = self.selection.select(batch, result.texts.get, deduped=False)
+        texts, lines, before = result.texts, result.lines, self._lines_before
+
+        def text(row: int):
+            cleaned = texts.get(row)
+            return None if cleaned is None else (cleaned, task.path, before + int(lines[row]) + 1)
+
+        selected = self.selection.select(batch, text, deduped=False)
         kept = selected.indexed[selected.match < 0]
         if not len(kept):
             return

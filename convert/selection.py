@@ -98,7 +98,7 @@ class Selection:
 
     def select(self, batch: TokenizedBatch, text: Callable[[int], str | None], *, deduped: bool) -> Selected:
         """Decide a batch's rows in order. `text(row)` gives a row's cleaned text for the pair
-        sample (rarely called); `deduped`: exact duplicates were removed before the workers."""
+        sample (rarely called), or (text, input file, line), or None; `deduped`: exact duplicates were removed before the workers."""
         check = self.cleaner.dedup and not deduped
         # Every row at once: the exact-duplicate check (in order, counted as "duplicate"), then
         # the filters' reasons among the first-seen rows, counted by reason with their tokens.
@@ -153,7 +153,9 @@ class Selection:
         offered = first_keys <= np.uint64(min(self.sample.bound, (1 << 64) - 1))
         for i in np.flatnonzero(offered).tolist():
             cleaned = text(int(rows[i]))
-            if cleaned is not None:
+            if isinstance(cleaned, tuple):  # (text, input file, line)
+                self.sample.offer(int(first_keys[i]), first + i, cleaned[0], cleaned[1:])
+            elif cleaned is not None:
                 self.sample.offer(int(first_keys[i]), first + i, cleaned)
         return offered
 

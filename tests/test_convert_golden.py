@@ -62,9 +62,26 @@ def test_small_ranges_match_the_record_and_the_main_process_reading(
     assert ranged["read"]["malformed_examples"][0]["line"] == 19
     assert _comparable(ranged) == _comparable(whole) | {"workers": 3}
     if near:
-        assert (tmp_path / "ranged/near_duplicates.json").read_bytes() == (
-            tmp_path / "whole/near_duplicates.json"
-        ).read_bytes()
+        report = (tmp_path / "ranged/near_duplicates.json").read_bytes()
+        assert report == (tmp_path / "whole/near_duplicates.json").read_bytes()
+        _check_places(json.loads(report))
+
+
+def _check_places(report: dict) -> None:
+    """Each document of the report is the record at its file and line."""
+    from convert.cleaning import Cleaner
+
+    cleaner = Cleaner()
+    lines = {}
+    assert report["pairs"]
+    for pair in report["pairs"]:
+        for side in ("kept", "removed"):
+            doc = pair[side]
+            if doc["file"] not in lines:
+                lines[doc["file"]] = Path(doc["file"]).read_text(encoding="utf-8").split("\n")
+            record = json.loads(lines[doc["file"]][doc["line"] - 1])
+            assert cleaner.normalize(record["text"]) == doc["text"]
+        assert pair["kept"]["position"] < pair["removed"]["position"]
 
 
 def test_a_near_duplicate_index_split_over_processes_decides_alike(
