@@ -1,6 +1,11 @@
 """One conversion, run by the main process: texts -> workers (clean, filter, sign, tokenize) ->
 select, split, chunk -> workers (pack, write a part) -> meta, summary, index.
 
+This module's loop, where the main process reads the documents and sends their texts, serves
+the inputs that cannot be cut into byte ranges (S3, gzip, JSON lists, txt-blank, --strict) and
+the multi-machine tasks; for local line files the workers read the inputs themselves
+(convert/ranges.py) and only compact records reach the main process. Both give the same bytes.
+
     main process                                worker processes (N, `convert.worker`)
     read documents, cut into batches  --------> clean* and digest each text, quality filters,
                                                 MinHash signature (band keys, sketch), tokenize

@@ -21,6 +21,13 @@ document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A a
 near each other. `per_key` bounds the work on boilerplate: a key shared by thousands of
 documents keeps the first `per_key`, and a new document is compared with those.
 
+Split over processes (`KeyPartitions`, one per 8 workers by default): every step above is
+decided key by key (a key's earlier documents, its room under `per_key`, its order in the batch),
+so the keys are split by value over index processes, each finding and verifying its candidate
+pairs against the sketches (appended by the main process to a file the index processes map),
+and the main process picks each document's best pair among theirs: the same decisions as one
+index, with the main process's work per document down to the picking.
+
 Memory: the band index holds 12 bytes (64-bit key, 32-bit position) per band and document,
 the sketches `bins` bytes per document: with the defaults (26 bands at threshold 0.8, 256
 bins) about 570 bytes per document, 5.7 GB per 10 M documents (`make bench-dedup` measures
