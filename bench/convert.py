@@ -221,6 +221,7 @@ results: dict = {}
 MAIN_SETTINGS = {
     "plain (no de-duplication)": ({"dedup": False}, {}),
     "exact de-duplication": ({}, {}),
+    "exact de-duplication, 8 index processes": ({}, {"partitions": 8}),
     "--near-dedup --filters": ({}, {"near": True, "partitions": 1}),
     "--near-dedup --filters, 8 index processes": ({}, {"near": True, "partitions": 8}),
 }
@@ -247,7 +248,8 @@ def _replayed(corpus: Path, tokenizer: str, out: Path, seq_len: int, setting: st
 
     read_changes, shard_changes = MAIN_SETTINGS[setting]
     near = shard_changes.get("near", False)
-    extra = {"near_partitions": shard_changes.get("partitions", 1)} if near else {}
+    supported = "index_processes" in ShardOptions.__dataclass_fields__  # not before issue 21
+    extra = {"index_processes": shard_changes.get("partitions", 1)} if supported else {}
     options = ShardOptions(
         seq_len=seq_len, val_fraction=0.01, workers=1, overwrite=True, progress=False, main_works=False,
         filters=QualityFilters.recommended() if near else QualityFilters(),
@@ -273,7 +275,7 @@ def _replayed(corpus: Path, tokenizer: str, out: Path, seq_len: int, setting: st
     results.clear()
     tokens = sum(s["tokens"] + s["lost_tail_tokens"] for s in summary["splits"].values())
     # The recorded run's children are its worker and its index processes (the same work as the replay's).
-    partitions = getattr(options, "near_partitions", 1) if near else 1
+    partitions = getattr(options, "index_processes", 1)
     return MainCost(
         summary["read"]["documents"], tokens, min(replays), worker_cpu - min(index), min(index), partitions
     )
@@ -436,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
+    parser.add_argument("--main-only", action="store_true", help="only the main process's own cost")
     args = parser.parse_args(argv)
 
     from convert.tokenizer import train_tokenizer
@@ -450,11 +453,17 @@ def main(argv: list[str] | None = None) -> int:
         del base_texts
         _, tokens, _ = raw_encode_rate(corpus, tokenizer)  # a warm-up, not counted
         print(f"corpus: {corpus.stat().st_size / 1e6:,.1f} MB of JSON lines, {tokens:,} tokens")
+        from convert.options import ShardOptions
+
+        split = "index_processes" in ShardOptions.__dataclass_fields__
         costs = {
             label: main_cost((half, corpus), tokenizer, root / "out", args.seq_len, label, args.repeat)
-            for label in MAIN_SETTINGS
+            for label, (_, changes) in MAIN_SETTINGS.items()
+            if split or "partitions" not in changes
         }
         report_main_costs(costs)
+        if args.main_only:
+            return 0
         startup = [worker_startup_s(tokenizer, root / "out", 1) for _ in range(args.repeat)]
         raw_runs = []
         runs: dict[str, list[Run]] = {label: [] for label in SETUPS}

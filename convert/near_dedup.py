@@ -206,7 +206,7 @@ class KeyPartitions:
     The processes are forked when this is made: make it before any thread starts (the worker
     pool's). They end with the main process (even by SIGKILL) and at `close`."""
 
-    def __init__(self, parts: int, options: NearDedupOptions) -> None:
+    def __init__(self, parts: int, options: NearDedupOptions | None) -> None:
         import multiprocessing
 
         from convert.executor import die_with
@@ -214,6 +214,7 @@ class KeyPartitions:
         self.folder = tempfile.mkdtemp(prefix="convert-sketches-")
         self.path = os.path.join(self.folder, "sketches.u8")
         self.file = open(self.path, "wb")  # noqa: SIM115 (open for the whole run, closed in close)
+        self.parts = parts
         context = multiprocessing.get_context("fork")
         self.connections, self.processes = [], []
         for _ in range(parts):
@@ -234,10 +235,21 @@ class KeyPartitions:
         self.file.flush()
         parts, document_of = key_parts
         for connection, (keys, rows) in zip(self.connections, parts, strict=True):
-            connection.send((keys, rows, document_of, base, len(sketches)))
+            connection.send(("keys", keys, rows, document_of, base, len(sketches)))
         found = [self._receive(connection) for connection in self.connections]
         self.verified += sum(verified for *_, verified in found)
         return tuple(np.concatenate([f[i] for f in found]) for i in range(3))
+
+    def first_seen(self, digest_parts: list[tuple[bytes, np.ndarray]], count: int) -> np.ndarray:
+        """Exact de-duplication of a batch's rows, each digest decided by the process its value
+        falls to (`split_digests`): True for a row whose digest came neither earlier in the
+        batch nor before. Rows in no part are left out (True)."""
+        for connection, (digests, _) in zip(self.connections, digest_parts, strict=True):
+            connection.send(("digests", digests))
+        fresh = np.ones(count, dtype=bool)
+        for connection, (_, rows) in zip(self.connections, digest_parts, strict=True):
+            fresh[rows] = self._receive(connection)
+        return fresh
 
     def _receive(self, connection):
         try:
@@ -248,6 +260,8 @@ class KeyPartitions:
             ) from None
 
     def close(self) -> None:
+        if self.file.closed:
+            return
         for connection in self.connections:
             with contextlib.suppress(OSError):
                 connection.send(None)
@@ -266,13 +280,16 @@ class KeyPartitions:
 
 def _serve_keys(connection, options: NearDedupOptions, path: str, parent: int, die_with) -> None:
     die_with(parent)
-    index = BandIndex()
+    index, seen = BandIndex(), set()
     while True:
         message = connection.recv()
         if message is None:
             connection.send(index.nbytes)
             return
-        keys, rows, document_of, base, count = message
+        if message[0] == "digests":
+            connection.send(first_seen_in(seen, message[1]))
+            continue
+        _, keys, rows, document_of, base, count = message
         doc = document_of[rows]
         indexed = doc >= 0
         later, before = candidates(index, keys[indexed], doc[indexed], base, options.per_key)
@@ -289,6 +306,29 @@ def _serve_keys(connection, options: NearDedupOptions, path: str, parent: int, d
         connection.send((later[near], before[near], scores[near], len(later)))
 
 
+def first_seen_in(seen: set, digests: bytes) -> np.ndarray:
+    """For each 16-byte digest of `digests`, in order: True when it is not in `seen` (and not
+    earlier in `digests`); adds them. A batch without duplicates takes C-level set operations."""
+    views = np.frombuffer(digests, dtype="S16").tolist()  # items drop trailing zero bytes: one-to-one
+    new = dict.fromkeys(views).keys() - seen
+    if len(new) == len(views):
+        seen |= new
+        return np.ones(len(views), dtype=bool)
+    return np.array([d not in seen and not seen.add(d) for d in views], dtype=bool)
+
+
+def split_digests(digests: bytes, rows: np.ndarray, parts: int) -> list[tuple[bytes, np.ndarray]]:
+    """The digests of `rows` (16 bytes each in `digests`) split by value over `parts` processes:
+    (their digests, those rows) for each, in row order."""
+    pairs = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)[rows]
+    part = (pairs[:, 0] % np.uint64(parts)).astype(np.int64)
+    out = []
+    for p in range(parts):
+        mine = np.flatnonzero(part == p)
+        out.append((pairs[mine].tobytes(), rows[mine]))
+    return out
+
+
 def _distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int):
     """The distinct (later, before) pairs, by later then before, without a document and itself."""
     width = base + count
@@ -301,12 +341,12 @@ def _distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int
 class NearDuplicates:
     """The near-duplicate decisions of one conversion (see the module docstring)."""
 
-    def __init__(self, options: NearDedupOptions, partitions: int = 1) -> None:
+    def __init__(self, options: NearDedupOptions, partitions: KeyPartitions | None = None) -> None:
         self.options = options
         self.index = BandIndex()
         self.sketches = SketchStore(options.bins)
         self.candidates = 0  # pairs verified, for the benchmark
-        self.partitions = KeyPartitions(partitions, options) if partitions > 1 else None
+        self.partitions = partitions
         self._size = 0  # documents indexed, with partitions (the sketches are in their file)
 
     def close(self) -> None:

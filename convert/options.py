@@ -162,7 +162,7 @@ class ShardOptions:
     near_dedup: NearDedupOptions | None = None  # None: exact duplicates only
     # Processes that hold the near-duplicate band index, split by key value (the same decisions
     # for any number); 0: one per WORKERS_PER_INDEX workers (1: the main process holds it).
-    near_partitions: int = 0
+    index_processes: int = 0
 
     @property
     def main_helps(self) -> bool:
@@ -190,15 +190,13 @@ class ShardOptions:
             raise ConvertError(f"chunk size {self.chunk_chars} must be at least 1 character")
         if self.add_bos and tokenizer.bos_id < 0:
             raise ConvertError(f"--bos: tokenizer {tokenizer.path} has no BOS piece; drop --bos")
-        if self.near_partitions < 0:
-            raise ConvertError(
-                f"near-duplicate index partitions {self.near_partitions} must be 0 (auto) or more"
-            )
-        partitions = self.near_partitions or max(1, math.ceil(self.workers / WORKERS_PER_INDEX))
+        if self.index_processes < 0:
+            raise ConvertError(f"--index-processes {self.index_processes} must be 0 (auto) or more")
+        partitions = self.index_processes or max(1, math.ceil(self.workers / WORKERS_PER_INDEX))
         return replace(
             self,
             dtype=tokenizer.token_dtype(self.dtype),
-            near_partitions=partitions,
+            index_processes=partitions,
             **self.resolve_selection(),
         )
 

@@ -139,6 +139,8 @@ def read_range_batch(task: RangeTask) -> RangeResult:
         return RangeResult(empty, none, range_lines, np.zeros(0, dtype=bool), none, empty.tokens,
                            0, stats.malformed, _shifted(stats, first))  # fmt: skip
     batch = worker.tokenize_batch(TextBatch([doc.text for doc in docs]))
+    if batch.key_parts is not None:  # the index processes get the keys; here only the first is read
+        batch.keys = np.ascontiguousarray(batch.keys[:, :1])
     doc_lines = np.fromiter((doc.line for doc in docs), dtype=np.int64, count=len(docs))
     lines = doc_lines[batch.sources] - first if len(batch) else np.empty(0, dtype=np.int64)
     passing = np.flatnonzero(batch.passing())

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from convert.cleaning import Cleaner
-from convert.near_dedup import NearDuplicates, PairSample, split_keys
+from convert.near_dedup import KeyPartitions, NearDuplicates, PairSample, split_digests, split_keys
 from convert.options import ShardOptions
 from convert.quality import REASON_CODES, REASONS
 from convert.worker import DIGEST_BYTES, TokenizedBatch
@@ -90,8 +90,14 @@ class Selection:
         self.options, self.cleaner = options, cleaner
         cleaner.filtered_below = options.filters.min_chars or 0  # too short before duplicate
         near = options.near_dedup
-        partitions = options.near_partitions if near is not None and decide_near else 1
-        self.near = NearDuplicates(near, partitions) if near is not None and decide_near else None
+        parts = options.index_processes
+        # With many workers the exact and near-duplicate state lives in index processes.
+        self.partitions = (
+            KeyPartitions(parts, near)
+            if decide_near and parts > 1 and (cleaner.dedup or near is not None)
+            else None
+        )
+        self.near = NearDuplicates(near, self.partitions) if near is not None and decide_near else None
         self.sample = sample if sample is not None else (PairSample() if near is not None else None)
         self.dropped_tokens: dict[str, int] = {}
         self.positions = 0  # documents indexed so far (positions in the near-duplicate index)
@@ -104,9 +110,12 @@ class Selection:
         # the filters' reasons among the first-seen rows, counted by reason with their tokens.
         reasons = batch.reasons.astype(np.int64) if batch.reasons is not None else None
         short = reasons == _TOO_SHORT if reasons is not None else None  # dropped as too short first
-        fresh = (
-            self.cleaner.first_seen_all(batch.digests, short) if check else np.ones(len(batch), dtype=bool)
-        )
+        if check and self.partitions is not None:
+            fresh = self._first_seen_in_partitions(batch, short)
+        elif check:
+            fresh = self.cleaner.first_seen_all(batch.digests, short)
+        else:
+            fresh = np.ones(len(batch), dtype=bool)
         if reasons is not None:
             rows = np.flatnonzero(fresh & (reasons == 0))
             filtered = np.flatnonzero(fresh & (reasons != 0))
@@ -127,7 +136,7 @@ class Selection:
             offered = self._offer(batch.keys[among_passing, 0], rows, first, text)
             if self.near is not None:
                 if self.near.partitions is not None:
-                    parts = batch.key_parts or split_keys(batch.keys, len(self.near.partitions.processes))
+                    parts = batch.key_parts or split_keys(batch.keys, self.partitions.parts)
                     document_of = np.full(len(batch.keys), -1, dtype=np.int64)
                     document_of[among_passing] = np.arange(len(rows))
                     match, estimate = self.near.add(None, sketches, (parts, document_of))
@@ -141,10 +150,21 @@ class Selection:
                         self.sample.record(first + i, int(match[i]), float(estimate[i]))
         return Selected(batch, rows, match, filtered, first)
 
+    def _first_seen_in_partitions(self, batch: TokenizedBatch, short: np.ndarray | None) -> np.ndarray:
+        parts = batch.digest_parts
+        if parts is None:
+            rows = np.flatnonzero(~short) if short is not None else np.arange(len(batch))
+            parts = split_digests(batch.digests, rows, self.partitions.parts)
+        fresh = self.partitions.first_seen(parts, len(batch))
+        duplicates = int(len(batch) - fresh.sum())
+        if duplicates:
+            self.cleaner.drops.add("duplicate", duplicates)
+        return fresh
+
     def close(self) -> None:
-        """Stop the near-duplicate index's processes, if it has any."""
-        if self.near is not None:
-            self.near.close()
+        """Stop the index processes, if there are any."""
+        if self.partitions is not None:
+            self.partitions.close()
 
     def _offer(self, first_keys: np.ndarray, rows: np.ndarray, first: int, text) -> np.ndarray:
         """Offer the rows whose first key may join the pair sample; returns which were offered."""

@@ -99,7 +99,7 @@ def test_a_near_duplicate_index_split_over_processes_decides_alike(
     one = convert(inputs, small_tokenizer, tmp_path / "one", True, (2, False))
     plain = convert_golden.options
     monkeypatch.setattr(
-        convert_golden, "options", lambda *a: dataclasses.replace(plain(*a), near_partitions=3)
+        convert_golden, "options", lambda *a: dataclasses.replace(plain(*a), index_processes=3)
     )
     monkeypatch.setattr(ranges, "RANGE_BYTES", 700)
     split = convert(inputs, small_tokenizer, tmp_path / "split", True, (2, False))
@@ -115,3 +115,9 @@ def test_a_near_duplicate_index_split_over_processes_decides_alike(
         == whole["near_dedup"]["index_bytes"]
         == one["near_dedup"]["index_bytes"]
     )
+    assert split["dropped"] == whole["dropped"] == one["dropped"]
+    assert split["dropped_tokens"] == one["dropped_tokens"]
+    # Exact de-duplication alone in the index processes too.
+    plain_split = convert(inputs, small_tokenizer, tmp_path / "plain", False, (2, False))
+    assert digests(tmp_path / "plain") == record["cases"]["plain"]
+    assert plain_split["dropped"]["duplicate"] == 26
