@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         costs = {
             label: main_cost((half, corpus), tokenizer, root / "out", args.seq_len, label, args.repeat)
             for label, (_, changes) in MAIN_SETTINGS.items()
-            if split or "partitions" not in changes
+            if split or changes.get("partitions", 1) == 1
         }
         report_main_costs(costs)
         if args.main_only:
