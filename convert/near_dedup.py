@@ -229,16 +229,27 @@ class KeyPartitions:
         self.verified = 0
 
     def decide(self, key_parts, sketches: np.ndarray, base: int):
-        """(later, before, score) of every verified pair at or over the threshold of one batch.
+        """Per document of one batch: its match (-1: none) and the estimate, as `_best` picks them
+        among every verified pair at or over the threshold (each process sends its own best).
         `key_parts`: (parts from `split_keys`, each key's row -> its document in the batch or -1)."""
         self.file.write(np.ascontiguousarray(sketches).tobytes())
         self.file.flush()
         parts, document_of = key_parts
         for connection, (keys, rows) in zip(self.connections, parts, strict=True):
             connection.send(("keys", keys, rows, document_of, base, len(sketches)))
-        found = [self._receive(connection) for connection in self.connections]
-        self.verified += sum(verified for *_, verified in found)
-        return tuple(np.concatenate([f[i] for f in found]) for i in range(3))
+        match, estimate, verified = self._receive(self.connections[0])
+        self.verified += verified
+        for connection in self.connections[1:]:
+            their_match, their_estimate, verified = self._receive(connection)
+            self.verified += verified
+            # The best of the bests: highest estimate, then the earliest document.
+            better = (their_match >= 0) & (
+                (match < 0)
+                | (their_estimate > estimate)
+                | ((their_estimate == estimate) & (their_match < match))
+            )
+            match[better], estimate[better] = their_match[better], their_estimate[better]
+        return match, estimate
 
     def first_seen(self, digest_parts: list[tuple[bytes, np.ndarray]], count: int) -> np.ndarray:
         """Exact de-duplication of a batch's rows, each digest decided by the process its value
@@ -303,7 +314,8 @@ def _serve_keys(connection, options: NearDedupOptions, path: str, parent: int, d
                 scores[lo:hi] = estimate_jaccard(stored[base + later[lo:hi]], stored[before[lo:hi]])
             del stored
         near = scores >= options.threshold
-        connection.send((later[near], before[near], scores[near], len(later)))
+        match, estimate = NearDuplicates._best(later[near], before[near], scores[near], count)
+        connection.send((match, estimate, len(later)))
 
 
 def first_seen_in(seen: set, digests: bytes) -> np.ndarray:
@@ -377,8 +389,7 @@ class NearDuplicates:
             raise OverflowError("more than 2**32 documents in one near-duplicate index")
         if self.partitions is not None:
             self._size += count
-            later, before, scores = self.partitions.decide(key_parts, sketches, base)
-            return self._best(later, before, scores, count)
+            return self.partitions.decide(key_parts, sketches, base)
         self.sketches.append(sketches)
         flat = keys.ravel()
         doc = np.repeat(np.arange(count), keys.shape[1])
