@@ -289,6 +289,59 @@ def index_memory(options: NearDedupOptions, documents: int) -> tuple[float, floa
     return near.nbytes / near.size, peak / near.size
 
 
+# --- what a threshold removes: edit kind vs removal rate --------------------------------------
+
+EDIT_SHARES = (0.01, 0.02, 0.025, 0.03, 0.04, 0.05, 0.08)
+
+
+def edited(text: str, kind: str, share: float, rng: random.Random) -> str:
+    """`text` with `share` of its characters edited in one way (`EDIT_KINDS`)."""
+    chars, n = list(text), max(1, round(share * len(text)))
+    if kind == "scattered substitutions":
+        for at in rng.sample(range(len(chars)), n):
+            chars[at] = rng.choice(text)
+    elif kind == "one block replaced":
+        at = rng.randrange(len(chars) - n + 1)
+        start = rng.randrange(len(text) - n + 1)
+        chars[at : at + n] = list(text[start : start + n])[::-1]
+    elif kind == "scattered insertions":
+        for _ in range(n):
+            chars.insert(rng.randrange(len(chars) + 1), rng.choice(text))
+    elif kind == "text appended":
+        start = rng.randrange(len(text) - n + 1)
+        chars += list(text[start : start + n])[::-1]
+    return "".join(chars)
+
+
+EDIT_KINDS = ("scattered substitutions", "scattered insertions", "one block replaced", "text appended")
+
+
+def edit_table(options: NearDedupOptions, documents: int, seed: int) -> list[str]:
+    """Markdown rows: per edit kind and share, the mean exact Jaccard of 5-grams between an article
+    and its edited copy, and the share of copies the converter's decisions remove."""
+    from convert.minhash import jaccard
+
+    rng = random.Random(seed)
+    cleaner = Cleaner()
+    originals = [t for t in (cleaner.normalize(d) for d in peoples_daily_documents()) if len(t) >= 300][
+        :documents
+    ]
+    rows = ["| edit | " + " | ".join(f"{share:.1%}" for share in EDIT_SHARES) + " |"]
+    rows.append("|---|" + "---|" * len(EDIT_SHARES))
+    for kind in EDIT_KINDS:
+        cells = []
+        for share in EDIT_SHARES:
+            copies = [edited(text, kind, share, rng) for text in originals]
+            similarity = float(
+                np.mean([jaccard(a, b, options.ngram) for a, b in zip(originals, copies, strict=True)])
+            )
+            matches, *_ = ours(originals + copies, options)
+            removed = float((matches[len(originals) :] >= 0).mean())
+            cells.append(f"J {similarity:.2f}: {removed:.0%}")
+        rows.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.dedup",
@@ -301,9 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasketch-docs", type=int, default=6000, help="documents datasketch is timed on")
     parser.add_argument("--memory-docs", type=int, default=1_000_000, help="synthetic documents for memory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--edit-table", type=int, default=0, metavar="ARTICLES",
+        help="only print the table of edit kind vs removal rate, over this many articles",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     options = NearDedupOptions(threshold=args.threshold).resolve(5)
+    if args.edit_table:
+        print(
+            f"exact Jaccard of {options.ngram}-grams (mean) and share of copies removed at {options.threshold}:"
+        )
+        print("\n".join(edit_table(options, args.edit_table, args.seed)))
+        return 0
     corpus = build_corpus(args.planted, args.seed)
     texts = corpus.texts
     chars = sum(map(len, texts))

@@ -4,7 +4,9 @@
   "empty"            nothing left after cleaning
   "too_short_chars"  fewer than `min_chars` characters left
   "duplicate"        exactly the same cleaned text as an earlier document
-(The conversion counts "too_short_tokens" after tokenization.) `clean_with_digest` also returns
+(The conversion counts "too_short_tokens" after tokenization.) A text dropped by an earlier rule
+is counted by that rule only: a conversion's too-short texts (`filtered_below`, its --min-chars)
+are never counted as duplicates. `clean_with_digest` also returns
 the text's digest (`text_digest`), and `first_seen(digest)` is the de-duplication on its own,
 for digests computed elsewhere (a conversion's workers clean without de-duplicating and the
 main process de-duplicates their digests, in input order).
@@ -12,7 +14,7 @@ main process de-duplicates their digests, in input order).
 Exact de-duplication keeps a set of 16-byte XXH3-128 digests of the cleaned texts: the only
 memory that grows with the corpus. That is 16 bytes of hash per distinct document, about
 90 bytes once CPython's bytes-object and set-slot overhead are counted (roughly 0.9 GB per
-10 M documents).
+10 M documents). `first_seen_all` decides a whole batch of digests in one pass.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
+import numpy as np
 import xxhash
 
 from convert.errors import ConvertError
 
 NORMALIZATIONS = ("NFKC", "NFC", "NFKD", "NFD", "none")
+DIGEST_BYTES = 16  # `text_digest`
 
 # ESC [ params intermediates final (CSI: colours, cursor moves), ESC ] ... BEL/ST (OSC: window
 # titles, links), ESC ( B style charset picks, any other two-character ESC sequence; then single
@@ -82,6 +86,9 @@ class Cleaner:
         self.dedup = dedup
         self.drops = DropCounts()
         self._seen: set[bytes] = set()
+        # Texts shorter than this are left to the quality filter's "too_short_chars" (counted by
+        # the first rule that drops them), not de-duplicated: set by `Selection` (--min-chars).
+        self.filtered_below = 0
 
     def clean(self, text: str) -> str | None:
         """The cleaned text, or None (and the reason counted in `drops`) if it is dropped."""
@@ -96,17 +103,43 @@ class Cleaner:
         if len(text) < self.min_chars:
             return self._drop("too_short_chars")
         digest = text_digest(text)
+        if len(text) < self.filtered_below:
+            return text, digest  # the quality filter drops it as too short: not a duplicate
         return (text, digest) if self.first_seen(digest) else None
 
     def first_seen(self, digest: bytes) -> bool:
         """False, counted as a "duplicate", when de-duplicating and the digest came before."""
         if not self.dedup:
             return True
-        if digest in self._seen:
+        key = _key(digest)
+        if key in self._seen:
             self._drop("duplicate")
             return False
-        self._seen.add(digest)
+        self._seen.add(key)
         return True
+
+    def first_seen_all(self, digests: bytes, skip: np.ndarray | None = None) -> np.ndarray:
+        """`first_seen` for each DIGEST_BYTES digest of `digests`, in order, as a bool array;
+        rows where `skip` is True are left out of de-duplication (True, their digest not kept).
+        A batch without duplicates is decided by C-level set operations, others by one pass."""
+        seen, count = self._seen, len(digests) // DIGEST_BYTES
+        if not self.dedup:
+            return np.ones(count, dtype=bool)
+        # numpy's bytes items drop trailing zero bytes: `_key`, the same for every digest
+        views = np.frombuffer(digests, dtype=f"S{DIGEST_BYTES}").tolist()
+        checked = np.ones(count, dtype=bool) if skip is None else ~skip
+        if skip is not None and skip.any():
+            views = [d for d, keep in zip(views, checked.tolist(), strict=True) if keep]
+        new = dict.fromkeys(views).keys() - seen
+        fresh = np.ones(count, dtype=bool)
+        if len(new) == len(views):
+            seen |= new
+        else:
+            fresh[checked] = [d not in seen and not seen.add(d) for d in views]
+        duplicates = int(count - fresh.sum())
+        if duplicates:
+            self.drops.add("duplicate", duplicates)
+        return fresh
 
     def normalize(self, text: str) -> str:
         """Cleaning without the drop decisions: escapes, controls, Unicode form, whitespace.
@@ -132,6 +165,12 @@ class Cleaner:
     def _drop(self, reason: str) -> None:
         self.drops.add(reason)
         return None
+
+
+def _key(digest: bytes) -> bytes:
+    """A digest as the set holds it: without trailing zero bytes, as numpy's `S16` items come
+    (one-to-one: every digest has 16 bytes)."""
+    return digest.rstrip(b"\x00")
 
 
 def text_digest(text: str) -> bytes:

@@ -1,6 +1,11 @@
 """One conversion, run by the main process: texts -> workers (clean, filter, sign, tokenize) ->
 select, split, chunk -> workers (pack, write a part) -> meta, summary, index.
 
+This module's loop, where the main process reads the documents and sends their texts, serves
+the inputs that cannot be cut into byte ranges (S3, gzip, JSON lists, txt-blank, --strict) and
+the multi-machine tasks; for local line files the workers read the inputs themselves
+(convert/ranges.py) and only compact records reach the main process. Both give the same bytes.
+
     main process                                worker processes (N, `convert.worker`)
     read documents, cut into batches  --------> clean* and digest each text, quality filters,
                                                 MinHash signature (band keys, sketch), tokenize
@@ -117,36 +122,56 @@ def select_in_workers(
     here until their batch comes back, for the few that the near-duplicate pair sample keeps.
     """
     cleaner = selection.cleaner
-    sent: deque[list[str]] = deque()
+    sent: deque[tuple[list[str], list]] = deque()
 
     def batches() -> Iterator[TextBatch]:
-        for texts_in in _batches(texts, _BATCH_CHARS):
-            batch = clean_batch(texts_in, cleaner)[0] if clean_here else TextBatch(texts_in)
-            sent.append(batch.texts)
+        for items in _batches(texts, _BATCH_CHARS):
+            texts_in = [item if isinstance(item, str) else item.text for item in items]
+            if clean_here:
+                batch, sources = clean_batch(texts_in, cleaner)
+                places = [_place(items[i]) for i in sources.tolist()]
+            else:
+                batch, places = TextBatch(texts_in), [_place(item) for item in items]
+            sent.append((batch.texts, places))
             yield batch
 
     for batch in ordered(executor, tokenize_batch, batches(), window):
-        texts_sent = sent.popleft()
+        texts_sent, places = sent.popleft()
         for reason, count in batch.drops.items():
             cleaner.drops.add(reason, count)
         if clean_here:
-            text = texts_sent.__getitem__
+            text = partial(_sent, texts_sent, places)
         else:
             sources = batch.sources
-            text = partial(_cleaned, cleaner, texts_sent, sources)
+            text = partial(_cleaned, cleaner, texts_sent, places, sources)
         yield selection.select(batch, text, deduped=clean_here)
 
 
-def _cleaned(cleaner: Cleaner, texts: list[str], sources, row: int) -> str:
-    return cleaner.normalize(texts[int(sources[row])])
+def _place(item) -> tuple[str, int] | None:
+    """A `readers.Document`'s file and line; None for a bare text."""
+    return None if isinstance(item, str) else (item.source, item.line)
 
 
-def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _located(text: str, place: tuple[str, int] | None):
+    return text if place is None else (text, *place)
+
+
+def _sent(texts: list[str], places: list, row: int):
+    return _located(texts[row], places[row])
+
+
+def _cleaned(cleaner: Cleaner, texts: list[str], places: list, sources, row: int):
+    source = int(sources[row])
+    return _located(cleaner.normalize(texts[source]), places[source])
+
+
+def _batches(texts: Iterable, batch_chars: int) -> Iterator[list]:
+    """Texts (or `readers.Document`s) in batches of about `batch_chars` characters."""
+    batch: list = []
     size = 0
     for text in texts:
         batch.append(text)
-        size += len(text)
+        size += len(text if isinstance(text, str) else text.text)
         if size >= batch_chars:
             yield batch
             batch, size = [], 0
@@ -170,16 +195,21 @@ class Chunk:
         self.size += doc.size
 
     def seal(self, options: ShardOptions, tokenizer: TokenizerInfo) -> ChunkTokens:
-        """The chunk as a worker gets it, with its fingerprint: its documents by digest, and what
-        else shapes the part's bytes (an earlier run's part is reused only if they all match)."""
-        bos_id = tokenizer.bos_id if options.add_bos else None
-        shaping = (_PIPELINE_VERSION, tokenizer.sha256, options.seq_len, options.dtype,
-                   options.size_limit, bos_id, options.min_tokens)  # fmt: skip
-        key = b"".join(self.digests) + "|".join(map(str, shaping)).encode()
-        fingerprint = hashlib.blake2b(key, digest_size=16).hexdigest()
+        """The chunk as a worker gets it, with its fingerprint (`chunk_fingerprint`)."""
+        fingerprint = chunk_fingerprint(b"".join(self.digests), options, tokenizer)
         lengths = np.fromiter(map(len, self.pieces), dtype=np.int64, count=len(self.pieces))
         tokens = np.concatenate(self.pieces) if self.pieces else np.empty(0, dtype=TOKEN_DTYPE)
         return ChunkTokens(self.split, self.index, tokens, lengths, fingerprint)
+
+
+def chunk_fingerprint(digests: bytes, options: ShardOptions, tokenizer: TokenizerInfo) -> str:
+    """A chunk's identity: its documents by digest (concatenated, in order), and what else shapes
+    the part's bytes (an earlier run's part is reused only if they all match)."""
+    bos_id = tokenizer.bos_id if options.add_bos else None
+    shaping = (_PIPELINE_VERSION, tokenizer.sha256, options.seq_len, options.dtype,
+               options.size_limit, bos_id, options.min_tokens)  # fmt: skip
+    key = digests + "|".join(map(str, shaping)).encode()
+    return hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
 def chunk_documents(docs: Iterable[Doc], *, chunk_size: int) -> Iterator[Chunk]:
@@ -250,26 +280,36 @@ class Conversion:
 
     def run(
         self,
-        documents: Callable[[Executor], Iterable[Doc]],
+        documents: Callable[[Executor], Iterable[Doc]] | None = None,
         *,
+        chunks: Callable[[Executor], Iterable] | None = None,
+        process: Callable = process_chunk,
+        done: Callable[[PartResult], None] | None = None,
         write_here: bool = False,
         cleaner: Cleaner | None = None,
     ) -> None:
-        """Convert the documents that `documents(executor)` yields, in order. With `write_here`
-        this process packs and writes the parts, not the workers; `cleaner` is the workers'
-        (without de-duplication) for texts sent to them uncleaned."""
+        """Convert the documents that `documents(executor)` yields, in order; or write the sealed
+        chunks that `chunks(executor)` yields (each with split, index and fingerprint), each by
+        `process` in a worker, `done(result)` called as each part comes back, in order. With
+        `write_here` this process packs and writes the parts, not the workers; `cleaner` is the
+        workers' (without de-duplication) for texts sent to them uncleaned."""
         window = 2 * self.options.workers
         if write_here:
             init_worker(self.options, self.out)  # before the workers are forked: they set their own
         worker_setup = (self.options, self.out, self.model_bytes, cleaner)
         with start_workers(self.options.workers, init_worker, *worker_setup) as executor:
-            chunks = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
-            tasks = (chunk.seal(self.options, self.tokenizer) for chunk in chunks)
+            if chunks is None:
+                cut = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
+                tasks = (chunk.seal(self.options, self.tokenizer) for chunk in cut)
+            else:
+                tasks = chunks(executor)
             parts = None if write_here else executor
             reusable = partial(reuse_part, self.store)
-            for result in ordered(parts, process_chunk, tasks, window, shortcut=reusable):
+            for result in ordered(parts, process, tasks, window, shortcut=reusable):
                 self.totals[result.split].parts.append(result)
                 self.reused_parts += result.reused
+                if done is not None:
+                    done(result)
         for split in SPLITS:
             self._finish_split(split)
 

@@ -116,11 +116,11 @@ def start_workers(workers: int, initializer: Callable, *initargs) -> Iterator[Ex
 
 def _start(parent: int, initializer: Callable, initargs: tuple) -> None:
     if _START_METHOD == "fork":
-        _die_with(parent)
+        die_with(parent)
     initializer(*initargs)
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """Make this forked worker end when the main process does, even by SIGKILL.
 
     A forked worker holds copies of the pool's pipe ends, so it never reads end-of-file when

@@ -7,6 +7,7 @@ task's share of a multi-machine conversion instead (convert/tasks.py, merged by 
 from __future__ import annotations
 
 import time
+from contextlib import closing
 
 from convert.cleaning import Cleaner
 from convert.conversion import Conversion, tokenize_in_workers
@@ -31,7 +32,8 @@ def convert_corpus(
 ) -> dict:
     """Read, clean, filter, de-duplicate, tokenize, pack and write `inputs` to `out`; returns the
     summary. With `task`, only that task's share of the files, up to the selected rows."""
-    from convert.readers import ReadStats, read_documents
+    from convert.ranges import RangeFeed, process_spooled_chunk, range_formats, spool_folder
+    from convert.readers import ReadStats, check_read, read_documents
     from convert.sources import expand_inputs, refuse_output_among_inputs
 
     refuse_output_among_inputs(inputs, out)  # else a rerun would read the shards' JSON as text
@@ -43,15 +45,39 @@ def convert_corpus(
     conversion = Conversion(tokenizer=tokenizer, out=out, options=options)
     cleaner = read.cleaner()
     paths = expand_inputs(inputs)
+    check_read(read.fmt, read.text_field, read.preset)
+    formats = range_formats(paths, read)
     conversion.prepare_output()
     stats = ReadStats()
     start = time.monotonic()
+    if formats is not None:  # the workers read the files themselves (convert/ranges.py)
+        selection = Selection(conversion.options, cleaner)
+        with (
+            closing(selection),
+            spool_folder() as spools,
+            progress_bar(None, "doc", "reading", enabled=options.progress) as bar,
+        ):
+            feed = RangeFeed(conversion, selection, read, paths, formats, stats, bar, spools)
+            conversion.run(
+                chunks=feed.chunks,
+                process=process_spooled_chunk,
+                done=feed.done,
+                write_here=options.main_helps,
+                cleaner=read.worker_cleaner(),
+            )
+        return conversion.finish(
+            read=stats.as_dict(),
+            dropped=cleaner.drops.as_dict(),
+            start=start,
+            command=command,
+            selection=selection,
+        )
     docs = read_documents(
         paths, read.fmt, text_field=read.text_field, preset=read.preset, strict=read.strict, stats=stats
     )
     selection = Selection(conversion.options, cleaner)
-    with progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
-        texts = counted_texts(docs, bar)
+    with closing(selection), progress_bar(None, "doc", "reading", enabled=options.progress) as bar:
+        texts = counted_texts(docs, bar, documents=True)  # with their file and line
         conversion.run(
             lambda executor: tokenize_in_workers(
                 executor,

@@ -21,6 +21,13 @@ document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A a
 near each other. `per_key` bounds the work on boilerplate: a key shared by thousands of
 documents keeps the first `per_key`, and a new document is compared with those.
 
+Split over processes (`KeyPartitions`, one per 8 workers by default): every step above is
+decided key by key (a key's earlier documents, its room under `per_key`, its order in the batch),
+so the keys are split by value over index processes, each finding and verifying its candidate
+pairs against the sketches (appended by the main process to a file the index processes map),
+and the main process picks each document's best pair among theirs: the same decisions as one
+index, with the main process's work per document down to the picking.
+
 Memory: the band index holds 12 bytes (64-bit key, 32-bit position) per band and document,
 the sketches `bins` bytes per document: with the defaults (26 bands at threshold 0.8, 256
 bins) about 570 bytes per document, 5.7 GB per 10 M documents (`make bench-dedup` measures
@@ -33,7 +40,11 @@ document with the same bands: `make bench-dedup`).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -145,79 +156,265 @@ class SketchStore:
         return out
 
 
+def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, per_key: int):
+    """Look a batch's keys up in `index` and insert them: (later, before) candidate pairs, `later`
+    a document of the batch (0-based), `before` the position of an earlier one (this batch's at
+    `base` on). `flat`: the keys, `doc`: each key's document, in document order.
+
+    Everything here is decided key by key (a key's earlier documents, its room under `per_key`,
+    its order in the batch), so the keys can be split by value across indexes (`KeyPartitions`)
+    and the union of their pairs is this function's pairs on all keys."""
+    # Equal keys in document order (the index is searched with the keys sorted).
+    order = np.argsort(flat, kind="stable")
+    sorted_keys, sorted_doc = flat[order], doc[order]
+    stored_before, hit_query, hit_position = index.lookup(sorted_keys)
+
+    # Within the batch: each key takes the documents that fit, in document order.
+    starts_group = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
+    group_start = np.flatnonzero(starts_group)[np.cumsum(starts_group) - 1]
+    rank = np.arange(len(sorted_keys)) - group_start
+    room = np.maximum(per_key - stored_before, 0)
+    earlier = np.minimum(rank, room)  # stored documents of this batch before this one
+    source, offset = _expand(np.arange(len(sorted_keys)), earlier)
+
+    later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
+    before = np.concatenate([hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]])
+    stored = rank < room
+    index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32))
+    return later, before
+
+
+def split_keys(keys: np.ndarray, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(keys, row) of each key of `keys` (rows x bands) whose value is p modulo `parts`, for each
+    p, in row order: what a worker sends for the `KeyPartitions`."""
+    flat = keys.ravel()
+    row = np.repeat(np.arange(len(keys), dtype=np.int32), keys.shape[1])
+    part = (flat % np.uint64(parts)).astype(np.int64)
+    order = np.argsort(part, kind="stable")
+    bounds = np.searchsorted(part[order], np.arange(parts + 1))
+    return [(flat[order[a:b]], row[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+class KeyPartitions:
+    """The band index split by key value over `parts` processes. For each batch, in input order,
+    each process looks up and inserts its share of the keys (`candidates`) and verifies its
+    candidate pairs by the sketches, which the main process appends to a file that every index
+    process maps (the sketches are stored once, on the temp disk); the main process only picks,
+    per document, the best of the pairs at or over the threshold. The union of the processes'
+    pairs is one index's pairs, so the decisions are the same for any number of processes.
+
+    The processes are forked when this is made: make it before any thread starts (the worker
+    pool's). They end with the main process (even by SIGKILL) and at `close`."""
+
+    def __init__(self, parts: int, options: NearDedupOptions | None) -> None:
+        import multiprocessing
+
+        from convert.executor import die_with
+
+        self.folder = tempfile.mkdtemp(prefix="convert-sketches-")
+        self.path = os.path.join(self.folder, "sketches.u8")
+        self.file = open(self.path, "wb")  # noqa: SIM115 (open for the whole run, closed in close)
+        self.parts = parts
+        context = multiprocessing.get_context("fork")
+        self.connections, self.processes = [], []
+        for _ in range(parts):
+            mine, theirs = context.Pipe()
+            args = (theirs, options, self.path, os.getpid(), die_with)
+            process = context.Process(target=_serve_keys, args=args, daemon=True)
+            process.start()
+            theirs.close()
+            self.connections.append(mine)
+            self.processes.append(process)
+        self.nbytes = 0
+        self.verified = 0
+
+    def decide(self, key_parts, sketches: np.ndarray, base: int):
+        """Per document of one batch: its match (-1: none) and the estimate, as `_best` picks them
+        among every verified pair at or over the threshold (each process sends its own best).
+        `key_parts`: (parts from `split_keys`, each key's row -> its document in the batch or -1)."""
+        self.file.write(np.ascontiguousarray(sketches).tobytes())
+        self.file.flush()
+        parts, document_of = key_parts
+        for connection, (keys, rows) in zip(self.connections, parts, strict=True):
+            connection.send(("keys", keys, rows, document_of, base, len(sketches)))
+        match, estimate, verified = self._receive(self.connections[0])
+        self.verified += verified
+        for connection in self.connections[1:]:
+            their_match, their_estimate, verified = self._receive(connection)
+            self.verified += verified
+            # The best of the bests: highest estimate, then the earliest document.
+            better = (their_match >= 0) & (
+                (match < 0)
+                | (their_estimate > estimate)
+                | ((their_estimate == estimate) & (their_match < match))
+            )
+            match[better], estimate[better] = their_match[better], their_estimate[better]
+        return match, estimate
+
+    def first_seen(self, digest_parts: list[tuple[bytes, np.ndarray]], count: int) -> np.ndarray:
+        """Exact de-duplication of a batch's rows, each digest decided by the process its value
+        falls to (`split_digests`): True for a row whose digest came neither earlier in the
+        batch nor before. Rows in no part are left out (True)."""
+        for connection, (digests, _) in zip(self.connections, digest_parts, strict=True):
+            connection.send(("digests", digests))
+        fresh = np.ones(count, dtype=bool)
+        for connection, (_, rows) in zip(self.connections, digest_parts, strict=True):
+            fresh[rows] = self._receive(connection)
+        return fresh
+
+    def _receive(self, connection):
+        try:
+            return connection.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(
+                "a near-duplicate index process died (killed, e.g. for lack of memory)"
+            ) from None
+
+    def close(self) -> None:
+        if self.file.closed:
+            return
+        for connection in self.connections:
+            with contextlib.suppress(OSError):
+                connection.send(None)
+        for connection in self.connections:
+            with contextlib.suppress(EOFError, OSError):
+                self.nbytes += connection.recv()
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        self.connections, self.processes = [], []
+        self.nbytes += self.file.tell()
+        self.file.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _serve_keys(connection, options: NearDedupOptions, path: str, parent: int, die_with) -> None:
+    die_with(parent)
+    index, seen = BandIndex(), set()
+    while True:
+        message = connection.recv()
+        if message is None:
+            connection.send(index.nbytes)
+            return
+        if message[0] == "digests":
+            connection.send(first_seen_in(seen, message[1]))
+            continue
+        _, keys, rows, document_of, base, count = message
+        doc = document_of[rows]
+        indexed = doc >= 0
+        later, before = candidates(index, keys[indexed], doc[indexed], base, options.per_key)
+        later, before = _distinct_pairs(later, before, base, count)
+        scores = np.empty(len(later))
+        if len(later):
+            stored = np.memmap(path, dtype=np.uint8, mode="r", shape=(base + count, options.bins))
+            step = max(1, (1 << 24) // options.bins)
+            for lo in range(0, len(later), step):
+                hi = lo + step
+                scores[lo:hi] = estimate_jaccard(stored[base + later[lo:hi]], stored[before[lo:hi]])
+            del stored
+        near = scores >= options.threshold
+        match, estimate = NearDuplicates._best(later[near], before[near], scores[near], count)
+        connection.send((match, estimate, len(later)))
+
+
+def first_seen_in(seen: set, digests: bytes) -> np.ndarray:
+    """For each 16-byte digest of `digests`, in order: True when it is not in `seen` (and not
+    earlier in `digests`); adds them. A batch without duplicates takes C-level set operations."""
+    views = np.frombuffer(digests, dtype="S16").tolist()  # items drop trailing zero bytes: one-to-one
+    new = dict.fromkeys(views).keys() - seen
+    if len(new) == len(views):
+        seen |= new
+        return np.ones(len(views), dtype=bool)
+    return np.array([d not in seen and not seen.add(d) for d in views], dtype=bool)
+
+
+def split_digests(digests: bytes, rows: np.ndarray, parts: int) -> list[tuple[bytes, np.ndarray]]:
+    """The digests of `rows` (16 bytes each in `digests`) split by value over `parts` processes:
+    (their digests, those rows) for each, in row order."""
+    pairs = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)[rows]
+    part = (pairs[:, 0] % np.uint64(parts)).astype(np.int64)
+    out = []
+    for p in range(parts):
+        mine = np.flatnonzero(part == p)
+        out.append((pairs[mine].tobytes(), rows[mine]))
+    return out
+
+
+def _distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int):
+    """The distinct (later, before) pairs, by later then before, without a document and itself."""
+    width = base + count
+    pairs = np.unique(later * width + before)
+    later, before = pairs // width, pairs % width
+    keep = before != base + later  # (a document's two bands with one key: never itself)
+    return later[keep], before[keep]
+
+
 class NearDuplicates:
     """The near-duplicate decisions of one conversion (see the module docstring)."""
 
-    def __init__(self, options: NearDedupOptions) -> None:
+    def __init__(self, options: NearDedupOptions, partitions: KeyPartitions | None = None) -> None:
         self.options = options
         self.index = BandIndex()
         self.sketches = SketchStore(options.bins)
         self.candidates = 0  # pairs verified, for the benchmark
+        self.partitions = partitions
+        self._size = 0  # documents indexed, with partitions (the sketches are in their file)
+
+    def close(self) -> None:
+        """Stop the index processes (with partitions); `nbytes` stays right."""
+        if self.partitions is not None:
+            self.partitions.close()
 
     @property
     def size(self) -> int:
-        return self.sketches.size
+        return self._size if self.partitions is not None else self.sketches.size
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes + self.sketches.nbytes
+        parted = self.partitions.nbytes if self.partitions is not None else 0
+        return self.index.nbytes + parted + self.sketches.nbytes
 
-    def add(self, keys: np.ndarray, sketches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def add(self, keys: np.ndarray, sketches: np.ndarray, key_parts=None) -> tuple[np.ndarray, np.ndarray]:
         """Decide and index a batch of documents in input order (rows of `keys`, `sketches`).
+        With partitions, `key_parts` is the batch's keys as `KeyPartitions.decide` takes them.
 
         Returns, per document, the position of the earlier document it is a near-duplicate of
         (-1: none) and that pair's estimated Jaccard. The batch's documents get positions
         `size`, `size + 1`, ... (read `size` before the call).
         """
-        count, per_key = len(keys), self.options.per_key
+        count = len(sketches)
         base = self.size
         if base + count > _MAX_POSITIONS:
             raise OverflowError("more than 2**32 documents in one near-duplicate index")
+        if self.partitions is not None:
+            self._size += count
+            return self.partitions.decide(key_parts, sketches, base)
         self.sketches.append(sketches)
         flat = keys.ravel()
         doc = np.repeat(np.arange(count), keys.shape[1])
-        # Equal keys in document order (the index is searched with the keys sorted).
-        order = np.argsort(flat, kind="stable")
-        sorted_keys, sorted_doc = flat[order], doc[order]
-        stored_before, hit_query, hit_position = self.index.lookup(sorted_keys)
-
-        # Within the batch: each key takes the documents that fit, in document order.
-        starts_group = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
-        group_start = np.flatnonzero(starts_group)[np.cumsum(starts_group) - 1]
-        rank = np.arange(len(sorted_keys)) - group_start
-        room = np.maximum(per_key - stored_before, 0)
-        earlier = np.minimum(rank, room)  # stored documents of this batch before this one
-        source, offset = _expand(np.arange(len(sorted_keys)), earlier)
-
-        later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
-        before = np.concatenate(
-            [hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]]
-        )
-        match, estimate = self._verify(later, before, base, count, sketches)
-
-        stored = rank < room
-        self.index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32))
-        return match, estimate
+        later, before = candidates(self.index, flat, doc, base, self.options.per_key)
+        return self._verify(later, before, base, count, sketches)
 
     def _verify(self, later: np.ndarray, before: np.ndarray, base: int, count: int, sketches: np.ndarray):
-        match = np.full(count, -1, dtype=np.int64)
-        estimate = np.zeros(count, dtype=np.float64)
-        width = base + count
-        pairs = np.unique(later * width + before)
-        later, before = pairs // width, pairs % width
-        keep = before != base + later  # (a document's two bands with one key: never itself)
-        later, before = later[keep], before[keep]
+        later, before = _distinct_pairs(later, before, base, count)
         self.candidates += len(later)
         if not len(later):
-            return match, estimate
+            return self._best(later, before, np.empty(0), count)
         scores = np.empty(len(later))
         step = max(1, (1 << 24) // self.options.bins)  # bounded temporary arrays
         for lo in range(0, len(later), step):
             hi = lo + step
             scores[lo:hi] = estimate_jaccard(sketches[later[lo:hi]], self.sketches.take(before[lo:hi]))
         near = scores >= self.options.threshold
-        if near.any():
-            later, before, scores = later[near], before[near], scores[near]
+        return self._best(later[near], before[near], scores[near], count)
+
+    @staticmethod
+    def _best(later: np.ndarray, before: np.ndarray, scores: np.ndarray, count: int):
+        """Per document of the batch: its match among the near pairs and the estimate (-1, 0: none)."""
+        match = np.full(count, -1, dtype=np.int64)
+        estimate = np.zeros(count, dtype=np.float64)
+        if len(later):
             best = np.lexsort((before, -scores, later))  # per document: highest estimate, then earliest
             first = best[np.r_[True, later[best][1:] != later[best][:-1]]]
             match[later[first]] = before[first]
@@ -243,18 +440,21 @@ class PairSample:
         self._heap: list[int] = []  # negated keys: the largest member key on top
         self._key_of: dict[int, int] = {}  # position -> key
         self.removed: dict[int, tuple[int, float]] = {}  # position -> (match position, estimate)
+        self.where: dict[int, tuple[str, int]] = {}  # position -> (input file, line), when known
 
     @property
     def bound(self) -> int:
         """Keys at or above this cannot join (2**64 while there is room)."""
         return -self._heap[0] if len(self.members) >= self.capacity else 1 << 64
 
-    def offer(self, key: int, position: int, text: str) -> None:
+    def offer(self, key: int, position: int, text: str, where: tuple[str, int] | None = None) -> None:
+        """`where`: the document's input file and line (record) number, when known."""
         if key in self.members:
             members = self.members[key]
             if len(members) < self.per_key:
                 members.append((position, text))
                 self._key_of[position] = key
+                self._where_of(position, where)
             return
         if key >= self.bound:
             return
@@ -263,15 +463,28 @@ class PairSample:
         heapq.heappush(self._heap, -key)
         self.members[key] = [(position, text)]
         self._key_of[position] = key
+        self._where_of(position, where)
+
+    def _where_of(self, position: int, where: tuple[str, int] | None) -> None:
+        if where is not None:
+            self.where[position] = where
 
     def _evict(self, key: int) -> None:
         for position, _ in self.members.pop(key):
             del self._key_of[position]
             self.removed.pop(position, None)
+            self.where.pop(position, None)
 
     def record(self, position: int, match: int, estimate: float) -> None:
         if position in self._key_of:
             self.removed[position] = (match, estimate)
+
+    def _document(self, position: int, text: str) -> dict:
+        """A document of the report: its input file and line (1-based; a JSON list's item
+        number) when known, its position among the documents that reached near-dedup, its text."""
+        where = self.where.get(position)
+        place = {"file": where[0], "line": where[1]} if where is not None else {}
+        return {**place, "position": position, "text": text}
 
     def texts(self) -> list[tuple[int, int, str]]:
         """(key, position, text) of every member, by key then position."""
@@ -289,8 +502,8 @@ class PairSample:
                 continue
             kept = text_of[match]
             out.append({
-                "kept": {"position": match, "text": kept},
-                "removed": {"position": position, "text": text},
+                "kept": self._document(match, kept),
+                "removed": self._document(position, text),
                 "estimated_jaccard": round(estimate, 4),
                 "jaccard": round(jaccard(kept, text, ngram), 4),
             })  # fmt: skip

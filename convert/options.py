@@ -140,6 +140,9 @@ def lsh_parameters(threshold: float, bins: int, recall: float = 0.99) -> tuple[i
     return best
 
 
+WORKERS_PER_INDEX = 8  # workers one near-duplicate index process keeps up with (`make bench-convert`)
+
+
 @dataclass(frozen=True)
 class ShardOptions:
     seq_len: int = 512
@@ -157,6 +160,9 @@ class ShardOptions:
     main_works: bool | None = None
     filters: QualityFilters = field(default_factory=QualityFilters)
     near_dedup: NearDedupOptions | None = None  # None: exact duplicates only
+    # Processes that hold the near-duplicate band index, split by key value (the same decisions
+    # for any number); 0: one per WORKERS_PER_INDEX workers (1: the main process holds it).
+    index_processes: int = 0
 
     @property
     def main_helps(self) -> bool:
@@ -184,7 +190,15 @@ class ShardOptions:
             raise ConvertError(f"chunk size {self.chunk_chars} must be at least 1 character")
         if self.add_bos and tokenizer.bos_id < 0:
             raise ConvertError(f"--bos: tokenizer {tokenizer.path} has no BOS piece; drop --bos")
-        return replace(self, dtype=tokenizer.token_dtype(self.dtype), **self.resolve_selection())
+        if self.index_processes < 0:
+            raise ConvertError(f"--index-processes {self.index_processes} must be 0 (auto) or more")
+        partitions = self.index_processes or max(1, math.ceil(self.workers / WORKERS_PER_INDEX))
+        return replace(
+            self,
+            dtype=tokenizer.token_dtype(self.dtype),
+            index_processes=partitions,
+            **self.resolve_selection(),
+        )
 
     def resolve_selection(self) -> dict:
         """The filters and near-duplicate settings, checked and made concrete."""

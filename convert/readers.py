@@ -22,6 +22,7 @@ and skipped. With `strict=True` the first one raises a ConvertError naming file:
 from __future__ import annotations
 
 import codecs
+import functools
 import gzip
 import io
 import json
@@ -248,9 +249,10 @@ class _MalformedReporter:
 # --- line formats ------------------------------------------------------------------------------
 
 
-def _decoded_lines(stream: BinaryIO, report: _MalformedReporter) -> Iterator[tuple[int, str]]:
-    """(line number, text without line ending); lines that are not UTF-8 are reported and skipped."""
-    for number, raw in enumerate(stream, start=1):
+def _decoded_lines(stream: BinaryIO, report: _MalformedReporter, first: int = 1) -> Iterator[tuple[int, str]]:
+    """(line number, text without line ending); lines that are not UTF-8 are reported and skipped.
+    `first`: the number of the stream's first line (only line 1 may start with a byte order mark)."""
+    for number, raw in enumerate(stream, start=first):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -262,9 +264,9 @@ def _decoded_lines(stream: BinaryIO, report: _MalformedReporter) -> Iterator[tup
 
 
 def _read_txt(
-    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter
+    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter, first: int = 1
 ) -> Iterator[Document]:
-    for number, text in _decoded_lines(stream, report):
+    for number, text in _decoded_lines(stream, report, first):
         if text.strip():
             yield Document(text, source, number)
 
@@ -286,7 +288,7 @@ def _read_txt_blank(
 
 
 def _read_jsonl(
-    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter
+    stream: BinaryIO, source: str, extractor: _TextExtractor, report: _MalformedReporter, first: int = 1
 ) -> Iterator[Document]:
     import orjson
 
@@ -295,7 +297,7 @@ def _read_jsonl(
     # escapes, bad lines) takes the standard path, which accepts what json accepts and words
     # the report.
     fast_loads, fast_error = orjson.loads, orjson.JSONDecodeError
-    for number, raw in enumerate(stream, start=1):
+    for number, raw in enumerate(stream, start=first):
         try:
             obj = fast_loads(raw)
         except fast_error:
@@ -459,3 +461,49 @@ def _empty_corpus_error(paths: list[str], fmt: str, stats: ReadStats) -> Convert
         source, line, reason = stats.malformed_examples[0]
         message += f"; {stats.malformed} malformed, first at {source}:{line}: {reason}"
     return ConvertError(message + "; check the files, --format and --text-field/--preset")
+
+
+# --- byte ranges (convert/ranges.py: workers read their own share of a file) ------------------
+
+RANGE_FORMATS = ("txt", "jsonl")  # a document never spans a line: any line boundary is a cut
+
+
+def range_format(path: str, fmt: str, preset: str | None) -> str | None:
+    """The format of `path` when workers can read it in byte ranges (a local, uncompressed file
+    of one document or record per line), else None (read whole, in order, by one process)."""
+    from convert.sources import is_s3
+
+    if is_s3(path) or path.lower().endswith(".gz"):
+        return None
+    preset_obj = get_preset(preset) if preset else None
+    with open_binary(path) as stream:
+        resolved = _resolve_format(path, fmt, preset_obj, stream)
+    return resolved if resolved in RANGE_FORMATS else None
+
+
+def read_range(
+    data: bytes, fmt: str, source: str, *, at_start: bool, text_field: str | None, preset: str | None,
+    stats: ReadStats,
+) -> Iterator[Document]:  # fmt: skip
+    """The documents of `data`, whole lines of a `fmt` file, read as `read_documents` reads them
+    (never strict). Line numbers count from 1 when `at_start` (the file's first byte), else
+    from 2 (only a file's first line may start with a byte order mark): the caller shifts them."""
+    extractor = _extractor(text_field, preset)
+    report = _MalformedReporter(stats, False, source)
+    for doc in _READERS[fmt](io.BytesIO(data), source, extractor, report, 1 if at_start else 2):
+        stats.documents += 1
+        yield doc
+
+
+@functools.cache
+def _extractor(text_field: str | None, preset: str | None) -> _TextExtractor:
+    return _TextExtractor(get_preset(preset) if preset else None, text_field or DEFAULT_TEXT_FIELD)
+
+
+def check_read(fmt: str, text_field: str | None, preset: str | None) -> None:
+    """The checks of `read_documents`' options, on their own."""
+    _check_options(fmt, text_field, get_preset(preset) if preset else None)
+
+
+def empty_corpus_error(paths: list[str], fmt: str, stats: ReadStats) -> ConvertError:
+    return _empty_corpus_error(paths, fmt, stats)

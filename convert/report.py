@@ -85,14 +85,15 @@ def progress_bar(total: int | None, unit: str, desc: str, *, enabled: bool = Tru
     )
 
 
-def counted_texts(docs: Iterable, bar, every: int = 256) -> Iterator[str]:
-    """The documents' texts; the bar moves every `every` documents (one update per document costs)."""
+def counted_texts(docs: Iterable, bar, every: int = 256, documents: bool = False) -> Iterator:
+    """The documents' texts (the documents themselves when `documents`); the bar moves every
+    `every` documents (one update per document costs)."""
     count = 0
     for doc in docs:
         count += 1
         if count % every == 0:
             bar.update(every)
-        yield doc.text
+        yield doc if documents else doc.text
     bar.update(count % every)
 
 

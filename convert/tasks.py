@@ -37,6 +37,7 @@ import io
 import os
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -190,7 +191,7 @@ def run_task(
             progress_bar(None, "doc", desc, enabled=options.progress) as bar,
             start_workers(options.workers, init_worker, *setup) as executor,
         ):
-            texts = counted_texts(docs, bar)
+            texts = counted_texts(docs, bar, documents=True)
             window = 4 * options.workers + 4
             for selected in select_in_workers(
                 executor, texts, selection=selection, window=window, clean_here=options.main_helps
@@ -199,8 +200,18 @@ def run_task(
     pieces.finish()
     store.write_bytes(f"{task.folder}/tokenizer.model", model_bytes)
     members = sample.texts() if sample is not None else []
+    where = sample.where if sample is not None else {}
     store.write_json(
-        f"{task.folder}/sample.json", [{"key": str(k), "position": p, "text": t} for k, p, t in members]
+        f"{task.folder}/sample.json",
+        [
+            {
+                "key": str(k),
+                "position": p,
+                "text": t,
+                **({"file": where[p][0], "line": where[p][1]} if p in where else {}),
+            }
+            for k, p, t in members
+        ],
     )
     dropped = cleaner.drops.as_dict()
     marker = {
@@ -423,7 +434,8 @@ def merge_tasks(
                     yield from selected.documents(conversion.options.val_fraction)
                     bar.update()
 
-    conversion.run(documents, write_here=conversion.options.main_helps, cleaner=read.worker_cleaner())
+    with closing(selection):
+        conversion.run(documents, write_here=conversion.options.main_helps, cleaner=read.worker_cleaner())
     return conversion.finish(
         read=_merged_read(markers),
         dropped=cleaner.drops.as_dict(),
@@ -434,11 +446,14 @@ def merge_tasks(
     )
 
 
-def _sample_texts(store: Store, markers: list[dict]) -> dict[tuple[int, int], str]:
+def _sample_texts(store: Store, markers: list[dict]) -> dict[tuple[int, int], str | tuple[str, str, int]]:
     texts = {}
     for index in range(len(markers)):
         for member in store.read_json(f"{task_folder(index)}/sample.json") or []:
-            texts[(index, member["position"])] = member["text"]
+            text = member["text"]
+            texts[(index, member["position"])] = (
+                (text, member["file"], member["line"]) if "file" in member else text
+            )
     return texts
 
 

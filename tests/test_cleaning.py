@@ -108,3 +108,33 @@ def test_controls_go_before_nfkc_so_the_output_is_normalised():
 
     cleaned = Cleaner().clean("e\x00\u0301 ｔｅｓｔ")
     assert cleaned == "é test" and unicodedata.is_normalized("NFKC", cleaned)
+
+
+def test_first_seen_all_decides_a_batch_as_first_seen_does_one_by_one():
+    import random
+
+    import numpy as np
+
+    from convert.cleaning import Cleaner, text_digest
+
+    rng = random.Random(3)
+    texts = [str(rng.randrange(40)) for _ in range(300)]
+    batch = Cleaner()
+    skip = np.array([t == "7" for t in texts])  # never de-duplicated, never remembered
+    got = np.concatenate([batch.first_seen_all(b"".join(map(text_digest, texts[i : i + 37])), skip[i : i + 37])
+                          for i in range(0, len(texts), 37)])  # fmt: skip
+    assert got[skip].all()
+    fresh = Cleaner()
+    plain = [fresh.first_seen(text_digest(t)) for t in texts if t != "7"]
+    assert got[~skip].tolist() == plain
+    assert batch.drops.as_dict() == {"duplicate": plain.count(False)}
+
+
+def test_digests_ending_in_zero_bytes_stay_distinct():
+    from convert.cleaning import Cleaner
+
+    cleaner = Cleaner()
+    zero, one, other = bytes(16), bytes(15) + b"\x01", bytes(14) + b"\x01\x00"
+    assert cleaner.first_seen_all(zero + one + zero + other).tolist() == [True, True, False, True]
+    assert not cleaner.first_seen(zero) and not cleaner.first_seen(other)
+    assert cleaner.first_seen(bytes(13) + b"\x01\x00\x00")

@@ -130,11 +130,42 @@ def test_quality_filters_count_documents_and_tokens(
     )  # fmt: skip
     sp = spm.SentencePieceProcessor(model_file=small_tokenizer)
     for reason, text in bad.items():
-        assert summary["dropped"][reason] == 1, reason  # the second copy is an exact duplicate
-        assert summary["dropped_tokens"][reason] == token_count(sp, text), reason
-    assert summary["dropped"]["duplicate"] == 4
+        # The second copy is an exact duplicate, except a too-short one: too short comes first.
+        copies = 2 if reason == "too_short_chars" else 1
+        assert summary["dropped"][reason] == copies, reason
+        assert summary["dropped_tokens"][reason] == copies * token_count(sp, text), reason
+    assert summary["dropped"]["duplicate"] == 3
     assert summary["filters"]["min_cjk_share"] == 0.3
     assert "near_dedup" not in summary and not (tmp_path / "out" / "near_duplicates.json").exists()
+
+
+def test_a_short_duplicate_is_counted_as_too_short_wherever_it_is_decided():
+    """The first rule that drops a document counts it: too short (a filter) before duplicate."""
+    from convert.cleaning import text_digest
+    from convert.quality import REASON_CODES
+    from convert.selection import Selection
+    from convert.worker import TokenizedBatch
+
+    short, long = "新年好", "中华人民共和国成立五十周年"
+    opts = ShardOptions(filters=QualityFilters(min_chars=10))
+    # The workers clean and filter; the main process de-duplicates their digests.
+    cleaner = Cleaner()
+    selection = Selection(opts, cleaner)
+    texts = [short, short, long, long]
+    batch = TokenizedBatch(
+        b"".join(text_digest(t) for t in texts), np.array([len(t) for t in texts]), np.array([3, 3, 9, 9]),
+        np.zeros(18, dtype=np.uint32), {}, np.array([REASON_CODES["too_short_chars"]] * 2 + [0, 0], dtype=np.int8),
+    )  # fmt: skip
+    selected = selection.select(batch, lambda row: None, deduped=False)
+    assert selected.indexed.tolist() == [2]
+    assert cleaner.drops.as_dict() == {"duplicate": 1, "too_short_chars": 2}
+    assert selection.dropped_tokens == {"too_short_chars": 6}
+    # The main process cleans and de-duplicates before the workers: a short text goes on to the filter.
+    cleaner = Cleaner()
+    Selection(opts, cleaner)
+    kept = [cleaner.clean_with_digest(t) for t in texts]
+    assert [k is not None for k in kept] == [True, True, True, False]
+    assert cleaner.drops.as_dict() == {"duplicate": 1}
 
 
 def test_the_main_process_or_the_workers_decide_alike(tmp_path, planted, small_tokenizer):  # noqa: F811

@@ -91,6 +91,43 @@ def test_no_token_lost_but_the_last_partial_sample(reference, small_corpus_docs,
     assert summary["splits"]["train"]["parts"] > 3  # several chunks, so tails really were merged
 
 
+def test_samples_across_parts_are_what_format_md_says(reference, small_corpus_docs, small_tokenizer):  # noqa: F811
+    """shards/FORMAT.md: part k holds chunk k's stream but its tail, the final part the tails in
+    chunk order; so in index order a document cut at a part's end runs into the next chunk."""
+    import zstd
+    from convert_fixtures import _decode_shard
+
+    out, _ = reference
+    folder = out / "train"
+    index = json.loads((folder / "index.json").read_text())
+    rows: dict[str, list[np.ndarray]] = {}
+    for shard in index["shards"]:
+        part = shard["zip_data"]["basename"].split("/")[0]
+        raw = zstd.decompress((folder / shard["zip_data"]["basename"]).read_bytes())
+        rows.setdefault(part, []).append(
+            _decode_shard(raw, np.dtype(shard["column_encodings"][0].split(":")[1]))
+        )
+    parts = sorted(rows)
+    final, chunks = parts[-1], parts[:-1]
+    assert len(chunks) > 3
+    eos = spm.SentencePieceProcessor(model_file=small_tokenizer).eos_id()
+    streams, tails = [], []
+    for part in chunks:
+        tail = np.array(json.loads((folder / part / "part.json").read_text())["tail"], dtype=np.int64)
+        assert len(tail) < SEQ and tail[-1] == eos  # a chunk ends with a document's EOS
+        streams += [np.concatenate(rows[part]).ravel(), tail]
+        tails.append(tail)
+    expected = np.concatenate(
+        [np.array(d) for d in expected_streams(small_corpus_docs, small_tokenizer, 0.1)["train"]]
+    )
+    assert np.array_equal(np.concatenate(streams), expected)  # every chunk's stream, tail included
+    joined = np.concatenate(tails)
+    final_rows = np.concatenate(rows[final]).ravel()
+    assert np.array_equal(final_rows, joined[: len(joined) // SEQ * SEQ])
+    in_index_order = np.concatenate([np.concatenate(rows[p]).ravel() for p in parts])
+    assert not np.array_equal(in_index_order, expected[: len(in_index_order)])  # not one stream
+
+
 def test_one_chunk_is_the_plain_document_stream(tmp_path, small_corpus, small_corpus_docs, small_tokenizer):  # noqa: F811
     out = tmp_path / "one"
     convert(small_corpus, small_tokenizer, out, val_fraction=0.0, chunk_chars=10**9)

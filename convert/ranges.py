@@ -1,0 +1,366 @@
+"""Conversion with the workers reading the inputs: the main process handles compact records only.
+
+Used for local, uncompressed files of one document per line (txt, jsonl: `readers.range_format`);
+every other input (S3, gzip, JSON lists, txt-blank, --strict) takes convert/conversion.py's path,
+where the main process reads the documents and sends their texts. Both give the same bytes.
+
+    main process                                  worker processes (`read_range`)
+    cut each file into byte ranges at line        read the range, parse its lines (convert/readers.py),
+    ends (a seek and a short read per range) ---> clean, digest, filter, sign, tokenize it (the
+                                                  batch step of convert/worker.py); write the
+                                                  tokens of the train documents to a spool file
+                                 <--------------- digests, sizes, filter reasons, band keys and
+                                                  sketches, line numbers; the val documents' tokens
+                                                  (about val_fraction of them); the texts that may
+                                                  join the near-duplicate pair sample
+    `Selection`, in input order (convert/selection.py), then per batch, with numpy: the kept
+    documents' split, sizes and spool offsets; each split cut into chunks exactly where
+    `chunk_documents` cuts (after the document that brings a chunk to chunk_chars)
+                                 ---------------> a chunk as spool offsets and lengths (val: tokens):
+                                                  gather the tokens, then `process_chunk`
+    a spool file goes when its batch is routed and every chunk reading it is written
+
+The main process never touches a text or a token of the train split: per document it does the
+exact-duplicate set lookup and a few numpy operations per batch, and the near-duplicate index's
+lookups and inserts (vectorised per batch). The spool files live in a temporary folder of the
+machine (one per run, removed at the end; a killed run leaves it behind in the temp folder), and
+hold the tokens of the batches in flight and of the open train chunk: bounded by the window of
+batches and the chunk size. Decisions depend only on the sequence of documents, so the kept
+documents, the chunks, their fingerprints and the parts are those of the main-process path, for
+any range size and worker count (tests/test_convert_golden.py compares the bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from convert import worker
+from convert.conversion import _BATCH_CHARS, Conversion, chunk_fingerprint
+from convert.executor import Executor, ordered
+from convert.options import ReadOptions
+from convert.readers import ReadStats, empty_corpus_error, range_format, read_range
+from convert.selection import Selection, in_val
+from convert.worker import DIGEST_BYTES, ChunkTokens, PartResult, TextBatch, TokenizedBatch, process_chunk
+from shards.meta import SPLITS
+
+RANGE_BYTES = 3 * _BATCH_CHARS  # ~ as many characters of Chinese UTF-8 as a text batch holds
+_PROBE_BYTES = 1 << 16
+_DIGEST = np.dtype((np.void, DIGEST_BYTES))
+
+
+def range_formats(paths: list[str], read: ReadOptions) -> list[str] | None:
+    """Each file's format when the workers can read all of them in byte ranges, else None."""
+    if read.strict:
+        return None  # the first bad line must stop the run before any later one is read
+    formats = []
+    for path in paths:
+        fmt = range_format(path, read.fmt, read.preset)
+        if fmt is None:
+            return None
+        formats.append(fmt)
+    return formats
+
+
+def byte_ranges(path: str, size: int, target: int) -> Iterator[tuple[int, int]]:
+    """(start, end) byte ranges of ~`target` bytes covering the file, each ending after a newline
+    (or at the end of the file)."""
+    with open(path, "rb") as f:
+        start = 0
+        while start < size:
+            end = start + target
+            if end >= size:
+                yield start, size
+                return
+            f.seek(end - 1)  # a newline at end - 1 ends the range at `end`
+            while True:
+                piece = f.read(_PROBE_BYTES)
+                if not piece:
+                    end = size
+                    break
+                found = piece.find(b"\n")
+                if found >= 0:
+                    end = f.tell() - len(piece) + found + 1
+                    break
+            yield start, end
+            start = end
+
+
+@dataclass
+class RangeTask:
+    """One byte range for a worker to read and process."""
+
+    path: str
+    fmt: str
+    start: int
+    end: int
+    text_field: str | None
+    preset: str | None
+    spool: str  # where the worker writes the train documents' tokens
+    sample_bound: int  # texts of passing rows whose first band key is at most this come back
+    val_fraction: float
+
+
+@dataclass
+class RangeResult:
+    batch: TokenizedBatch  # its `tokens` left empty: they are in the spool, or `val_tokens`
+    lines: np.ndarray  # per row: line number within the range, from 0
+    range_lines: int  # lines in the range
+    is_val: np.ndarray  # per passing row
+    offsets: np.ndarray  # per passing row: start in the spool (train) or in val_tokens (val)
+    val_tokens: np.ndarray
+    documents: int
+    malformed: int
+    malformed_examples: list[tuple[str, int, str]]  # line numbers within the range, from 0
+    texts: dict[int, str] = field(default_factory=dict)  # row -> cleaned text, for the pair sample
+
+
+def read_range_batch(task: RangeTask) -> RangeResult:
+    """In a worker: read, clean, filter, sign and tokenize one byte range (see the module docstring)."""
+    with open(task.path, "rb") as f:
+        f.seek(task.start)
+        data = f.read(task.end - task.start)
+    stats = ReadStats()
+    first = 1 if task.start == 0 else 2
+    docs = list(
+        read_range(data, task.fmt, task.path, at_start=first == 1, text_field=task.text_field,
+                   preset=task.preset, stats=stats)
+    )  # fmt: skip
+    range_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    if not docs:
+        none = np.empty(0, dtype=np.int64)
+        empty = TokenizedBatch(b"", none, none, np.empty(0, dtype=np.uint32), {})
+        return RangeResult(empty, none, range_lines, np.zeros(0, dtype=bool), none, empty.tokens,
+                           0, stats.malformed, _shifted(stats, first))  # fmt: skip
+    batch = worker.tokenize_batch(TextBatch([doc.text for doc in docs]))
+    if batch.key_parts is not None:  # the index processes get the keys; here only the first is read
+        batch.keys = np.ascontiguousarray(batch.keys[:, :1])
+    doc_lines = np.fromiter((doc.line for doc in docs), dtype=np.int64, count=len(docs))
+    lines = doc_lines[batch.sources] - first if len(batch) else np.empty(0, dtype=np.int64)
+    passing = np.flatnonzero(batch.passing())
+    lengths = batch.lengths[passing]
+    digests = np.frombuffer(batch.digests, dtype=_DIGEST)[passing].tobytes()
+    is_val = in_val(digests, task.val_fraction) if len(passing) else np.zeros(0, dtype=bool)
+    token_val = np.repeat(is_val, lengths)
+    batch.tokens[~token_val].tofile(task.spool)
+    val_tokens = batch.tokens[token_val]
+    offsets = np.zeros(len(passing), dtype=np.int64)
+    for split_rows in (~is_val, is_val):
+        offsets[split_rows] = np.cumsum(lengths[split_rows]) - lengths[split_rows]
+    texts = {}
+    if batch.keys is not None and len(passing):
+        bound = np.uint64(min(task.sample_bound, (1 << 64) - 1))
+        cleaned = None
+        for i in np.flatnonzero(batch.keys[:, 0] <= bound).tolist():
+            row = int(passing[i])
+            if cleaned is None:
+                cleaned = worker._state.cleaner
+            texts[row] = cleaned.normalize(docs[int(batch.sources[row])].text)
+    examples = _shifted(stats, first)
+    batch.tokens = np.empty(0, dtype=batch.tokens.dtype)
+    return RangeResult(
+        batch,
+        lines,
+        range_lines,
+        is_val,
+        offsets,
+        val_tokens,
+        stats.documents,
+        stats.malformed,
+        examples,
+        texts,
+    )
+
+
+def _shifted(stats: ReadStats, first: int) -> list[tuple[str, int, str]]:
+    return [(source, line - first, reason) for source, line, reason in stats.malformed_examples]
+
+
+@dataclass
+class SpooledChunk:
+    """A chunk as a worker gets it on this path: the train documents as spool offsets."""
+
+    split: str
+    index: int
+    fingerprint: str
+    lengths: np.ndarray
+    segments: list[tuple[str, np.ndarray]]  # (spool file, document starts in it)
+    tokens: np.ndarray | None = None  # val: the tokens themselves
+
+    def gather(self) -> ChunkTokens:
+        if self.tokens is not None:
+            tokens = self.tokens
+        else:
+            pieces, at = [], 0
+            for path, starts in self.segments:
+                spool = np.fromfile(path, dtype=np.uint32)
+                for start, length in zip(
+                    starts.tolist(), self.lengths[at : at + len(starts)].tolist(), strict=True
+                ):
+                    pieces.append(spool[start : start + length])
+                at += len(starts)
+            tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
+        return ChunkTokens(self.split, self.index, tokens, self.lengths, self.fingerprint)
+
+
+def process_spooled_chunk(chunk: SpooledChunk) -> PartResult:
+    return process_chunk(chunk.gather())
+
+
+@dataclass
+class _OpenChunk:
+    index: int
+    size: int = 0
+    lengths: list[np.ndarray] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)
+    segments: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    val_pieces: list[np.ndarray] = field(default_factory=list)
+
+
+class RangeFeed:
+    """The main process's side: hands out ranges, selects, routes, cuts chunks, frees spools."""
+
+    def __init__(self, conversion: Conversion, selection: Selection, read: ReadOptions, paths: list[str],
+                 formats: list[str], stats: ReadStats, bar, spool_dir: str) -> None:  # fmt: skip
+        self.conversion, self.selection, self.read = conversion, selection, read
+        self.paths, self.formats, self.stats, self.bar = paths, formats, stats, bar
+        self.spool_dir = spool_dir
+        self.options = conversion.options
+        self.open = {split: _OpenChunk(0) for split in SPLITS}
+        self.users: dict[str, int] = {}  # spool file -> batch routing + chunks still to write it
+        self.chunk_spools: dict[tuple[str, int], list[str]] = {}
+        self._lines_before = 0  # lines of its file before the range being routed
+
+    def _tasks(self) -> Iterator[RangeTask]:
+        number = 0
+        for path, fmt in zip(self.paths, self.formats, strict=True):
+            self.stats.files += 1
+            for start, end in byte_ranges(path, os.path.getsize(path), RANGE_BYTES):
+                spool = os.path.join(self.spool_dir, f"{number:08d}.u32")
+                number += 1
+                sample = self.selection.sample
+                bound = sample.bound if sample is not None else 0
+                yield RangeTask(path, fmt, start, end, self.read.text_field, self.read.preset, spool, bound,
+                                self.options.val_fraction)  # fmt: skip
+
+    def chunks(self, executor: Executor) -> Iterator[SpooledChunk]:
+        window = 4 * self.options.workers + 4
+        tasks = self._tasks()
+        lines_in_file: dict[str, int] = {}
+        pending: list[RangeTask] = []
+
+        def tracked() -> Iterator[RangeTask]:
+            for task in tasks:
+                pending.append(task)
+                yield task
+
+        for result in ordered(executor, read_range_batch, tracked(), window):
+            task = pending.pop(0)
+            before = lines_in_file.get(task.path, 0)
+            lines_in_file[task.path] = before + result.range_lines
+            self._absorb(task, result, before)
+            self._lines_before = before
+            self.users[task.spool] = 1
+            yield from self._route(task, result)
+            self._release(task.spool)
+        for split in SPLITS:
+            if self.open[split].size:
+                yield self._seal(split)
+        if self.stats.documents == 0:
+            raise empty_corpus_error(self.paths, self.read.fmt, self.stats)
+
+    def _absorb(self, task: RangeTask, result: RangeResult, before: int) -> None:
+        stats = self.stats
+        stats.documents += result.documents
+        stats.malformed += result.malformed
+        for source, line, reason in result.malformed_examples:
+            if len(stats.malformed_examples) < stats.MAX_EXAMPLES:
+                stats.malformed_examples.append((source, before + line + 1, reason))
+        self.bar.update(result.documents)
+        for reason, count in result.batch.drops.items():
+            self.selection.cleaner.drops.add(reason, count)
+
+    def _route(self, task: RangeTask, result: RangeResult) -> Iterator[SpooledChunk]:
+        batch = result.batch
+        texts, lines, before = result.texts, result.lines, self._lines_before
+
+        def text(row: int):
+            cleaned = texts.get(row)
+            return None if cleaned is None else (cleaned, task.path, before + int(lines[row]) + 1)
+
+        selected = self.selection.select(batch, text, deduped=False)
+        kept = selected.indexed[selected.match < 0]
+        if not len(kept):
+            return
+        among = (np.cumsum(batch.passing()) - 1)[kept]
+        is_val = result.is_val[among]
+        offsets, lengths, chars = result.offsets[among], batch.lengths[kept], batch.chars[kept]
+        digests = np.frombuffer(batch.digests, dtype=_DIGEST)[kept]
+        for split, rows in (("train", ~is_val), ("val", is_val)):
+            if rows.any():
+                yield from self._add(split, task.spool, result, offsets[rows], lengths[rows], chars[rows],
+                                     digests[rows])  # fmt: skip
+
+    def _add(self, split, spool, result, offsets, lengths, chars, digests) -> Iterator[SpooledChunk]:
+        """Add documents to the split's open chunk, sealing it where `chunk_documents` would."""
+        limit = self.options.chunk_chars
+        at = 0
+        while at < len(chars):
+            chunk = self.open[split]
+            filled = np.cumsum(chars[at:]) + chunk.size
+            cut = int(filled.searchsorted(limit, side="left"))  # first document reaching the limit
+            take = min(cut + 1, len(chars) - at)
+            part = slice(at, at + take)
+            chunk.lengths.append(lengths[part])
+            chunk.digests.append(digests[part].tobytes())
+            if split == "train":
+                if not chunk.segments or chunk.segments[-1][0] != spool:
+                    self.users[spool] += 1  # the open chunk reads it too
+                chunk.segments.append((spool, offsets[part]))
+            else:
+                for start, length in zip(offsets[part].tolist(), lengths[part].tolist(), strict=True):
+                    chunk.val_pieces.append(result.val_tokens[start : start + length].copy())
+            chunk.size = int(filled[take - 1])
+            at += take
+            if chunk.size >= limit:
+                yield self._seal(split)
+
+    def _seal(self, split: str) -> SpooledChunk:
+        chunk = self.open[split]
+        self.open[split] = _OpenChunk(chunk.index + 1)
+        fingerprint = chunk_fingerprint(b"".join(chunk.digests), self.options, self.conversion.tokenizer)
+        lengths = np.concatenate(chunk.lengths) if chunk.lengths else np.empty(0, dtype=np.int64)
+        if split == "val":
+            pieces = chunk.val_pieces
+            tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
+            return SpooledChunk(split, chunk.index, fingerprint, lengths, [], tokens)
+        self.chunk_spools[(split, chunk.index)] = sorted({path for path, _ in chunk.segments})
+        return SpooledChunk(split, chunk.index, fingerprint, lengths, chunk.segments)
+
+    def done(self, result: PartResult) -> None:
+        """A part is written (or reused): the spool files only it still read go."""
+        for path in self.chunk_spools.pop((result.split, result.index), []):
+            self._release(path)
+
+    def _release(self, path: str) -> None:
+        self.users[path] -= 1
+        if self.users[path] == 0:
+            del self.users[path]
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+@contextlib.contextmanager
+def spool_folder() -> Iterator[str]:
+    """A temporary folder for one run's spool files, removed at the end."""
+    folder = tempfile.mkdtemp(prefix="convert-spool-")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
