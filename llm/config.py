@@ -78,7 +78,9 @@ class DataConfig:
     shuffle_block_size: int | None = None  # samples shuffled together; null: streaming's default
     num_canonical_nodes: int | None = None  # null: streaming's default, then kept by checkpoints
     predownload: int | None = None  # samples per rank fetched ahead; null: 8 x the batch
-    download_retry: int | None = None  # re-fetches of a shard failing its hash; null: 2 (outages: LLM_S3_OUTAGE_S)
+    download_retry: int | None = (
+        None  # re-fetches of a shard failing its hash; null: 2 (outages: LLM_S3_OUTAGE_S)
+    )
     download_timeout: float | None = None  # seconds per shard request; null: LLM_S3_READ_TIMEOUT
     num_workers: int = 0
     check_tokenizer_hash: bool = True  # refuse shards made with a different tokenizer file
