@@ -318,8 +318,10 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
             if left <= 0 or (policy.max_attempts is not None and attempts >= policy.max_attempts):
                 error = storage_error(err, url, operation, attempts, now - since)
                 if left <= 0:
-                    OUTAGES.give_up(endpoint, f"{endpoint_name()} has failed for over {policy.outage_s:g}s "
-                                    f"(LLM_S3_OUTAGE_S): {error}")  # fmt: skip
+                    OUTAGES.give_up(
+                        endpoint,
+                        f"{endpoint_name()} has failed for over {policy.outage_s:g}s (LLM_S3_OUTAGE_S)",
+                    )
                 raise error from err
             OUTAGES.announce(
                 endpoint,
