@@ -69,6 +69,24 @@ def test_a_malformed_newest_manifest_is_reported_by_name_and_the_previous_checkp
     assert f"ignoring the manifest {store.url(cm.manifest_name(8, 0))}" in caplog.text
 
 
+def test_a_verified_checkpoint_without_model_or_optimizer_state_is_refused_and_the_previous_one_used(
+    tmp_path, caplog
+):
+    import torch
+
+    store = open_store(tmp_path / "run")
+    for batch, state in (
+        (4, {"model": {"w": torch.ones(2)}, "optimizers": {"AdamW": {"state": {0: {}}}}}),
+        (8, {"model": {}, "optimizers": {}, "timestamp": None}),  # what a resume must not trust
+    ):
+        path = tmp_path / f"ba{batch}.pt"
+        torch.save({"state": state, "rng": [torch.get_rng_state()]}, path)
+        _fake_checkpoint(store, batch, path.read_bytes(), tmp_path)
+    point = newest_usable_checkpoint(store.root)
+    assert point.batch == 4
+    assert "checkpoint at batch 8" in caplog.text and "holds no model and no optimizers state" in caplog.text
+
+
 def test_a_malformed_manifest_is_reported_once_however_often_the_folder_is_scanned(tmp_path, caplog):
     store = open_store(tmp_path / "run")
     _fake_checkpoint(store, 4, b"older checkpoint", tmp_path)
