@@ -100,3 +100,34 @@ def test_a_remote_that_freezes_during_a_save_ends_in_one_line_and_keeps_the_prev
     assert second.returncode == 0, second.output[-3000:]
     assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in second.output
     proxy.cut()
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_a_corrupt_remote_shard_ends_in_one_line_with_both_hashes_and_once_repaired_the_same_command_finishes(
+    tmp_path, s3_server, s3_bucket
+):
+    import json
+
+    import xxhash
+
+    split = write_shards(tmp_path / "shards", shard_bytes=600)
+    remote = upload(s3_server, s3_bucket, split, "corrupt/train")
+    shard = json.loads((split / "index.json").read_text())["shards"][-1]["zip_data"]
+    good = (split / shard["basename"]).read_bytes()
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    key = f"corrupt/train/{shard['basename']}"
+    s3_server.client().put_object(Bucket=s3_bucket, Key=key, Body=bad)
+    recipe = write_recipe(tmp_path / "recipe.yaml", remote, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+
+    first = run(recipe, "first", cwd=tmp_path)
+    assert first.returncode == 1, first.output[-3000:]
+    (line,) = [x for x in first.output.splitlines() if x.startswith("error: ")]
+    assert f"shard {remote}/{shard['basename']} is corrupt in the remote itself" in line
+    assert f"xxh64 expected {shard['hashes']['xxh64']}, got {xxhash.xxh64(bad).hexdigest()}" in line
+    assert "Traceback" not in first.output
+
+    s3_server.client().put_object(Bucket=s3_bucket, Key=key, Body=good)  # the remote repaired
+    second = run(recipe, "second", cwd=tmp_path)
+    assert second.returncode == 0, second.output[-3000:]
+    assert "finished at step 12" in second.output
