@@ -316,7 +316,7 @@ class VerifiedStream(Stream):
                     self._drop_if_corrupt(raw_info)
         super().set_up_local(shards, cache_usage_per_shard)
 
-    def _drop_if_corrupt(self, info) -> str | None:
+    def _drop_if_corrupt(self, info, quiet: bool = False) -> str | None:
         """Delete the cached file of `info` if it does not match its recorded hash; its hash then."""
         path = os.path.join(self.local, self.split, info.basename)
         want = info.hashes.get(self.validate_hash)
@@ -325,7 +325,10 @@ class VerifiedStream(Stream):
         got = _file_hash(self.validate_hash, path)
         if got == want:
             return None
-        log.warning("[data] %s in the cache does not match its %s hash: deleted", path, self.validate_hash)
+        if not quiet:
+            log.warning(
+                "[data] %s in the cache does not match its %s hash: deleted", path, self.validate_hash
+            )
         Path(path).unlink(missing_ok=True)
         return got
 
@@ -340,7 +343,7 @@ class VerifiedStream(Stream):
             except ValueError as err:
                 if "Checksum failure" not in str(err):
                     raise
-            got = self._drop_if_corrupt(fetched) or "?"
+            got = self._drop_if_corrupt(fetched, quiet=True) or "?"
             want = fetched.hashes.get(self.validate_hash)
             if attempt < attempts:
                 log.warning(
