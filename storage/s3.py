@@ -311,7 +311,8 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
         except Exception as err:  # botocore, boto3 and s3transfer raise many unrelated types
             now = time.monotonic()
             if not is_passing(err):
-                OUTAGES.answered(endpoint, now)  # the endpoint answered: it is there
+                if any(getattr(c, "response", None) for c in _causes(err)):
+                    OUTAGES.answered(endpoint, now)  # the endpoint answered (4xx): it is there
                 raise storage_error(err, url, operation) from err
             since = OUTAGES.failed(endpoint, began)  # the outage began when this attempt did
             left = since + policy.outage_s - now
