@@ -316,14 +316,14 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
                 raise storage_error(err, url, operation) from err
             since = OUTAGES.failed(endpoint, began)  # the outage began when this attempt did
             left = since + policy.outage_s - now
-            if left <= 0 or (policy.max_attempts is not None and attempts >= policy.max_attempts):
-                error = storage_error(err, url, operation, attempts, now - since)
-                if left <= 0:
-                    OUTAGES.give_up(
-                        endpoint,
-                        f"{endpoint_name()} has failed for over {policy.outage_s:g}s (LLM_S3_OUTAGE_S)",
-                    )
-                raise error from err
+            capped = policy.max_attempts is not None and attempts >= policy.max_attempts
+            if left <= 0 or capped:
+                # Given up for the process: the clean-up after this failure does not wait again.
+                why = f"{attempts} attempts (LLM_S3_MAX_ATTEMPTS)" if capped and left > 0 else (
+                    f"over {policy.outage_s:g}s (LLM_S3_OUTAGE_S)"
+                )  # fmt: skip
+                OUTAGES.give_up(endpoint, f"{endpoint_name()} has failed for {why}")
+                raise storage_error(err, url, operation, attempts, now - since) from err
             OUTAGES.announce(
                 endpoint,
                 f"{endpoint_name()} is failing ({operation} {url}: {type(err).__name__}); retrying for "

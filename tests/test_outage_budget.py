@@ -129,3 +129,21 @@ def test_backoff_doubles_up_to_its_cap(monkeypatch):
     pauses = [policy.backoff(n) for n in range(1, 8)]
     assert all(0.25 <= p <= 0.5 for p in pauses[:1]) and all(2 <= p <= 4 for p in pauses[4:])
     assert max(pauses) <= 4
+
+
+@pytest.mark.s3
+def test_with_an_attempt_cap_the_clean_up_shares_the_deadline_too(store, switch, monkeypatch):
+    # The LLM_S3_MAX_ATTEMPTS=2 case: each clean-up request used to wait its own bound.
+    monkeypatch.setenv("LLM_S3_MAX_ATTEMPTS", "2")
+    store.write_text("a.txt", "x")
+    switch.freeze()
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"stopped answering \(after 2 attempts"):
+        store.read_text("a.txt")
+    assert time.monotonic() - started <= 2 * TIMEOUT + 1.0
+    started = time.monotonic()
+    with pytest.raises(
+        StorageError, match=r"not tried, .* has failed for 2 attempts \(LLM_S3_MAX_ATTEMPTS\)"
+    ):
+        store.write_text("records/metrics.jsonl", "{}")
+    assert time.monotonic() - started < 0.5
