@@ -133,11 +133,16 @@ class OutageRun:
     down_at: float | None  # seconds after the process started that the endpoint went down
     down_for: float  # how long it stayed down
     phase: str  # what the run was doing when it went down
+    down_wall: float = 0.0  # time.time() when it went down and when it came back (to compare with
+    up_wall: float = 0.0  # the recorder's per-batch times)
+
+    def batches_while_down(self) -> list[int]:
+        return [b["batch"] for b in self.run.batches() if self.down_wall < b["time"] < self.up_wall]
 
 
 def outage_run(
     folder: Path, switch: Switch, data_remote: str, save_folder: str, *, at_batch: int | None,
-    delay: float, down_for: float, env: dict, tag: str = "outage", timeout: float = 600,
+    delay: float, down_for: float, env: dict, tag: str = "outage", timeout: float = 600, overrides=(),
 ) -> OutageRun:  # fmt: skip
     """Train the harness recipe through `switch`; the endpoint goes down `delay` seconds after the
     run reached batch `at_batch` (None: after the process started) and comes back `down_for`
@@ -150,7 +155,7 @@ def outage_run(
         recipe,
         tag,
         cwd=folder,
-        overrides=LAZY,
+        overrides=[*LAZY, *overrides],
         env={"S3_ENDPOINT_URL": switch.endpoint, **env},
         pause_at=pause,
     )
@@ -159,17 +164,18 @@ def outage_run(
             rs.wait_for_batch(record, at_batch, proc)
         time.sleep(delay)
         phase = _phase(record, at_batch)
-        down_at = time.monotonic() - started
+        down_at, down_wall = time.monotonic() - started, time.time()
         switch.down()
         if at_batch is not None:
             rs.release(record, at_batch)
         time.sleep(down_for)
+        up_wall = time.time()
         switch.up()
         result = rs.finish(proc, record, weights, started, timeout)
     finally:
         switch.up()
         rs.kill_group(proc)
-    return OutageRun(result, down_at, down_for, phase)
+    return OutageRun(result, down_at, down_for, phase, down_wall, up_wall)
 
 
 def _phase(record: Path, at_batch: int | None) -> str:
