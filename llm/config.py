@@ -78,7 +78,9 @@ class DataConfig:
     shuffle_block_size: int | None = None  # samples shuffled together; null: streaming's default
     num_canonical_nodes: int | None = None  # null: streaming's default, then kept by checkpoints
     predownload: int | None = None  # samples per rank fetched ahead; null: 8 x the batch
-    download_retry: int | None = None  # extra tries per shard; null: LLM_S3_MAX_ATTEMPTS - 1
+    download_retry: int | None = (
+        None  # re-fetches of a shard failing its hash; null: 2 (outages: LLM_S3_OUTAGE_S)
+    )
     download_timeout: float | None = None  # seconds per shard request; null: LLM_S3_READ_TIMEOUT
     num_workers: int = 0
     check_tokenizer_hash: bool = True  # refuse shards made with a different tokenizer file
@@ -481,8 +483,41 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"optimizer.betas must be a list of 2 values, got {list(cfg.optimizer.betas)}")
     if not 0 < cfg.optimizer.lr:
         raise ConfigError(f"optimizer.lr must be positive, got {cfg.optimizer.lr}")
+    _check_small_numbers(cfg)
     if cfg.scheduler.min_lr > cfg.optimizer.lr:
         raise ConfigError(f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}")
+
+
+def _check_small_numbers(cfg: TrainConfig) -> None:
+    """Values that Composer would take and then crash on (or silently misuse)."""
+    t = cfg.training
+    if cfg.callbacks.speed_window < 1:
+        raise ConfigError(
+            f"callbacks.speed_window={cfg.callbacks.speed_window} must be at least 1 (batches the "
+            "tokens/s is averaged over), e.g. 10"
+        )
+    if cfg.optimizer.weight_decay < 0:
+        raise ConfigError(
+            f"optimizer.weight_decay={cfg.optimizer.weight_decay} must be 0 (off) or more, e.g. 0.1"
+        )
+    if t.log_interval < 1:
+        raise ConfigError(
+            f"training.log_interval={t.log_interval} must be at least 1 (batches between lines)"
+        )
+    if t.grad_clip_norm < 0:
+        raise ConfigError(
+            f"training.grad_clip_norm={t.grad_clip_norm} must be 0 (no clipping) or positive, e.g. 1.0"
+        )
+    if t.eval_subset_num_batches == 0 or t.eval_subset_num_batches < -1:
+        raise ConfigError(
+            f"training.eval_subset_num_batches={t.eval_subset_num_batches} must be positive, or -1 "
+            "for the whole validation split"
+        )
+    folder = cfg.checkpoint.save_folder
+    if folder and "://" in folder and not folder.startswith("s3://"):
+        raise ConfigError(
+            f"checkpoint.save_folder={folder!r}: only local folders and s3://bucket/prefix are supported"
+        )
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}

@@ -35,11 +35,12 @@ from torch.utils.data import DataLoader
 
 from llm.config import parse_bytes
 from llm.errors import ConfigError
+from llm.run_dir import RunDir
 from shards.chat_template import ChatTemplate
 from shards.errors import ShardsError
 from shards.index import check_index, read_index
 from shards.meta import SplitMeta, check_kind, read_meta
-from storage import RetryPolicy, StorageError, is_remote, join, read_url
+from storage import RetryPolicy, StorageError, download_url, is_remote, join, read_url
 
 if TYPE_CHECKING:
     from llm.config import StreamConfig, TrainConfig
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")  # the recipe's data.train and data.eval
+DEFAULT_REFETCHES = 2  # data.download_retry=null: a shard failing its hash is fetched twice more
 
 
 # --- metadata checks --------------------------------------------------------------------------
@@ -264,8 +266,103 @@ def all_stream_locals(cfg: TrainConfig) -> list[str]:
     ]
 
 
+class CorruptShard(StorageError):
+    """A shard's file failed its hash on every download: the remote's copy itself is corrupt."""
+
+
+def _file_hash(algo: str, path: str) -> str:
+    from streaming.base.hashing import get_hash
+
+    with open(path, "rb") as f:
+        return get_hash(algo, f.read())
+
+
+class VerifiedStream(Stream):
+    """A Stream whose remote files come through the storage layer and are verified in the cache.
+
+    What streaming 0.13 lacks (stream.py, `_download_file` and `_prepare_shard_part`): its own
+    download client retries per request, not within the project's outage budget; a file that fails
+    its hash stays in the cache, so every later run fails on it again even after the remote was
+    repaired; and a decompressed file already in the cache is used without any check. Here:
+
+    - remote files are fetched with `storage.download_url` (LLM_S3_OUTAGE_S: an outage is waited
+      out, the download-ahead thread waits while training goes on from the shards in the cache);
+    - a file that fails its hash (`data.validate_hash`) is deleted and fetched again, up to
+      `download_retry` times; only a remote whose copy fails every time ends the run, with one
+      line naming the file, the expected and the actual hash (`CorruptShard`);
+    - at start, each decompressed shard already in the cache is checked against the raw hash that
+      index.json records before it counts as present; one that differs is deleted (and rebuilt
+      from its verified compressed file, or downloaded again).
+    """
+
+    def _remote_url(self, basename: str) -> str:
+        parts = [self.remote.rstrip("/"), self.split, basename]
+        return "/".join(p for p in parts if p)
+
+    def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
+        if self.remote is None or not is_remote(self.remote):
+            return super()._download_file(from_basename, to_basename)
+        local = os.path.join(self.local, self.split, to_basename or from_basename)
+        download_url(self._remote_url(from_basename), local, read_timeout=self.download_timeout)
+        return local
+
+    def _verifies(self) -> bool:
+        return bool(self.validate_hash) and self.remote not in (None, self.local)
+
+    def set_up_local(self, shards, cache_usage_per_shard) -> None:
+        if self._verifies():
+            for shard in shards:
+                for raw_info, _ in shard.file_pairs:
+                    self._drop_if_corrupt(raw_info)
+        super().set_up_local(shards, cache_usage_per_shard)
+
+    def _drop_if_corrupt(self, info, quiet: bool = False) -> str | None:
+        """Delete the cached file of `info` if it does not match its recorded hash; its hash then."""
+        path = os.path.join(self.local, self.split, info.basename)
+        want = info.hashes.get(self.validate_hash)
+        if want is None or not os.path.isfile(path):
+            return None
+        got = _file_hash(self.validate_hash, path)
+        if got == want:
+            return None
+        if not quiet:
+            log.warning(
+                "[data] %s in the cache does not match its %s hash: deleted", path, self.validate_hash
+            )
+        Path(path).unlink(missing_ok=True)
+        return got
+
+    def _prepare_shard_part(self, raw_info, zip_info=None, compression=None) -> int:
+        if not self._verifies():
+            return super()._prepare_shard_part(raw_info, zip_info, compression)
+        fetched = zip_info or raw_info  # the file that comes from the remote
+        attempts = max(1, self.download_retry)
+        for attempt in range(1, attempts + 1):
+            try:
+                return super()._prepare_shard_part(raw_info, zip_info, compression)
+            except ValueError as err:
+                if "Checksum failure" not in str(err):
+                    raise
+            got = self._drop_if_corrupt(fetched, quiet=True) or "?"
+            want = fetched.hashes.get(self.validate_hash)
+            if attempt < attempts:
+                log.warning(
+                    "[data] %s failed its %s hash after download (expected %s, got %s): fetching it "
+                    "again (%d of %d)",
+                    self._remote_url(fetched.basename), self.validate_hash, want, got, attempt + 1, attempts,
+                )  # fmt: skip
+        raise CorruptShard(
+            f"shard {self._remote_url(fetched.basename)} is corrupt in the remote itself: "
+            f"{self.validate_hash} expected {want}, got {got} on each of {attempts} downloads; "
+            "restore the file (or re-convert the split) and re-run the same command to resume"
+        )
+
+
 class TokenDataset(StreamingDataset):
     """A StreamingDataset whose samples are LongTensors of token ids."""
+
+    error_log: str | None = None  # where the download threads' tracebacks go (the run folder)
+    _failure: BaseException | None = None  # the first error of a download thread
 
     def __getitem__(self, index: int) -> torch.Tensor:
         sample = super().__getitem__(index)
@@ -289,27 +386,51 @@ class TokenDataset(StreamingDataset):
     # wait for shards) have each counted their exit, but a thread that raises never counts it: when
     # both fail on a dead remote (each downloads shards), the main thread waits forever (seen in
     # CI). A failing thread counts its exit here, so the epoch ends and the error above is raised.
+    # Its error is kept for that message and its traceback goes to the run folder's log, not to
+    # the console (streaming's future callback would print it there, once per thread).
     def _prepare_thread(self, it) -> None:
         try:
             super()._prepare_thread(it)
-        except BaseException:
-            it.on_exit()
-            raise
+        except BaseException as err:
+            self._thread_failed(it, err)
 
     def _ready_thread(self, it) -> None:
         try:
             super()._ready_thread(it)
-        except BaseException:
-            it.on_exit()
-            raise
+        except BaseException as err:
+            self._thread_failed(it, err)
 
-    @staticmethod
-    def _download_failed() -> StorageError:
-        # The download thread's own traceback was logged above; say what it means.
+    def _thread_failed(self, it, err: BaseException) -> None:
+        import threading
+        import traceback
+
+        if self._failure is None:
+            self._failure = err
+        it.on_exit()
+        if self.error_log:
+            try:
+                Path(self.error_log).parent.mkdir(parents=True, exist_ok=True)
+                with open(self.error_log, "a") as f:
+                    f.write(f"--- {threading.current_thread().name}, pid {os.getpid()}\n")
+                    f.write("".join(traceback.format_exception(err)))
+            except OSError:
+                pass
+        self._event.set()  # the other thread and the main loop stop
+
+    def _download_failed(self) -> StorageError:
+        failure = self._failure
+        details = f" (traceback in {self.error_log})" if self.error_log else ""
+        if isinstance(failure, CorruptShard):
+            return CorruptShard(f"reading the training data failed: {failure}{details}")
+        if isinstance(failure, StorageError):
+            cause = str(failure)
+        elif failure is not None:
+            cause = f"{type(failure).__name__}: {' '.join(str(failure).split())}"
+        else:
+            cause = f"a shard could not be fetched or did not verify ({RetryPolicy.from_env().describe()})"
         return StorageError(
-            "reading the training data failed: a shard could not be fetched or did not verify "
-            f"(see the error above; {RetryPolicy.from_env().describe()}). The last stored "
-            "checkpoint is intact: fix the storage and re-run the same command to resume"
+            f"reading the training data failed: {cause}{details}. The last stored checkpoint is "
+            "intact: fix the storage and re-run the same command to resume"
         )
 
 
@@ -332,7 +453,9 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
     # Shard downloads are streaming's own (its client, with botocore's retries inside each try);
     # by default they take the storage policy's read timeout and number of tries.
     policy = RetryPolicy.from_env()
-    retry = policy.max_attempts - 1 if data.download_retry is None else data.download_retry
+    retry = data.download_retry
+    if retry is None:  # re-fetches of a file that failed its hash (outages are LLM_S3_OUTAGE_S's)
+        retry = policy.max_attempts - 1 if policy.max_attempts else DEFAULT_REFETCHES
     streams, largest, cached = [], 0, []
     for i, s in enumerate(_streams(cfg, split)):
         if stream is not None and i != stream:
@@ -347,7 +470,7 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
         if digest or s.local:
             cached.append(local)
         streams.append(
-            Stream(
+            VerifiedStream(
                 remote=str(Path(s.remote).resolve())
                 if s.local and not digest
                 else (s.remote if digest else None),
@@ -362,7 +485,7 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
             )
         )
     dataset_class = SftDataset if data.kind == "sft" else TokenDataset
-    return dataset_class(
+    dataset = dataset_class(
         streams=streams,
         batch_size=batch_size,
         shuffle=data.shuffle and split == "train",
@@ -373,6 +496,8 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
         predownload=data.predownload,
         cache_limit=cache_limit(cfg, split, largest, cached, len(streams)),
     )
+    dataset.error_log = str(RunDir(cfg.run_dir).storage_log)
+    return dataset
 
 
 def cache_limit(cfg: TrainConfig, split: str, largest: int, cached: list[str], n_streams: int) -> int | None:

@@ -45,6 +45,7 @@ SAMPLES = "samples.jsonl"  # generated samples (llm/callbacks/generation.py)
 TASKS = "tasks.jsonl"  # task accuracies (llm/callbacks/task_eval.py)
 LOSS_PLOT = "loss.png"  # the loss curves (llm/callbacks/loss_plot.py, llm.plots)
 TRACKERS = "trackers.json"  # the MLflow / W&B run ids (llm/trackers.py)
+STORAGE_LOG = "storage-errors.log"  # tracebacks of failed shard downloads (llm/data.py); not a record
 STEP_FILES = (METRICS, SAMPLES, TASKS)  # JSON lines, each with a "step"
 OTHER_FILES = (CONFIG, LOSS_PLOT, TRACKERS)
 RECORD_FILES = (*STEP_FILES, *OTHER_FILES)
@@ -63,6 +64,10 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.root / METRICS
+
+    @property
+    def storage_log(self) -> Path:
+        return self.root / STORAGE_LOG
 
     @property
     def samples(self) -> Path:

@@ -223,6 +223,7 @@ class MLflowTracker(MLFlowLogger):
         self._lost = 0  # points dropped past _MAX_WAITING_POINTS
         self._uploaded: dict[str, float] = {}  # record file -> mtime uploaded
         self._final_status = "FINISHED"
+        self._resumed_at: int | None = None  # the batch a resumed fit started at
         try:
             super().__init__(
                 experiment_name=settings.experiment_name,
@@ -272,10 +273,18 @@ class MLflowTracker(MLFlowLogger):
 
     # --- what Composer logs goes into the outbox ---------------------------------------------
 
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self._resumed_at = int(state.timestamp.batch) or None
+
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if not self._enabled:
             return
         from mlflow.entities import Metric
+
+        if step is not None and step == self._resumed_at:
+            # Composer logs the time/* counters at the end of a fit and again before the next
+            # batch: the stopped process sent them for this step already.
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
         now = int(time.time() * 1000)
         points = []

@@ -2,46 +2,70 @@
 
 The endpoint is `S3_ENDPOINT_URL` (unset: AWS itself), so MinIO, moto or any S3-compatible
 server stands in for AWS; credentials come from the usual `AWS_*` variables. The policy is read
-from the environment each time a client is made:
+from the environment each time a request starts:
 
-  LLM_S3_MAX_ATTEMPTS     attempts per request, the first included (default 5)
+  LLM_S3_OUTAGE_S         how long an unreachable or failing endpoint is retried (default 300)
+  LLM_S3_BACKOFF_MAX_S    the longest pause between two attempts (default 15)
   LLM_S3_CONNECT_TIMEOUT  seconds to open a connection (default 5)
   LLM_S3_READ_TIMEOUT     seconds to wait for any byte of an answer (default 60)
+  LLM_S3_MAX_ATTEMPTS     optional cap on the attempts of one request (unset: the budget decides)
 
-so a request gives up after at most about attempts x (connect or read timeout) plus botocore's
-backoff (at most 20 s between attempts): under 6 minutes with the defaults, seconds in the tests.
-A server that accepts connections and never answers (a frozen endpoint) therefore ends in a
-`StorageError`, never a hang.
+The outage budget: a request that fails for a reason that can pass (no connection, a timeout, a
+5xx or throttling answer) is tried again after a capped exponential backoff (0.5 s, 1 s, 2 s ...
+up to LLM_S3_BACKOFF_MAX_S, jittered) until the endpoint has been failing for LLM_S3_OUTAGE_S.
+The clock is one per endpoint and process, shared by every request and thread: it starts at the
+first failure and is reset by any answer. Once it has run out the endpoint is given up for the
+rest of the process: every later request (the clean-up after the failure: records, lock release,
+listings) fails at once with the same line instead of waiting its own bound. So a remote that
+never comes back ends a request, and the run, within LLM_S3_OUTAGE_S plus one request timeout;
+a remote that comes back within the budget costs only the wait. Answers that will not change
+(no such object, access denied, no bucket, no credentials) fail at once.
 
 Why not a library's client: Composer's `S3ObjectStore` lives behind `import composer` (about 12 s,
 too slow for the converter's processes and `--help`) and has no delete, no listing with sizes and
 no atomic local counterpart; streaming's one-shot download builds a new client per call with
-no connect timeout. botocore's own "standard" retry mode does the retrying here; this module
-only fixes its settings in one place and turns its many exception types into one message.
+no connect timeout. botocore's "standard" retry mode counts attempts per request, not time per
+endpoint, and each request would wait its full bound in turn: botocore makes one attempt here
+and this module does the retrying, with one deadline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
+import random
+import threading
+import time
 from dataclasses import dataclass
 
 from storage.errors import StorageError
 
+log = logging.getLogger(__name__)
+
 S3_SCHEME = "s3://"
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 _DENIED_CODES = frozenset({"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
+# Answers that say "later" rather than "no": retried within the outage budget.
+_PASSING_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+     "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}
+)  # fmt: skip
+FIRST_BACKOFF_S = 0.5
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 5
+    max_attempts: int | None = None  # None: no cap, the outage budget decides
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
+    outage_s: float = 300.0
+    backoff_max_s: float = 15.0
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
-        def number(name: str, default: float, kind=float):
+        def number(name: str, default, kind=float):
             raw = os.environ.get(name)
             if raw in (None, ""):
                 return default
@@ -49,7 +73,7 @@ class RetryPolicy:
                 value = kind(raw)
             except ValueError:
                 raise StorageError(
-                    f"{name}={raw!r} is not a number; unset it or give e.g. {default}"
+                    f"{name}={raw!r} is not a number; unset it or give e.g. {default or 5}"
                 ) from None
             if value <= 0:
                 raise StorageError(f"{name}={raw!r} must be positive")
@@ -59,13 +83,81 @@ class RetryPolicy:
             max_attempts=number("LLM_S3_MAX_ATTEMPTS", cls.max_attempts, int),
             connect_timeout=number("LLM_S3_CONNECT_TIMEOUT", cls.connect_timeout),
             read_timeout=number("LLM_S3_READ_TIMEOUT", cls.read_timeout),
+            outage_s=number("LLM_S3_OUTAGE_S", cls.outage_s),
+            backoff_max_s=number("LLM_S3_BACKOFF_MAX_S", cls.backoff_max_s),
         )
 
+    @property
+    def request_timeout(self) -> float:
+        """The longest one attempt can wait without an answer."""
+        return max(self.connect_timeout, self.read_timeout)
+
+    @property
+    def deadline_s(self) -> float:
+        """The most a dead endpoint can cost: the outage budget plus one request timeout."""
+        return self.outage_s + self.request_timeout
+
+    def backoff(self, attempt: int) -> float:
+        """The pause after failed attempt number `attempt` (1, 2, ...): doubling, capped, jittered."""
+        return min(self.backoff_max_s, FIRST_BACKOFF_S * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
     def describe(self) -> str:
+        cap = f", at most {self.max_attempts} attempts (LLM_S3_MAX_ATTEMPTS)" if self.max_attempts else ""
         return (
-            f"{self.max_attempts} attempts, {self.connect_timeout:g}s connect / {self.read_timeout:g}s read "
-            "timeout (LLM_S3_MAX_ATTEMPTS, LLM_S3_CONNECT_TIMEOUT, LLM_S3_READ_TIMEOUT)"
+            f"retried for up to {self.outage_s:g}s (LLM_S3_OUTAGE_S){cap}, "
+            f"{self.connect_timeout:g}s connect / {self.read_timeout:g}s read timeout "
+            "(LLM_S3_CONNECT_TIMEOUT, LLM_S3_READ_TIMEOUT)"
         )
+
+
+class Outages:
+    """When each endpoint began failing (one clock per endpoint, shared by all threads), and which
+    ones were given up because they failed for the whole budget."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._since: dict[str, float] = {}
+        self._given_up: dict[str, str] = {}
+        self._announced: set[str] = set()
+
+    def failed(self, endpoint: str, now: float) -> float:
+        """Record a failure; return when the current outage began."""
+        with self._lock:
+            return self._since.setdefault(endpoint, now)
+
+    def answered(self, endpoint: str, now: float) -> None:
+        with self._lock:
+            since = self._since.pop(endpoint, None)
+            announced = endpoint in self._announced
+            self._announced.discard(endpoint)
+        if since is not None and announced:
+            log.warning("[storage] %s answers again after %.0f s", _describe_endpoint(endpoint), now - since)
+
+    def announce(self, endpoint: str, message: str) -> None:
+        """Say once per outage that it began (the retries go on quietly)."""
+        with self._lock:
+            if endpoint in self._announced:
+                return
+            self._announced.add(endpoint)
+        log.warning("[storage] %s", message)
+
+    def give_up(self, endpoint: str, message: str) -> None:
+        with self._lock:
+            self._given_up.setdefault(endpoint, message)
+
+    def given_up(self, endpoint: str) -> str | None:
+        with self._lock:
+            return self._given_up.get(endpoint)
+
+    def reset(self) -> None:
+        """Forget every outage (tests; a process that knows the endpoint is back)."""
+        with self._lock:
+            self._since.clear()
+            self._given_up.clear()
+            self._announced.clear()
+
+
+OUTAGES = Outages()
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -81,13 +173,17 @@ def split_s3_url(url: str) -> tuple[str, str]:
 
 
 def endpoint_name() -> str:
-    endpoint = os.environ.get("S3_ENDPOINT_URL")
+    return _describe_endpoint(os.environ.get("S3_ENDPOINT_URL") or "")
+
+
+def _describe_endpoint(endpoint: str) -> str:
     return f"endpoint {endpoint}" if endpoint else "the AWS default endpoint (S3_ENDPOINT_URL unset)"
 
 
-def s3_client():
+def s3_client(policy: RetryPolicy | None = None):
     """A boto3 S3 client for this process, endpoint and policy (clients never cross a fork)."""
-    return _client(os.environ.get("S3_ENDPOINT_URL") or None, RetryPolicy.from_env(), os.getpid())
+    policy = policy or RetryPolicy.from_env()
+    return _client(os.environ.get("S3_ENDPOINT_URL") or None, policy, os.getpid())
 
 
 @functools.lru_cache(maxsize=8)
@@ -95,12 +191,21 @@ def _client(endpoint: str | None, policy: RetryPolicy, pid: int):
     import boto3
     from botocore.config import Config
 
+    # One attempt per call: `call` retries, against the endpoint's outage clock.
     config = Config(
         connect_timeout=policy.connect_timeout,
         read_timeout=policy.read_timeout,
-        retries={"total_max_attempts": policy.max_attempts, "mode": "standard"},
+        retries={"total_max_attempts": 1, "mode": "standard"},
     )
     return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+
+
+def transfer_config():
+    """s3transfer's settings for `upload_file`/`download_file`: no retries of its own inside one
+    attempt (it re-reads a broken download 5 times by default, each up to the read timeout)."""
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(num_download_attempts=1)
 
 
 def error_code(err: BaseException) -> str:
@@ -112,7 +217,37 @@ def is_missing(err: BaseException) -> bool:
     return error_code(err) in _MISSING_CODES
 
 
-def storage_error(err: BaseException, url: str, operation: str) -> StorageError:
+def _causes(err: BaseException) -> list[BaseException]:
+    """`err` and what it wraps (boto3's S3UploadFailedError keeps the real failure as its context)."""
+    seen: list[BaseException] = []
+    while err is not None and all(err is not e for e in seen) and len(seen) < 8:
+        seen.append(err)
+        err = getattr(err, "last_exception", None) or err.__cause__ or err.__context__
+    return seen
+
+
+def is_passing(err: BaseException) -> bool:
+    """Whether `err` says the endpoint could not be reached or asked to wait (worth retrying),
+    as opposed to an answer that will not change (missing, denied, no bucket, bad request)."""
+    from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    for cause in _causes(err):
+        if isinstance(cause, ClientError):
+            status = (cause.response or {}).get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            return error_code(cause) in _PASSING_CODES or int(status) >= 500
+        if isinstance(cause, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
+            return True
+        if isinstance(cause, (ConnectionError, TimeoutError)):  # socket-level, seen under s3transfer
+            return True
+        if type(cause).__module__.startswith("urllib3") and "Error" in type(cause).__name__:
+            return True
+    return False
+
+
+def storage_error(
+    err: BaseException, url: str, operation: str, attempts: int | None = None, seconds: float | None = None
+) -> StorageError:
     """One line for any botocore/boto3 failure: what, where, and what to check."""
     from botocore.exceptions import (
         ClientError,
@@ -124,18 +259,24 @@ def storage_error(err: BaseException, url: str, operation: str) -> StorageError:
 
     where = f"{operation} {url} at {endpoint_name()}"
     policy = RetryPolicy.from_env()
-    if isinstance(err, NoCredentialsError):
+    tried = (
+        f"after {attempts} attempts in {seconds:.0f}s; {policy.describe()}" if attempts else policy.describe()
+    )
+    causes = _causes(err)
+    kinds = {type(c) for c in causes}
+    if any(issubclass(k, NoCredentialsError) for k in kinds):
         return StorageError(f"{where}: no AWS credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    if isinstance(err, (EndpointConnectionError, ConnectTimeoutError)):
+    if any(issubclass(k, (EndpointConnectionError, ConnectTimeoutError)) for k in kinds):
         bucket = split_s3_url(url)[0] if is_remote(url) else url
         return StorageError(
-            f"cannot reach {endpoint_name()} for bucket {bucket!r} ({operation} {url}) after "
-            f"{policy.describe()}; check S3_ENDPOINT_URL"
+            f"cannot reach {endpoint_name()} for bucket {bucket!r} ({operation} {url}) {tried}; "
+            "check S3_ENDPOINT_URL"
         )
-    if isinstance(err, ReadTimeoutError):
-        return StorageError(f"{where}: the server stopped answering ({policy.describe()})")
-    if isinstance(err, ClientError):
-        code = error_code(err)
+    if any(issubclass(k, ReadTimeoutError) for k in kinds):
+        return StorageError(f"{where}: the server stopped answering ({tried})")
+    client_error = next((c for c in causes if isinstance(c, ClientError)), None)
+    if client_error is not None:
+        code = error_code(client_error)
         if code == "NoSuchBucket":
             bucket = split_s3_url(url)[0] if is_remote(url) else url
             return StorageError(f"{where}: bucket {bucket!r} does not exist; create it or fix the URL")
@@ -143,15 +284,53 @@ def storage_error(err: BaseException, url: str, operation: str) -> StorageError:
             return StorageError(f"{where}: no such object", missing=True)
         if code in _DENIED_CODES:
             return StorageError(f"{where}: access denied ({code}); check the AWS credentials")
-        return StorageError(f"{where}: S3 error {code or err} after {policy.describe()}")
-    return StorageError(f"{where}: {type(err).__name__}: {err} (after {policy.describe()})")
+        return StorageError(f"{where}: S3 error {code or client_error} ({tried})")
+    text = " ".join(str(err).split())  # one line, whatever the library put in it
+    return StorageError(f"{where}: {type(err).__name__}: {text} ({tried})")
 
 
-def call(operation: str, url: str, fn):
-    """Run `fn(client)`; any S3 failure (retries spent) becomes one `StorageError`."""
-    try:
-        return fn(s3_client())
-    except StorageError:
-        raise
-    except Exception as err:  # botocore, boto3 and s3transfer raise many unrelated types
-        raise storage_error(err, url, operation) from err
+def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
+    """Run `fn(client)` under the outage budget; a failure that outlasts it (or one that will not
+    pass) becomes one `StorageError`. See the module docstring for the policy. `read_timeout`
+    replaces LLM_S3_READ_TIMEOUT for this request (the recipe's `data.download_timeout`)."""
+    policy = RetryPolicy.from_env()
+    if read_timeout is not None:
+        policy = dataclasses.replace(policy, read_timeout=float(read_timeout))
+    endpoint = os.environ.get("S3_ENDPOINT_URL") or ""
+    attempts = 0
+    while True:
+        gone = OUTAGES.given_up(endpoint)
+        if gone is not None:
+            raise StorageError(f"{operation} {url}: not tried, {gone}")
+        attempts += 1
+        began = time.monotonic()
+        try:
+            result = fn(s3_client(policy))
+        except StorageError:
+            raise
+        except Exception as err:  # botocore, boto3 and s3transfer raise many unrelated types
+            now = time.monotonic()
+            if not is_passing(err):
+                if any(getattr(c, "response", None) for c in _causes(err)):
+                    OUTAGES.answered(endpoint, now)  # the endpoint answered (4xx): it is there
+                raise storage_error(err, url, operation) from err
+            since = OUTAGES.failed(endpoint, began)  # the outage began when this attempt did
+            left = since + policy.outage_s - now
+            capped = policy.max_attempts is not None and attempts >= policy.max_attempts
+            if left <= 0 or capped:
+                # Given up for the process: the clean-up after this failure does not wait again.
+                why = f"{attempts} attempts (LLM_S3_MAX_ATTEMPTS)" if capped and left > 0 else (
+                    f"over {policy.outage_s:g}s (LLM_S3_OUTAGE_S)"
+                )  # fmt: skip
+                OUTAGES.give_up(endpoint, f"{endpoint_name()} has failed for {why}")
+                raise storage_error(err, url, operation, attempts, now - since) from err
+            OUTAGES.announce(
+                endpoint,
+                f"{endpoint_name()} is failing ({operation} {url}: {type(err).__name__}); retrying for "
+                f"up to {policy.outage_s:g}s (LLM_S3_OUTAGE_S)",
+            )
+            # The last attempt starts at the deadline at the latest: it ends within one timeout.
+            time.sleep(min(policy.backoff(attempts), left))
+            continue
+        OUTAGES.answered(endpoint, time.monotonic())
+        return result

@@ -89,14 +89,16 @@ def read_url(url: str) -> bytes:
     return data
 
 
-def download_url(url: str, local: str | os.PathLike) -> Path:
-    """Copy one S3 object to `local` (a local path is returned as it is, nothing copied)."""
+def download_url(url: str, local: str | os.PathLike, *, read_timeout: float | None = None) -> Path:
+    """Copy one S3 object to `local` (a local path is returned as it is, nothing copied);
+    `read_timeout` replaces LLM_S3_READ_TIMEOUT for it."""
     if not s3.is_remote(url):
         if not os.path.isfile(url):
             raise StorageError(f"{url} does not exist", missing=True)
         return Path(url)
     parent, _, name = url.rpartition("/")
-    open_store(parent).download(name, local)
+    bucket, prefix = s3.split_s3_url(parent)
+    S3Store(bucket, prefix).download(name, local, read_timeout=read_timeout)
     return Path(local)
 
 
@@ -115,7 +117,7 @@ class Store:
     def read_bytes(self, rel: str) -> bytes | None: ...
     def write_bytes(self, rel: str, data: bytes) -> None: ...
     def upload(self, local: str | os.PathLike, rel: str) -> None: ...
-    def download(self, rel: str, local: str | os.PathLike) -> None: ...
+    def download(self, rel: str, local: str | os.PathLike, *, read_timeout: float | None = None) -> None: ...
     def list(self, prefix: str = "") -> dict[str, int]: ...
     def list_dirs(self, rel: str = "") -> list[str]: ...
     def delete(self, rels: list[str]) -> None: ...
@@ -216,7 +218,7 @@ class LocalStore(Store):
         except OSError as err:
             raise StorageError(f"copying {local} to {target}: {err.strerror or err}") from err
 
-    def download(self, rel: str, local: str | os.PathLike) -> None:
+    def download(self, rel: str, local: str | os.PathLike, *, read_timeout: float | None = None) -> None:
         try:
             Path(local).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.path(rel), local)
@@ -340,11 +342,20 @@ class S3Store(Store):
         self._call("writing", rel, lambda c: c.put_object(Bucket=self.bucket, Key=self.key(rel), Body=data))
 
     def upload(self, local: str | os.PathLike, rel: str) -> None:
-        self._call("uploading to", rel, lambda c: c.upload_file(str(local), self.bucket, self.key(rel)))
+        self._call(
+            "uploading to",
+            rel,
+            lambda c: c.upload_file(str(local), self.bucket, self.key(rel), Config=s3.transfer_config()),
+        )
 
-    def download(self, rel: str, local: str | os.PathLike) -> None:
+    def download(self, rel: str, local: str | os.PathLike, *, read_timeout: float | None = None) -> None:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
-        self._call("downloading", rel, lambda c: c.download_file(self.bucket, self.key(rel), str(local)))
+        s3.call(
+            "downloading",
+            self.url(rel),
+            lambda c: c.download_file(self.bucket, self.key(rel), str(local), Config=s3.transfer_config()),
+            read_timeout=read_timeout,
+        )
 
     def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
         def get(client):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -230,4 +231,32 @@ def test_a_tokenizer_path_that_is_a_folder_names_the_model_file_inside(recipe, t
     assert str(err.value) == (
         f"tokenizer.path={folder} is a folder; give the SentencePiece .model file, "
         f"e.g. tokenizer.path={folder / 'tokenizer.model'}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("callbacks.speed_window=0", "callbacks.speed_window=0 must be at least 1"),
+        ("optimizer.weight_decay=-1", "optimizer.weight_decay=-1.0 must be 0 (off) or more"),
+        ("training.log_interval=0", "training.log_interval=0 must be at least 1"),
+        ("training.log_interval=-1", "training.log_interval=-1 must be at least 1"),
+        ("training.grad_clip_norm=-1", "training.grad_clip_norm=-1.0 must be 0 (no clipping) or positive"),
+        ("training.eval_subset_num_batches=0", "training.eval_subset_num_batches=0 must be positive, or -1"),
+        ("checkpoint.save_folder=ftp://x/y", "only local folders and s3://bucket/prefix are supported"),
+    ],
+)
+def test_values_composer_would_crash_on_or_misuse_are_refused_in_one_line_with_exit_2(
+    recipe, override, named, capsys
+):
+    import train
+
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config(recipe, [override])
+    assert train.main([str(recipe), override]) == 2  # before anything trains
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and named in err
+    load_config(
+        recipe,
+        ["training.eval_subset_num_batches=-1", "training.grad_clip_norm=0", "optimizer.weight_decay=0"],
     )

@@ -69,6 +69,33 @@ def test_a_malformed_newest_manifest_is_reported_by_name_and_the_previous_checkp
     assert f"ignoring the manifest {store.url(cm.manifest_name(8, 0))}" in caplog.text
 
 
+def test_a_verified_checkpoint_without_model_or_optimizer_state_is_refused_and_the_previous_one_used(
+    tmp_path, caplog
+):
+    import torch
+
+    store = open_store(tmp_path / "run")
+    for batch, state in (
+        (4, {"model": {"w": torch.ones(2)}, "optimizers": {"AdamW": {"state": {0: {}}}}}),
+        (8, {"model": {}, "optimizers": {}, "timestamp": None}),  # what a resume must not trust
+    ):
+        path = tmp_path / f"ba{batch}.pt"
+        torch.save({"state": state, "rng": [torch.get_rng_state()]}, path)
+        _fake_checkpoint(store, batch, path.read_bytes(), tmp_path)
+    point = newest_usable_checkpoint(store.root)
+    assert point.batch == 4
+    assert "checkpoint at batch 8" in caplog.text and "holds no model and no optimizers state" in caplog.text
+
+
+def test_a_malformed_manifest_is_reported_once_however_often_the_folder_is_scanned(tmp_path, caplog):
+    store = open_store(tmp_path / "run")
+    _fake_checkpoint(store, 4, b"older checkpoint", tmp_path)
+    store.write_bytes(cm.manifest_name(8, 0), b"{}")
+    for _ in range(5):  # every save scans the folder twice (latest.json, retention)
+        assert [c.batch for c in cm.scan(store)[0]] == [4]
+    assert caplog.text.count("ignoring the manifest") == 1
+
+
 @pytest.mark.s3
 def test_a_corrupt_newest_s3_checkpoint_of_the_right_size_fails_its_sha256_and_is_skipped(
     tmp_path, s3_server, s3_bucket, caplog

@@ -111,12 +111,16 @@ def test_an_output_that_cannot_be_a_folder_is_refused_before_any_work(tmp_path):
 
 
 def test_retry_policy_comes_from_the_environment(monkeypatch):
+    assert storage.RetryPolicy.from_env() == storage.RetryPolicy(None, 5.0, 60.0, 300.0, 15.0)
     monkeypatch.setenv("LLM_S3_MAX_ATTEMPTS", "7")
     monkeypatch.setenv("LLM_S3_READ_TIMEOUT", "2.5")
+    monkeypatch.setenv("LLM_S3_OUTAGE_S", "42")
     policy = storage.RetryPolicy.from_env()
     assert (policy.max_attempts, policy.connect_timeout, policy.read_timeout) == (7, 5.0, 2.5)
+    assert policy.outage_s == 42 and policy.deadline_s == 47
     client = storage.s3_client()
-    assert client.meta.config.retries["total_max_attempts"] == 7 and client.meta.config.read_timeout == 2.5
+    # botocore makes one attempt; storage.s3.call retries against the outage budget
+    assert client.meta.config.retries["total_max_attempts"] == 1 and client.meta.config.read_timeout == 2.5
     monkeypatch.setenv("LLM_S3_MAX_ATTEMPTS", "many")
     with pytest.raises(StorageError, match="LLM_S3_MAX_ATTEMPTS='many' is not a number"):
         storage.RetryPolicy.from_env()

@@ -126,6 +126,9 @@ def test_a_run_stopped_by_sigterm_and_resumed_continues_the_same_tracker_runs(
     assert mlflow_server.steps(found.info.run_id, "loss/train/total") == list(range(MAX_BATCHES))
     lr_key = next(k for k in found.data.metrics if k.startswith("lr-"))
     assert mlflow_server.steps(found.info.run_id, lr_key) == list(range(1, MAX_BATCHES + 1))
+    for key in ("time/batch", "time/sample", "time/token", "time/batch_in_epoch", "time/token_in_epoch"):
+        steps = mlflow_server.steps(found.info.run_id, key)
+        assert steps == sorted(set(steps)) and stop in steps, (key, steps)  # once each, the resume step too
     # The resumed process estimated its own time to the end.
     assert "ETA " in next(
         line for line in second.output.splitlines() if line.startswith(f"[progress] step {stop + 2}/")

@@ -106,10 +106,19 @@ def scan(store: Store) -> tuple[list[Checkpoint], dict[str, int]]:
         manifest = store.read_json(rel)
         problem = schema_problem(manifest, batch, rank)
         if problem:
-            log.warning("ignoring the manifest %s: %s", store.url(rel), problem)
+            _warn_once(f"ignoring the manifest {store.url(rel)}: {problem}")
             continue
         by_batch.setdefault(batch, Checkpoint(batch)).manifests.append(manifest)
     return sorted(by_batch.values(), key=lambda c: -c.batch), listing
+
+
+_WARNED: set[str] = set()  # a bad manifest is met by every scan (each save scans twice): said once
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)
 
 
 # field -> accepted types; every manifest the publisher writes has them

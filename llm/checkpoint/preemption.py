@@ -97,6 +97,11 @@ class PreemptionCallback(Callback):
             flush=True,
         )
         sys.stdout.flush()
+        if threading.current_thread() is threading.main_thread():
+            # Stored and on the way out: a further signal must not raise SystemExit inside the
+            # close and atexit hooks (a traceback), only say that the exit is under way.
+            for sig in self.signals:
+                signal.signal(sig, _already_exiting)
         sys.exit(code)
 
     def close(self, state: State, logger: Logger) -> None:
@@ -120,6 +125,13 @@ class PreemptionCallback(Callback):
         if callable(previous):
             previous(signum, frame)
         sys.exit(128 + signum)
+
+
+def _already_exiting(signum: int, frame) -> None:
+    print(
+        f"[preemption] {signal.Signals(signum).name} during shutdown: the process is already exiting",
+        flush=True,
+    )
 
 
 def stop_requested(state: State) -> bool:

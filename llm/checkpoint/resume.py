@@ -9,11 +9,14 @@ Composer an explicit `load_path`; see docs/resume.md for why Composer's own auto
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
+import pickle
 import shutil
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +126,8 @@ def _verified_load_path(store: Store, ckpt: cm.Checkpoint, rank: int) -> tuple[s
     small = sum(f["size"] for f in ckpt.files.values()) <= verify_limit()
     if not store.is_remote:
         problem = cm.hash_problem(ckpt.files, Path(store.root)) if small else None
+        if problem is None and not ckpt.sharded:
+            problem = state_problem(Path(store.root) / ckpt.load_path)
         return (None, problem) if problem else (store.url(ckpt.load_path), None)
     if ckpt.sharded:
         # Each rank reads only its shards straight from S3; sizes were checked against the listing.
@@ -134,11 +139,69 @@ def _verified_load_path(store: Store, ckpt: cm.Checkpoint, rank: int) -> tuple[s
     for rel in ckpt.files:
         (local_root / rel).parent.mkdir(parents=True, exist_ok=True)
         store.download(rel, local_root / rel)
-    problem = cm.hash_problem(ckpt.files, local_root)
+    problem = cm.hash_problem(ckpt.files, local_root) or state_problem(local_root / ckpt.load_path)
     if problem:
         shutil.rmtree(local_root, ignore_errors=True)
         return None, problem
     return str(local_root / ckpt.load_path), None
+
+
+class _Opaque:
+    """Whatever a checkpoint's pickle names, built as nothing: only the shape of the dicts matters."""
+
+    def __init__(self, *args, **kwargs):
+        self.items: dict = {}
+
+    def __setstate__(self, state) -> None:
+        pass
+
+    def __setitem__(self, key, value) -> None:
+        self.items[key] = value
+
+    def append(self, value) -> None:
+        pass
+
+    def extend(self, values) -> None:
+        pass
+
+
+class _ShapeReader(pickle.Unpickler):
+    """Reads a checkpoint's pickle without running it: every class and function it names becomes
+    `_Opaque` (dicts stay dicts), every tensor a placeholder."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        return _Opaque
+
+    def persistent_load(self, pid):
+        return "tensor"
+
+
+def state_problem(path: Path) -> str | None:
+    """Why a monolithic Composer checkpoint cannot be resumed from although its bytes verify: it
+    holds no model or no optimizer state (a resume would silently start from step 1); else None.
+
+    Only torch's zip format is read (its `data.pkl`, never the tensors, and nothing is run); other
+    files are left for Composer to judge."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if name is None:
+                return None
+            with archive.open(name) as f:
+                saved = _ShapeReader(f).load()
+    except zipfile.BadZipFile:
+        return None
+    except Exception as err:  # a pickle we cannot even walk: Composer could not load it either
+        return f"its state cannot be read ({type(err).__name__})"
+    state = saved.get("state") if isinstance(saved, dict) else None
+    if not isinstance(state, dict):
+        return "it holds no training state"
+    missing = [key for key in ("model", "optimizers") if not state.get(key)]
+    if missing:
+        return f"it holds no {' and no '.join(missing)} state"
+    return None
 
 
 def remove_stale_composer_copy(save_folder: str) -> None:
