@@ -11,6 +11,10 @@ $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint 
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
 $LLM_TEST_SAVE_STALL=<seconds> makes each checkpoint file's writing stall once, after its first
 bytes, so that a test can signal the process in the middle of torch.save.
+$LLM_TEST_UPLOAD_HOLD=<batch> holds the storing of that batch's checkpoint files (in the
+background upload thread, before the storage layer's upload starts): the driver touches
+`$LLM_TEST_RECORD.uploading.<batch>` and waits for `$LLM_TEST_RECORD.go.upload.<batch>`, so that a
+test acts while an upload is in flight (kill the process, break the storage) without timing.
 """
 
 from __future__ import annotations
@@ -166,12 +170,32 @@ def _stall_checkpoint_writes(seconds: float) -> None:
     composer_checkpoint.open = stalling_open
 
 
+def _hold_uploads(batch: int, record: str) -> None:
+    """Wrap the storage layer's `upload` of both stores: hold the files of `batch` (see above)."""
+    import storage.store as store_module
+
+    marker, release = Path(f"{record}.uploading.{batch}"), Path(f"{record}.go.upload.{batch}")
+    for cls in (store_module.LocalStore, store_module.S3Store):
+        original = cls.upload
+
+        def held(self, local, rel, _original=original):
+            if f"-ba{batch}-" in rel or f"-ba{batch}/" in rel:
+                marker.touch()
+                while not release.exists():
+                    time.sleep(0.02)  # the upload thread's wait; the training thread goes on
+            return _original(self, local, rel)
+
+        cls.upload = held
+
+
 def main() -> int:
     global IMPORTED
     import llm.trainer  # noqa: F401  (the import cost, measured apart from the restart itself)
     import train
 
     IMPORTED = time.time()
+    if os.environ.get("LLM_TEST_UPLOAD_HOLD"):
+        _hold_uploads(int(os.environ["LLM_TEST_UPLOAD_HOLD"]), os.environ["LLM_TEST_RECORD"])
     if os.environ.get("LLM_TEST_SAVE_STALL"):
         _stall_checkpoint_writes(float(os.environ["LLM_TEST_SAVE_STALL"]))
     return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])
