@@ -15,7 +15,7 @@ from composer.callbacks import CheckpointSaver, LRMonitor
 from torch.utils.data import DataLoader
 
 from llm.checkpoint.lock import LOCK_FILE
-from llm.checkpoint.plan import RunLockCallback, check_save_folder, plan_checkpointing
+from llm.checkpoint.plan import RestartTimings, RunLockCallback, check_save_folder, plan_checkpointing
 from llm.checkpoint.preemption import PreemptionCallback
 from llm.checkpoint.publisher import CheckpointPublisher
 from llm.checkpoint.resume import RunAlreadyComplete
@@ -63,6 +63,7 @@ def test_the_plan_puts_saver_publisher_lock_and_preemption_last_in_that_order(tm
         CheckpointSaver,
         CheckpointPublisher,
         RunLockCallback,
+        RestartTimings,
         PreemptionCallback,
     ]
     assert plan.trainer_kwargs["save_folder"] is None and plan.trainer_kwargs["autoresume"] is False

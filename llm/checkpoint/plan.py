@@ -5,7 +5,8 @@ It checks that `save_folder` can take a checkpoint, takes the folder's run lock 
 (`llm.checkpoint.resume`) and builds the callbacks that save, publish, hold the lock and handle
 preemption, in the only order that works:
 
-  CheckpointSaver (Composer) -> CheckpointPublisher -> RunLockCallback (rank 0) -> PreemptionCallback
+  CheckpointSaver (Composer) -> CheckpointPublisher -> RunLockCallback (rank 0) -> RestartTimings
+  -> PreemptionCallback
 
 The publisher stores what the saver just wrote, at the same event, so it must follow it; the lock
 is released after the publisher's last tidying at fit end and close; the preemption callback exits
@@ -29,6 +30,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from llm.checkpoint import restart
 from llm.checkpoint.lock import RunLock, RunLockHeld
 from llm.checkpoint.resume import (
     ResumePoint,
@@ -66,7 +68,8 @@ class CheckpointPlan:
 
     resume: ResumePoint
     trainer_kwargs: dict[str, Any]
-    callbacks: tuple  # (CheckpointSaver, CheckpointPublisher, RunLockCallback?)? + (PreemptionCallback,)
+    # (CheckpointSaver, CheckpointPublisher, RunLockCallback?)? + (RestartTimings, PreemptionCallback)
+    callbacks: tuple
 
     def callbacks_after(self, others: Sequence) -> list:
         """`others` followed by this plan's callbacks; refuses checkpointing callbacks in `others`."""
@@ -75,7 +78,13 @@ class CheckpointPlan:
         from llm.checkpoint.preemption import PreemptionCallback
         from llm.checkpoint.publisher import CheckpointPublisher
 
-        ours = (CheckpointSaver, CheckpointPublisher, RunLockCallback, PreemptionCallback)
+        ours = (
+            CheckpointSaver,
+            CheckpointPublisher,
+            RunLockCallback,
+            RestartTimings,
+            PreemptionCallback,
+        )
         stray = [type(cb).__name__ for cb in others if isinstance(cb, ours)]
         if stray:
             raise ValueError(f"{', '.join(stray)} must come from plan_checkpointing, not the callback list")
@@ -121,6 +130,7 @@ def plan_checkpointing(
         if lock is not None:
             lock.release()
         raise
+    restart.mark("checkpoint")
 
     kwargs: dict[str, Any] = {
         "save_folder": None,  # saving is done by the saver below, not by Composer's own
@@ -131,7 +141,8 @@ def plan_checkpointing(
     }
     held = (RunLockCallback(lock),) if lock is not None else ()
     saving = _saving_callbacks(cfg, rank, records) if ck.save_folder else ()
-    callbacks = (*saving, *held, PreemptionCallback())
+    timings = RestartTimings(point.batch if point.source == "autoresume" else None)
+    callbacks = (*saving, *held, timings, PreemptionCallback())
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
 
 
@@ -295,3 +306,29 @@ def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | Non
         wait_limit_s=ck.upload_wait_s,
     )
     return saver, publisher
+
+
+class RestartTimings(Callback):
+    """Marks Composer's events and prints the `[restart]` line (rank 0) at the first step of a
+    run that resumed from `resumed_at` (None: a fresh start, nothing printed)."""
+
+    def __init__(self, resumed_at: int | None):
+        self.resumed_at = resumed_at
+        self._printed = False
+
+    def init(self, state: State, logger: Logger) -> None:
+        restart.mark("trainer_init")
+
+    def after_load(self, state: State, logger: Logger) -> None:
+        restart.mark("loaded")
+
+    def after_dataloader(self, state: State, logger: Logger) -> None:
+        restart.mark("first_batch")
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self._printed:
+            return
+        self._printed = True
+        restart.mark("first_step")
+        if self.resumed_at is not None and dist.get_global_rank() == 0:
+            print(restart.describe(self.resumed_at), flush=True)
