@@ -15,6 +15,8 @@ $LLM_TEST_UPLOAD_HOLD=<batch> holds the storing of that batch's checkpoint files
 background upload thread, before the storage layer's upload starts): the driver touches
 `$LLM_TEST_RECORD.uploading.<batch>` and waits for `$LLM_TEST_RECORD.go.upload.<batch>`, so that a
 test acts while an upload is in flight (kill the process, break the storage) without timing.
+$LLM_TEST_LOG_INFO=<logger>[,<logger>...] prints those loggers' INFO lines too (a benchmark reads
+the publisher's "stored in ... s after the save").
 """
 
 from __future__ import annotations
@@ -194,6 +196,15 @@ def main() -> int:
     import train
 
     IMPORTED = time.time()
+    for name in filter(None, os.environ.get("LLM_TEST_LOG_INFO", "").split(",")):
+        import logging
+
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
     if os.environ.get("LLM_TEST_UPLOAD_HOLD"):
         _hold_uploads(int(os.environ["LLM_TEST_UPLOAD_HOLD"]), os.environ["LLM_TEST_RECORD"])
     if os.environ.get("LLM_TEST_SAVE_STALL"):

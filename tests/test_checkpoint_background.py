@@ -149,6 +149,13 @@ def test_a_restart_prints_where_its_time_went_phase_by_phase(uploads):
     assert len(lines) == 1, uploads.c.output[-3000:]
     line = lines[0]
     assert line.startswith(f"[restart] resumed at batch {SAVE_EVERY}, first step ")
-    for phase in ("imports", "checkpoint", "data and model", "Trainer and load", "loader resume", "first step"):
+    for phase in (
+        "imports",
+        "checkpoint",
+        "data and model",
+        "Trainer and load",
+        "loader resume",
+        "first step",
+    ):
         assert f"{phase} " in line.split(": ", 1)[1]
     assert "1 file(s)" in line and "MB downloaded at" in line  # the monolithic checkpoint from S3
