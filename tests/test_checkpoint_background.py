@@ -9,7 +9,10 @@ a: the upload of the checkpoint at batch 8 is held (scenarios/resume_driver.py,
 b: resumes at 4; the upload of 8 is held again until the save at 12 says it waits for it, then
    the proxy answers every request with 503 and the upload is let go: it fails, and the save at
    12 ends the run with exit 1;
-c: the storage is back; resumes at 4 and finishes. The tests assert on each step.
+c: the storage is back; resumes at 4 and finishes.
+d: another folder; the upload of the checkpoint at 4 is held for good, and SIGTERM after batch 6
+   finds it pending: the wait is bounded (`checkpoint.upload_wait_s=2`), one line says so.
+The tests assert on each step.
 """
 
 # ruff: noqa: F811  (pytest injects the imported fixtures by argument name)
@@ -59,6 +62,7 @@ class Uploads:
     b_waited: bool  # b's save at 12 said it waits for the upload of 8
     c: Run
     c_manifests: list[str]
+    d: Run
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +101,22 @@ def uploads(tmp_path_factory, shards, s3_server) -> Uploads:
     proxy.set("pass")
 
     c = run(recipe, "c", cwd=root, env=env)
+    c_manifests = manifests()
+
+    # d: SIGTERM while an upload hangs; the wait for it is bounded.
+    other = write_recipe(root / "d.yaml", shards, f"s3://{bucket}/runs/d", cache=root / "cache-d")
+    bounded = {**env, "LLM_TEST_UPLOAD_HOLD": str(SAVE_EVERY)}
+    proc, record, weights = start(
+        other, "d", cwd=root, env=bounded, pause_at=6, overrides=["checkpoint.upload_wait_s=2"]
+    )
+    wait_for_file(upload_held(record, SAVE_EVERY), proc)
+    wait_for_batch(record, 6, proc)
+    proc.send_signal(signal.SIGTERM)
+    d = finish(proc, record, weights, 0.0)
     proxy.cut()
     return Uploads(
         save, a, reached, a_manifests, a_latest, b, f"waits for the upload of batch {HELD}" in b.output,
-        c, manifests(),
+        c, c_manifests, d,
     )  # fmt: skip
 
 
@@ -159,3 +175,12 @@ def test_a_restart_prints_where_its_time_went_phase_by_phase(uploads):
     ):
         assert f"{phase} " in line.split(": ", 1)[1]
     assert "1 file(s)" in line and "MB downloaded at" in line  # the monolithic checkpoint from S3
+
+
+def test_sigterm_waits_for_a_pending_upload_at_most_the_bound_and_says_so_in_one_line(uploads):
+    d = uploads.d
+    assert d.returncode == 1, d.output[-4000:]
+    errors = [line for line in d.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"(batch {SAVE_EVERY})" in errors[0], d.output[-4000:]
+    assert "did not finish within 2 s (checkpoint.upload_wait_s)" in errors[0]
+    assert "Traceback" not in d.output
