@@ -5,7 +5,9 @@ The recorder writes one JSON line per batch to $LLM_TEST_RECORD (rank 0; other r
 sleeps $LLM_TEST_BATCH_SLEEP seconds (the soak's random timing). $LLM_TEST_PAUSE_AT=<batch>[,<batch>...]
 holds the process after each of those batches' lines until a SIGTERM/SIGINT arrives or the file
 `$LLM_TEST_RECORD.go.<batch>` appears, so that a test acts at a known batch (a signal, an outage)
-without slowing every batch. At the end of a
+without slowing every batch; before the line of such a batch is written, the checkpoint upload in
+flight (background uploads) has finished, so a test acting there knows which checkpoints are
+stored (not with $LLM_TEST_UPLOAD_HOLD, which holds one on purpose). At the end of a
 complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for elastic resume:
 $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
@@ -52,6 +54,8 @@ class Recorder(Callback):
         self.planned = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
+        if int(state.timestamp.batch) in self.pause_at and not os.environ.get("LLM_TEST_UPLOAD_HOLD"):
+            _settle_uploads(state)
         batch = state.batch["input_ids"].cpu().contiguous()
         ids = batch.numpy().tobytes()
         row = {
@@ -85,6 +89,14 @@ class Recorder(Callback):
             _save_full_weights(state, os.environ.get("LLM_TEST_STOP_WEIGHTS"))
         else:
             _save_full_weights(state, os.environ["LLM_TEST_WEIGHTS"])
+
+
+def _settle_uploads(state: State) -> None:
+    """Wait until the background upload in flight (if any) is stored and, on rank 0, complete."""
+    for cb in state.callbacks:
+        pending = getattr(getattr(cb, "uploader", None), "pending", None)
+        if pending is not None:
+            pending.finished.wait(300)
 
 
 def _save_full_weights(state: State, path: str | None) -> None:
