@@ -8,9 +8,10 @@ recipe with a wider model) save to a moto S3 server on loopback behind a bandwid
 driver's LLM_TEST_BATCH_SLEEP), standing in for GPU compute: the training thread waits while the
 CPU is free for an upload, as on a GPU node. For each checkpoint size and cap, side by side:
 
-- stall per save: the extra time of the save interval after each periodic save (4 steps) over
-  4 clean steps, synchronous (`checkpoint.background_upload=false`) and background, in seconds and
-  as a share of the interval's training time;
+- stall per save: the seconds the training thread spends in each periodic save (every 4 steps:
+  from the save's batch end to the next batch's start, less that gap after a batch without a
+  save), synchronous (`checkpoint.background_upload=false`) and background, and as a share of the
+  interval's training time;
 - upload: seconds from the save to its manifest stored, and the achieved bandwidth;
 - SIGTERM to durable: a background run held after batch 6 gets SIGTERM; the seconds from the
   signal to the checkpoint stored (the `[preemption]` line);
@@ -118,14 +119,15 @@ class Server:
 
 
 def stall_per_save(rows: list[dict]) -> float:
-    """Mean extra seconds of the SAVE_EVERY steps after each periodic save, over clean steps."""
-    t = {r["batch"]: r["time"] for r in rows}
-    every = rs.SAVE_EVERY
-    clean = statistics.median(t[b + 1] - t[b] for b in range(1, every))
-    extra = [
-        t[s + every] - t[s] - every * clean for s in range(every, rs.MAX_BATCHES, every) if s + every in t
-    ]
-    return statistics.mean(extra)
+    """Mean seconds the training thread spent between a periodic save's batch end and the next
+    batch's start (the save), less the same gap after batches without a save (the step's sleep and
+    the other callbacks): the save's own stall, apart from the noise of the steps' compute."""
+    end = {r["batch"]: r["time"] for r in rows}
+    start = {r["batch"]: r["started"] for r in rows}
+    gaps = {b: start[b + 1] - end[b] for b in end if b + 1 in start}
+    saves = [b for b in gaps if b % rs.SAVE_EVERY == 0]
+    clean = statistics.median(g for b, g in gaps.items() if b not in saves)
+    return statistics.mean(gaps[b] - clean for b in saves)
 
 
 def uploads(output: str) -> list[float]:

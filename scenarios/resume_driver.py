@@ -52,6 +52,7 @@ class Recorder(Callback):
         self.pause_at = {int(b) for b in os.environ.get("LLM_TEST_PAUSE_AT", "").split(",") if b.strip()}
         self.release = path
         self.planned = None
+        self.started = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if int(state.timestamp.batch) in self.pause_at and not os.environ.get("LLM_TEST_UPLOAD_HOLD"):
@@ -65,6 +66,7 @@ class Recorder(Callback):
             # Per sample, so runs at different world sizes can be compared batch by batch.
             "samples": [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16] for row in batch],
             "time": time.time(),
+            "started": self.started,  # this batch's BATCH_START: after the previous batch's save
             "process_started": STARTED,
             "imported": IMPORTED,
             # Trainer construction began (Event.INIT), a checkpoint (if any) was loaded
@@ -77,6 +79,9 @@ class Recorder(Callback):
             time.sleep(self.sleep)
         if row["batch"] in self.pause_at:
             pause_until_signalled(Path(f"{self.release}.go.{row['batch']}"))
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self.started = time.time()
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self.planned = state.max_duration  # a preemption's stop_training() lowers max_duration
@@ -240,6 +245,9 @@ class _LazyRecorder(Callback):
     def fit_start(self, state: State, logger: Logger) -> None:
         MILESTONES["fit_start"] = time.time()
         self.inner.fit_start(state, logger)
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self.inner.batch_start(state, logger)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.inner.batch_end(state, logger)
