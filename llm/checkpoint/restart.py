@@ -1,8 +1,8 @@
 """Where a restart's time goes: one `[restart]` line at the first training step of a resumed run.
 
-    [restart] resumed at batch 8, first step 14.2 s after the process started: imports 10.1 s,
-    checkpoint 0.4 s (1 file(s), 1.2 MB downloaded at 30.1 MB/s), data and model 0.5 s, Trainer
-    and load 1.9 s, loader resume 0.2 s, first step 0.3 s
+    [restart] resumed at batch 6, first step 19.4 s after the process started: imports 14.0 s,
+    checkpoint 1.4 s (1 file(s), 61.5 MB downloaded at 64.5 MB/s), data and model 0.6 s, Trainer
+    and load 1.5 s, loader resume 0.0 s, first step 1.9 s
 
 The phases are cut at marks: the process's start (from /proc, so the interpreter's own start-up
 counts), `setup` (the trainer begins: imports and config done), `checkpoint` (the data's
