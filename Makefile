@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo demo demo-sft test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume soak-outage bench-restart bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo demo demo-sft test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume soak-outage bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -97,6 +97,11 @@ soak-outage: install
 
 bench-restart: $(DEMO)/shards/train/index.json install
 	$(PY) -m bench.restart
+
+# Stall per save (synchronous vs background uploads), SIGTERM-to-durable, restart phases, on a
+# loopback S3 server behind bandwidth caps; then the 7B projection (docs/resume.md).
+bench-checkpoint: install
+	$(PY) -m bench.checkpoint $(ARGS)
 
 # bench/gpu.py (a plain loop on the same shapes) was folded into gpu-check: one GPU measurement.
 bench-gpu: gpu-check

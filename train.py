@@ -23,6 +23,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU in GB for the dry run")
     parser.add_argument("--gpu-type", default="H100", help="GPU model for the dry run's cost (H100, A100...)")
     parser.add_argument("--mfu", type=float, help="measured MFU for the cost (default: 40%% and 50%%)")
+    parser.add_argument(
+        "--upload-bandwidth", default="1.25GB/s", help="a node's checkpoint upload rate (default 1.25GB/s)"
+    )
+    parser.add_argument(
+        "--disk-bandwidth", default="2GB/s", help="a node's local write rate for a save (default 2GB/s)"
+    )
     return parser.parse_args(list(argv))
 
 
@@ -40,7 +46,17 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
         if args.dry_run:
             from llm.memory_plan import describe_run
 
-            print(describe_run(cfg, args.gpus, args.gpu_gb, gpu_type=args.gpu_type, mfu=args.mfu))
+            print(
+                describe_run(
+                    cfg,
+                    args.gpus,
+                    args.gpu_gb,
+                    gpu_type=args.gpu_type,
+                    mfu=args.mfu,
+                    upload_bandwidth=args.upload_bandwidth,
+                    disk_bandwidth=args.disk_bandwidth,
+                )  # fmt: skip
+            )
             return 0
         from llm.trainer import train
 

@@ -6,15 +6,13 @@ Trains recipes/demo.yaml (the demo shards and tokenizer from `make demo`) in its
 and run name, with a checkpoint every `--save-every` batches: the first process runs until a
 periodic checkpoint is stored, then gets SIGTERM (it stores a checkpoint at the interrupted batch
 and exits 143). The same command is then restarted `--restarts` times; each restart is stopped
-with SIGTERM as soon as it has trained its first new step. Printed per restart and as medians:
-- start->step: from process start (before any import) to the end of the first new training step;
-- imports, and import->step: the same from the moment `llm.trainer` and `train` are imported;
-- import->loaded: until the checkpoint is loaded (Composer's AFTER_LOAD event), split into our
-  set-up before the Trainer exists (config, process group, checkpoint scan and verification,
-  datasets, model) and Composer's Trainer init including the load; loaded->step: the first step;
-- and the seconds from each SIGTERM to the stored checkpoint.
-The issue's target is under 10 s after the imports. Each process is a real `train.py` (through
-scenarios/resume_driver.py, which records the timestamps), as in `python -m bench.soak_resume`.
+with SIGTERM as soon as it has trained its first new step. Printed per restart and as medians,
+the phases of the run's own `[restart]` line (llm/checkpoint/restart.py): imports (process start
+to the trainer), checkpoint (data checks, run lock, manifests scanned, files verified and
+downloaded), data and model, Trainer and load (Composer's init with the checkpoint load), loader
+resume (to the first batch), first step; then start->step (the sum) and the seconds from each
+SIGTERM to the stored checkpoint. The issue's target is under 10 s after the imports. Each
+process is a real `train.py` (through scenarios/resume_driver.py), as in `python -m bench.soak_resume`.
 """
 
 from __future__ import annotations
@@ -36,15 +34,21 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "demo.yaml"
 DEMO_INPUTS = [REPO / "data/demo/shards/train/index.json", REPO / "data/demo/tokenizer.model"]
 RUN_NAME = "bench-restart"
-COLUMNS = [  # (label, start key, end key) of one restart's timestamps (scenarios/resume_driver.py)
-    ("start->step", "process_started", "time"),
-    ("imports", "process_started", "imported"),
-    ("import->step", "imported", "time"),
-    ("import->loaded", "imported", "loaded"),
-    ("  ours", "imported", "trainer_init"),  # config, process group, checkpoint scan, data, model
-    ("  Trainer", "trainer_init", "loaded"),  # Composer's Trainer init, checkpoint load included
-    ("loaded->step", "loaded", "time"),
-]
+PHASES = ["imports", "checkpoint", "data and model", "Trainer and load", "loader resume", "first step"]
+_PHASE = re.compile(r"([A-Za-z ]+?) ([0-9.]+) s")
+
+
+def restart_phases(output: str) -> dict[str, float] | None:
+    """The phases of a run's `[restart]` line (llm/checkpoint/restart.py), or None without one."""
+    line = next((x for x in output.splitlines() if x.startswith("[restart]")), None)
+    if line is None:
+        return None
+    phases = {}
+    for part in line.split(": ", 1)[1].split(", "):
+        match = _PHASE.match(part.strip())
+        if match and match.group(1) in PHASES:
+            phases[match.group(1)] = float(match.group(2))
+    return phases
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -110,41 +114,37 @@ def _bench(args, work: Path) -> int:
     print(
         f"restart benchmark: {RECIPE.relative_to(REPO)}, checkpoint every {args.save_every} batches, in {work}"
     )
-    header = "".join(f"{label:>16s}" for label, _, _ in COLUMNS)
-    print(f"{'':28s}{header}   (seconds)")
-    rows: list[dict] = []
+    columns = [*PHASES, "start->step"]
+    print(f"{'':28s}" + "".join(f"{c:>18s}" for c in columns) + "   (seconds)")
+    rows: list[dict[str, float]] = []
     saves: list[float] = []
     # The first process trains past its first periodic checkpoint, then is stopped.
     for i in range(args.restarts + 1):
         tag = "first" if i == 0 else f"restart{i}"
         run, resumed = run_once(args, work, tag, args.save_every + 1 if i == 0 else None)
-        batches = run.batches()
-        if run.returncode != 128 + signal.SIGTERM or not batches or (i > 0 and resumed is None):
+        phases = restart_phases(run.output)
+        if run.returncode != 128 + signal.SIGTERM or not run.batches() or (i > 0 and phases is None):
             print(
                 f"{tag}: exit {run.returncode}, resumed at {resumed}; its log, {work / (tag + '.log')}, ends:"
             )
             print(run.output[-4000:])
             return 1
-        first = batches[0]
         save = re.search(r"stored ([0-9.]+) s after the signal", run.output)
         if save:
             saves.append(float(save.group(1)))
-        label = "fresh start" if i == 0 else f"restart {i} (from batch {resumed})"
-        print(f"{label:28s}" + "".join(f"{_span(first, a, b):>16s}" for _, a, b in COLUMNS), flush=True)
-        if i > 0:
-            rows.append(first)
-    medians = [
-        statistics.median(r[b] - r[a] for r in rows) if all(a in r and b in r for r in rows) else None
-        for _, a, b in COLUMNS
-    ]
+        if i == 0:
+            continue
+        first = run.batches()[0]
+        phases["start->step"] = first["time"] - first["process_started"]
+        rows.append(phases)
+        label = f"restart {i} (from batch {resumed})"
+        print(f"{label:28s}" + "".join(f"{phases.get(c, float('nan')):>18.2f}" for c in columns), flush=True)
+    medians = {c: statistics.median(r.get(c, float("nan")) for r in rows) for c in columns}
+    print(f"{'median of the restarts':28s}" + "".join(f"{medians[c]:>18.2f}" for c in columns))
+    after = medians["start->step"] - medians["imports"]
     print(
-        f"{'median of the restarts':28s}"
-        + "".join(f"{'-' if m is None else f'{m:.2f}':>16s}" for m in medians)
-    )
-    total, after = medians[0], medians[2]
-    print(
-        f"\nrestart to first new training step: median {total:.1f} s, {after:.1f} s after imports "
-        f"(target: under 10 s after imports)"
+        f"\nrestart to first new training step: median {medians['start->step']:.1f} s, {after:.1f} s after "
+        "imports (target: under 10 s after imports)"
     )
     if saves:
         print(
@@ -152,10 +152,6 @@ def _bench(args, work: Path) -> int:
             f"({len(saves)} stops)"
         )
     return 0
-
-
-def _span(row: dict, a: str, b: str) -> str:
-    return f"{row[b] - row[a]:.2f}" if a in row and b in row else "-"
 
 
 if __name__ == "__main__":

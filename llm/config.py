@@ -177,6 +177,10 @@ class CheckpointConfig:
     load_path: str | None = None  # a checkpoint to start from
     load_weights_only: bool = False
     allow_untrusted_load_path: bool = False  # checkpoints are pickles: see README "Checkpoint safety"
+    # Store each save while training goes on (llm/checkpoint/uploader.py); false: the step waits.
+    background_upload: bool = True
+    upload_wait_s: float = 600.0  # the most fit end, SIGTERM and close wait for a pending upload
+    staging_folder: str | None = None  # where an s3:// save is written first; None: the temp folder
 
 
 @dataclass
@@ -436,6 +440,11 @@ def validate(cfg: TrainConfig) -> None:
     ):
         if parse_duration(value, key, ("ba", "tok", "ep"))[0] == 0:
             raise ConfigError(f"{key}={value!r} is zero; use a positive interval such as 500ba, or {off}")
+    if ck.upload_wait_s <= 0:
+        raise ConfigError(
+            f"checkpoint.upload_wait_s={ck.upload_wait_s} must be positive seconds (how long the end "
+            "of training waits for a checkpoint upload), e.g. 600"
+        )
     _check_choice("training.precision", t.precision, ("auto", "fp32", "amp_bf16", "amp_fp16"))
     _check_choice("training.device", t.device, ("auto", "cpu", "gpu"))
     if cfg.fsdp.version != 2:

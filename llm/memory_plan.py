@@ -63,6 +63,15 @@ A100 312 TFLOP/s, as Composer's table). Before a measurement the plan uses 40% M
 llm-foundry 46.4% for MPT-7B on 8 x H100, torchtitan 33.7-39% for Llama-3-8B) and our 50% target;
 ``make gpu-check`` measures it (pass it with ``--mfu``). GPU-hours do not depend on the GPU count
 at a fixed MFU; in practice MFU falls somewhat with more nodes (more communication per step).
+
+Checkpoints (`checkpoint_cost`): 12 bytes a parameter (`llm.checkpoint.sizes`), split over the
+writing ranks of a sharded save. A save stalls training while it is written to the local disk
+(the node's part at `--disk-bandwidth`); storing it takes the node's part at
+`--upload-bandwidth`, on the training step with `checkpoint.background_upload: false`, beside it
+otherwise. The save interval that keeps the stall under 1% is the larger of 100 x stall / step time
+and (background) the upload time in steps, so that the next save need not wait. A preemption
+without a save (no notice, or one too short for write + upload) loses on average half an interval
+of steps plus the upload in flight; one with time to save loses nothing but the restart.
 """
 
 from __future__ import annotations
@@ -72,7 +81,19 @@ from dataclasses import dataclass
 
 import torch
 
-from llm.config import TrainConfig
+from llm.checkpoint.sizes import (
+    DEFAULT_DISK_BANDWIDTH,
+    DEFAULT_UPLOAD_BANDWIDTH,
+    NOTICES_S,
+    STALL_TARGET,
+    BandwidthError,
+    CheckpointSize,
+    checkpoint_size,
+    parse_bandwidth,
+    round_interval,
+    stall_free_interval,
+)
+from llm.config import TrainConfig, parse_duration
 from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer
 from llm.optim import duration_in_batches
@@ -371,9 +392,12 @@ def describe_run(
     gpu_gb: float = DEFAULT_GPU_GB,
     gpu_type: str = DEFAULT_GPU_TYPE,
     mfu: float | None = None,
+    upload_bandwidth: str = DEFAULT_UPLOAD_BANDWIDTH,
+    disk_bandwidth: str = DEFAULT_DISK_BANDWIDTH,
 ) -> str:
     """The dry run of a recipe on `gpus` GPUs of `gpu_gb` GB each: sizes, FLOPs, run length,
-    sharding, memory, and the run's cost on `gpu_type` at `mfu` (default: 40% and 50%)."""
+    sharding, memory, the run's cost on `gpu_type` at `mfu` (default: 40% and 50%), and what its
+    checkpoints cost at `upload_bandwidth` / `disk_bandwidth` per node (sizes per second)."""
     if gpus <= 0:
         raise ConfigError(f"--gpus must be a positive number of GPUs, got {gpus}")
     if gpu_type not in PEAK_BF16_FLOPS:
@@ -412,7 +436,84 @@ def describe_run(
     else:
         tokens = total_flops / summary.flops_per_token
         lines += ["", format_cost(total_flops, tokens, gpus, gpu_type, mfu)]
+    try:
+        upload, disk = parse_bandwidth(upload_bandwidth), parse_bandwidth(disk_bandwidth, "--disk-bandwidth")
+    except BandwidthError as err:
+        raise ConfigError(str(err)) from None
+    step_s = summary.flops_per_step / (gpus * PEAK_BF16_FLOPS[gpu_type] * (mfu or ANCHOR_MFU))
+    cost = checkpoint_cost(cfg, gpus, summary.params, step_s, upload, disk)
+    lines += [
+        "",
+        cost.format(upload_bandwidth, disk_bandwidth, mfu or ANCHOR_MFU, cfg.checkpoint.save_interval),
+    ]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CheckpointCost:
+    """One checkpoint of a recipe on `size.gpus` GPUs: its size, its seconds, the stall-free interval."""
+
+    size: CheckpointSize
+    write_s: float  # the local write: the training stall with background uploads
+    upload_s: float
+    step_s: float
+
+    @property
+    def sync_stall_s(self) -> float:
+        return self.write_s + self.upload_s
+
+    @property
+    def interval_background(self) -> int:
+        return stall_free_interval(self.write_s, self.upload_s, self.step_s)
+
+    @property
+    def interval_sync(self) -> int:
+        return stall_free_interval(self.sync_stall_s, 0.0, self.step_s)
+
+    def stall_share(self, interval: int, background: bool = True) -> float:
+        stall = self.write_s if background else self.sync_stall_s
+        return stall / (stall + interval * self.step_s)
+
+    def lost_without_save_s(self, interval: int) -> float:
+        """Expected training time lost by a preemption that leaves no time to save."""
+        return interval * self.step_s / 2 + self.upload_s
+
+    def fits(self, notice_s: float) -> bool:
+        return self.sync_stall_s <= notice_s
+
+    def format(self, upload_bw: str, disk_bw: str, mfu: float, save_interval: str) -> str:
+        s, gb = self.size, 1e9
+        writers = f"{s.writers} writing rank(s)" if s.writers > 1 else "rank 0 writes it all"
+        notices = ", ".join(f"{n} s: {'fits' if self.fits(n) else 'does NOT fit'}" for n in NOTICES_S)
+        lines = [
+            f"Checkpoints: {s.total / gb:.1f} GB each ({writers}), {s.per_rank / gb:.2f} GB per rank, "
+            f"{s.per_node / gb:.1f} GB per node",
+            f"  save time                   write {self.write_s:.1f} s at {disk_bw} per node (--disk-bandwidth), "
+            f"store {self.upload_s:.1f} s at {upload_bw} per node (--upload-bandwidth)",
+            f"  SIGTERM save ({self.sync_stall_s:.0f} s)         {notices}",
+            f"  step time                   {self.step_s:.2f} s at {100 * mfu:.0f}% MFU",
+            f"  stall under {100 * STALL_TARGET:.0f}%              save_interval >= {self.interval_background}ba "
+            f"with background uploads (the write stalls, the upload fits between saves), "
+            f">= {self.interval_sync}ba with synchronous ones; suggested {round_interval(self.interval_background)}ba",
+        ]
+        amount, unit = parse_duration(save_interval, "checkpoint.save_interval", ("ba", "tok", "ep"))
+        if unit == "ba":
+            lines.append(
+                f"  recipe's {save_interval:<18s}stall {100 * self.stall_share(amount):.2f}% (background), "
+                f"{100 * self.stall_share(amount, False):.2f}% (synchronous); a preemption without time to "
+                f"save loses {_duration(self.lost_without_save_s(amount))} of training on average"
+            )
+        return "\n".join(lines)
+
+
+def checkpoint_cost(
+    cfg: TrainConfig, gpus: int, params: int, step_s: float, upload_bw: float, disk_bw: float
+) -> CheckpointCost:
+    """What one checkpoint of `cfg` costs on `gpus` GPUs (bandwidths in bytes/s per node)."""
+    sharded = cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded"
+    shards = gpus // cfg.fsdp.replicate if cfg.fsdp.enabled and gpus % cfg.fsdp.replicate == 0 else gpus
+    size = checkpoint_size(params, gpus, sharded=sharded, shards=shards)
+    return CheckpointCost(size, size.seconds(disk_bw), size.seconds(upload_bw), step_s)
 
 
 def sharding_plan(cfg: TrainConfig, gpus: int) -> tuple[int, str]:

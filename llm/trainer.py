@@ -32,6 +32,7 @@ from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.metrics_file import MetricsFile
 from llm.callbacks.progress import ProgressLine
 from llm.callbacks.task_eval import task_eval_callbacks
+from llm.checkpoint import restart
 from llm.checkpoint.plan import plan_checkpointing
 from llm.composer_model import LanguageModel
 from llm.config import TrainConfig, save_resolved, to_yaml
@@ -230,6 +231,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
+    restart.mark("setup")  # imports and config done: the `[restart]` line's first phase ends here
     check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
     # Start the process group now: the per-rank batch and the datasets' partitioning need it.

@@ -268,7 +268,30 @@ def run_nodes(recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, over
 
 
 def release_files(record: Path) -> list[Path]:
-    return list(record.parent.glob(f"{record.name}.go.*"))
+    return [*record.parent.glob(f"{record.name}.go.*"), *record.parent.glob(f"{record.name}.uploading.*")]
+
+
+def upload_held(record: Path, batch: int) -> Path:
+    """The file a driver run with LLM_TEST_UPLOAD_HOLD=<batch> touches once that upload is held."""
+    return Path(f"{record}.uploading.{batch}")
+
+
+def release_upload(record: Path, batch: int) -> None:
+    """Let the held upload of `batch` (LLM_TEST_UPLOAD_HOLD) go on."""
+    Path(f"{record}.go.upload.{batch}").touch()
+
+
+def wait_for_file(path: Path, proc, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"exited with {proc.returncode} before {path.name} appeared:\n{Path(proc.tag_log).read_text()[-4000:]}"
+            )
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear within {timeout} s")
 
 
 def release(record: Path, batch: int) -> None:

@@ -5,12 +5,20 @@ The recorder writes one JSON line per batch to $LLM_TEST_RECORD (rank 0; other r
 sleeps $LLM_TEST_BATCH_SLEEP seconds (the soak's random timing). $LLM_TEST_PAUSE_AT=<batch>[,<batch>...]
 holds the process after each of those batches' lines until a SIGTERM/SIGINT arrives or the file
 `$LLM_TEST_RECORD.go.<batch>` appears, so that a test acts at a known batch (a signal, an outage)
-without slowing every batch. At the end of a
+without slowing every batch; before the line of such a batch is written, the checkpoint upload in
+flight (background uploads) has finished, so a test acting there knows which checkpoints are
+stored (not with $LLM_TEST_UPLOAD_HOLD, which holds one on purpose). At the end of a
 complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for elastic resume:
 $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
 $LLM_TEST_SAVE_STALL=<seconds> makes each checkpoint file's writing stall once, after its first
 bytes, so that a test can signal the process in the middle of torch.save.
+$LLM_TEST_UPLOAD_HOLD=<batch> holds the storing of that batch's checkpoint files (in the
+background upload thread, before the storage layer's upload starts): the driver touches
+`$LLM_TEST_RECORD.uploading.<batch>` and waits for `$LLM_TEST_RECORD.go.upload.<batch>`, so that a
+test acts while an upload is in flight (kill the process, break the storage) without timing.
+$LLM_TEST_LOG_INFO=<logger>[,<logger>...] prints those loggers' INFO lines too (a benchmark reads
+the publisher's "stored in ... s after the save").
 """
 
 from __future__ import annotations
@@ -44,8 +52,11 @@ class Recorder(Callback):
         self.pause_at = {int(b) for b in os.environ.get("LLM_TEST_PAUSE_AT", "").split(",") if b.strip()}
         self.release = path
         self.planned = None
+        self.started = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
+        if int(state.timestamp.batch) in self.pause_at and not os.environ.get("LLM_TEST_UPLOAD_HOLD"):
+            _settle_uploads(state)
         batch = state.batch["input_ids"].cpu().contiguous()
         ids = batch.numpy().tobytes()
         row = {
@@ -55,6 +66,7 @@ class Recorder(Callback):
             # Per sample, so runs at different world sizes can be compared batch by batch.
             "samples": [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16] for row in batch],
             "time": time.time(),
+            "started": self.started,  # this batch's BATCH_START: after the previous batch's save
             "process_started": STARTED,
             "imported": IMPORTED,
             # Trainer construction began (Event.INIT), a checkpoint (if any) was loaded
@@ -70,6 +82,9 @@ class Recorder(Callback):
         if pause:
             pause.wait(Path(f"{self.release}.go.{row['batch']}"))
 
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self.started = time.time()
+
     def fit_start(self, state: State, logger: Logger) -> None:
         self.planned = state.max_duration  # a preemption's stop_training() lowers max_duration
         _save_full_weights(state, os.environ.get("LLM_TEST_LOADED_WEIGHTS"))
@@ -81,6 +96,14 @@ class Recorder(Callback):
             _save_full_weights(state, os.environ.get("LLM_TEST_STOP_WEIGHTS"))
         else:
             _save_full_weights(state, os.environ["LLM_TEST_WEIGHTS"])
+
+
+def _settle_uploads(state: State) -> None:
+    """Wait until the background upload in flight (if any) is stored and, on rank 0, complete."""
+    for cb in state.callbacks:
+        pending = getattr(getattr(cb, "uploader", None), "pending", None)
+        if pending is not None:
+            pending.finished.wait(300)
 
 
 def _save_full_weights(state: State, path: str | None) -> None:
@@ -173,12 +196,41 @@ def _stall_checkpoint_writes(seconds: float) -> None:
     composer_checkpoint.open = stalling_open
 
 
+def _hold_uploads(batch: int, record: str) -> None:
+    """Wrap the storage layer's `upload` of both stores: hold the files of `batch` (see above)."""
+    import storage.store as store_module
+
+    marker, release = Path(f"{record}.uploading.{batch}"), Path(f"{record}.go.upload.{batch}")
+    for cls in (store_module.LocalStore, store_module.S3Store):
+        original = cls.upload
+
+        def held(self, local, rel, _original=original):
+            if f"-ba{batch}-" in rel or f"-ba{batch}/" in rel:
+                marker.touch()
+                while not release.exists():
+                    time.sleep(0.02)  # the upload thread's wait; the training thread goes on
+            return _original(self, local, rel)
+
+        cls.upload = held
+
+
 def main() -> int:
     global IMPORTED
     import llm.trainer  # noqa: F401  (the import cost, measured apart from the restart itself)
     import train
 
     IMPORTED = time.time()
+    for name in filter(None, os.environ.get("LLM_TEST_LOG_INFO", "").split(",")):
+        import logging
+
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    if os.environ.get("LLM_TEST_UPLOAD_HOLD"):
+        _hold_uploads(int(os.environ["LLM_TEST_UPLOAD_HOLD"]), os.environ["LLM_TEST_RECORD"])
     if os.environ.get("LLM_TEST_SAVE_STALL"):
         _stall_checkpoint_writes(float(os.environ["LLM_TEST_SAVE_STALL"]))
     return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])
@@ -200,6 +252,9 @@ class _LazyRecorder(Callback):
     def fit_start(self, state: State, logger: Logger) -> None:
         MILESTONES["fit_start"] = time.time()
         self.inner.fit_start(state, logger)
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self.inner.batch_start(state, logger)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.inner.batch_end(state, logger)

@@ -1,10 +1,12 @@
-"""The checkpointing entry point: callbacks come in the one order that works, or the build fails."""
+"""The checkpointing entry point: callbacks come in the one order that works, or the build fails;
+the save and staging folders are checked before training; the background uploader on its own."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import threading
 
 import pytest
 import torch
@@ -13,10 +15,11 @@ from composer.callbacks import CheckpointSaver, LRMonitor
 from torch.utils.data import DataLoader
 
 from llm.checkpoint.lock import LOCK_FILE
-from llm.checkpoint.plan import RunLockCallback, plan_checkpointing
+from llm.checkpoint.plan import RestartTimings, RunLockCallback, check_save_folder, plan_checkpointing
 from llm.checkpoint.preemption import PreemptionCallback
 from llm.checkpoint.publisher import CheckpointPublisher
 from llm.checkpoint.resume import RunAlreadyComplete
+from llm.checkpoint.uploader import Uploader
 from llm.composer_model import LanguageModel
 from llm.config import load_config
 from llm.errors import ConfigError
@@ -60,6 +63,7 @@ def test_the_plan_puts_saver_publisher_lock_and_preemption_last_in_that_order(tm
         CheckpointSaver,
         CheckpointPublisher,
         RunLockCallback,
+        RestartTimings,
         PreemptionCallback,
     ]
     assert plan.trainer_kwargs["save_folder"] is None and plan.trainer_kwargs["autoresume"] is False
@@ -123,3 +127,73 @@ def test_a_save_folder_without_room_for_one_checkpoint_is_refused_before_trainin
     with pytest.raises(ConfigError, match=r"GiB free, but one checkpoint of this model needs at least"):
         plan_checkpointing(cfg, rank=0, world_size=1)
     assert not (tmp_path / "ck" / LOCK_FILE).exists()  # refused before the lock was taken
+
+
+def _big_model(tmp_path) -> str:
+    """A model whose checkpoint takes about 3/4 of the free space on tmp_path's disk."""
+    free = shutil.disk_usage(tmp_path).free
+    per_layer = count_params(
+        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
+    ).block
+    layers = 3 * free // (4 * 12 * per_layer) + 1
+    return f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
+
+
+def test_staging_without_room_for_two_checkpoints_is_refused_with_background_uploads(tmp_path):
+    staging = tmp_path / "staging"
+    over = {"checkpoint.staging_folder": str(staging), "model": _big_model(tmp_path)}
+    store = open_store("s3://bucket/run")  # nothing is asked of the bucket before the staging check
+    cfg = recipe(tmp_path, **over)
+    with pytest.raises(
+        ConfigError, match=r"checkpoint\.staging_folder=.*staging has .* GiB free.*x 2: one uploading"
+    ):
+        check_save_folder(cfg, store)
+    # One copy (synchronous uploads) fits: the same disk is enough without the second.
+    check_save_folder(recipe(tmp_path, **over, **{"checkpoint.background_upload": "false"}), store)
+
+
+def test_a_staging_folder_that_cannot_be_written_is_refused_before_training(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    cfg = recipe(tmp_path, **{"checkpoint.staging_folder": str(tmp_path / "file" / "staging")})
+    with pytest.raises(ConfigError, match=r"checkpoint\.staging_folder=.*file/staging cannot be written"):
+        check_save_folder(cfg, open_store("s3://bucket/run"))
+
+
+def test_a_wait_bound_that_is_not_positive_is_refused_at_load(tmp_path):
+    with pytest.raises(ConfigError, match=r"checkpoint\.upload_wait_s=0.0 must be positive"):
+        recipe(tmp_path, **{"checkpoint.upload_wait_s": "0"})
+
+
+# --- the uploader alone (in-process) -------------------------------------------------------------
+
+
+def test_one_upload_in_flight_at_a_time_and_a_failure_is_kept_for_the_training_thread():
+    uploader, gate = Uploader(), threading.Event()
+    first = uploader.start(4, gate.wait)
+    with pytest.raises(RuntimeError, match="batch 4 is still pending"):
+        uploader.start(8, lambda: None)
+    assert not first.stored.is_set()
+    gate.set()
+    assert uploader.finish(timeout=30) and uploader.pending is None
+
+    def broken():
+        raise OSError("disk gone")
+
+    failed = uploader.start(8, broken)
+    assert failed.stored.wait(30) and isinstance(failed.error, OSError)
+
+
+def test_a_synchronous_upload_runs_on_the_calling_thread_without_the_follow_up():
+    uploader, threads, followed = Uploader(), [], []
+    uploader.start(4, lambda: threads.append(threading.current_thread()), followed.append, background=False)
+    assert threads == [threading.main_thread()] and followed == []
+    assert uploader.pending.finished.is_set()
+
+
+def test_the_wait_for_an_upload_is_bounded():
+    uploader, gate = Uploader(), threading.Event()
+    uploader.start(4, gate.wait)
+    assert not uploader.finish(timeout=0.05)  # still pending: the caller reports the bound
+    assert uploader.pending is not None
+    gate.set()
+    assert uploader.finish(timeout=30)

@@ -88,3 +88,40 @@ def test_dry_run_cost_options_are_checked_in_one_line(capsys):
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1, err
         assert message in err
+
+
+def test_7b_dry_run_prints_what_a_checkpoint_costs_on_8_and_64_gpus(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml")]) == 0
+    out = capsys.readouterr().out
+    # 12 bytes x 7,000,559,616 parameters over 8 sharded writers on one node
+    assert "Checkpoints: 84.0 GB each (8 writing rank(s)), 10.50 GB per rank, 84.0 GB per node" in out
+    assert "write 42.0 s at 2GB/s per node" in out and "store 67.2 s at 1.25GB/s per node" in out
+    assert "30 s: does NOT fit, 120 s: fits" in out
+    assert "save_interval >= 136ba with background uploads" in out and "suggested 200ba" in out
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "1.31 GB per rank, 10.5 GB per node" in out and "30 s: fits, 120 s: fits" in out
+
+
+def test_the_7b_save_interval_keeps_the_stall_under_one_percent_with_background_uploads(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("recipe's"))
+    assert line.split()[1] == "200ba"
+    assert float(line.split("stall ")[1].split("%")[0]) < 1.0
+
+
+def test_a_faster_upload_option_changes_the_save_time(capsys):
+    args = [str(REPO / "recipes/7b.yaml"), "--upload-bandwidth", "100Gbit/s", "--disk-bandwidth", "8GiB/s"]
+    assert llm_main(["inspect", *args]) == 0
+    out = capsys.readouterr().out
+    assert "store 6.7 s at 100Gbit/s per node" in out and "30 s: fits" in out
+    assert train_py(*args, "--dry-run") == 0
+    assert "store 6.7 s at 100Gbit/s per node" in capsys.readouterr().out
+
+
+def test_a_bandwidth_that_is_not_a_size_per_second_is_one_line_and_exit_2(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--upload-bandwidth", "fast"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--upload-bandwidth='fast' is not a size per second" in err
+    assert train_py(str(REPO / "recipes/7b.yaml"), "--dry-run", "--disk-bandwidth", "2GB") == 2
+    assert "--disk-bandwidth='2GB' is not a size per second" in capsys.readouterr().err

@@ -4,6 +4,9 @@
   resume.py      which checkpoint a run (or `llm generate/export`) starts from, verified
   manifest.py    what makes a checkpoint complete; how its files are checked
   publisher.py   stores what Composer's saver wrote, writes manifests, moves latest.json, retention
+  uploader.py    the background upload: one in flight per rank, settled at the next save or the end
+  sizes.py       a checkpoint's bytes per rank and node, bandwidths, the stall-free save interval
+  restart.py     the `[restart]` line: where a resumed run's start-up time went
   lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)
   preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch, then exit 143/130
 

@@ -5,7 +5,8 @@ It checks that `save_folder` can take a checkpoint, takes the folder's run lock 
 (`llm.checkpoint.resume`) and builds the callbacks that save, publish, hold the lock and handle
 preemption, in the only order that works:
 
-  CheckpointSaver (Composer) -> CheckpointPublisher -> RunLockCallback (rank 0) -> PreemptionCallback
+  CheckpointSaver (Composer) -> CheckpointPublisher -> RunLockCallback (rank 0) -> RestartTimings
+  -> PreemptionCallback
 
 The publisher stores what the saver just wrote, at the same event, so it must follow it; the lock
 is released after the publisher's last tidying at fit end and close; the preemption callback exits
@@ -29,6 +30,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from llm.checkpoint import restart
 from llm.checkpoint.lock import RunLock, RunLockHeld
 from llm.checkpoint.resume import (
     ResumePoint,
@@ -39,14 +41,13 @@ from llm.checkpoint.resume import (
     stop_if_complete,
     warn_recipe_changes,
 )
+from llm.checkpoint.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes
 from llm.config import TrainConfig
 from llm.errors import ConfigError
 from llm.model import Transformer
 from storage import StorageError, Store, open_store
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
-# The least one checkpoint takes: fp32 weights and AdamW's two fp32 moments, 4 bytes each.
-CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 class RunRecordsHook(Protocol):
@@ -67,7 +68,8 @@ class CheckpointPlan:
 
     resume: ResumePoint
     trainer_kwargs: dict[str, Any]
-    callbacks: tuple  # (CheckpointSaver, CheckpointPublisher, RunLockCallback?)? + (PreemptionCallback,)
+    # (CheckpointSaver, CheckpointPublisher, RunLockCallback?)? + (RestartTimings, PreemptionCallback)
+    callbacks: tuple
 
     def callbacks_after(self, others: Sequence) -> list:
         """`others` followed by this plan's callbacks; refuses checkpointing callbacks in `others`."""
@@ -76,7 +78,13 @@ class CheckpointPlan:
         from llm.checkpoint.preemption import PreemptionCallback
         from llm.checkpoint.publisher import CheckpointPublisher
 
-        ours = (CheckpointSaver, CheckpointPublisher, RunLockCallback, PreemptionCallback)
+        ours = (
+            CheckpointSaver,
+            CheckpointPublisher,
+            RunLockCallback,
+            RestartTimings,
+            PreemptionCallback,
+        )
         stray = [type(cb).__name__ for cb in others if isinstance(cb, ours)]
         if stray:
             raise ValueError(f"{', '.join(stray)} must come from plan_checkpointing, not the callback list")
@@ -122,6 +130,7 @@ def plan_checkpointing(
         if lock is not None:
             lock.release()
         raise
+    restart.mark("checkpoint")
 
     kwargs: dict[str, Any] = {
         "save_folder": None,  # saving is done by the saver below, not by Composer's own
@@ -132,7 +141,8 @@ def plan_checkpointing(
     }
     held = (RunLockCallback(lock),) if lock is not None else ()
     saving = _saving_callbacks(cfg, rank, records) if ck.save_folder else ()
-    callbacks = (*saving, *held, PreemptionCallback())
+    timings = RestartTimings(point.batch if point.source == "autoresume" else None)
+    callbacks = (*saving, *held, timings, PreemptionCallback())
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
 
 
@@ -201,15 +211,25 @@ def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | 
 
 def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> None:
     """ConfigError if a local `save_folder` cannot be written, or if the disk a checkpoint is first
-    written to (the local save_folder, or the temp folder Composer stages an S3 save in) has less
-    free space than one checkpoint of this model needs at the least."""
+    written to (the local save_folder, or the staging folder an S3 save is written to first) has
+    less free space than this rank's part of one checkpoint needs at the least (two with
+    background uploads to S3: one uploading while the next is written), or cannot be written."""
     with torch.device("meta"):  # nothing allocated
-        need = CHECKPOINT_BYTES_PER_PARAM * Transformer(cfg.model).num_params()
+        need = checkpoint_bytes(Transformer(cfg.model).num_params())
+    copies = ""
     if store.is_remote:
-        where = Path(tempfile.gettempdir())
+        where = staging_parent(cfg)
         if cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded":
             need //= world_size  # each rank stages only its shard
-        what = f"the temp folder {where} (where an S3 save is staged)"
+        if cfg.checkpoint.background_upload:
+            need *= 2
+            copies = " x 2: one uploading in the background while the next is written"
+        what = (
+            f"checkpoint.staging_folder={where}"
+            if cfg.checkpoint.staging_folder
+            else f"the temp folder {where} (where an S3 save is staged; set checkpoint.staging_folder)"
+        )
+        _check_staging_writable(cfg, where)
     else:
         try:
             store.check_writable()
@@ -222,9 +242,26 @@ def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> No
     if free < need:
         raise ConfigError(
             f"{what} has {free / 2**30:.1f} GiB free, but one checkpoint of this model needs at least "
-            f"{need / 2**30:.1f} GiB ({CHECKPOINT_BYTES_PER_PARAM} bytes per parameter: fp32 weights and "
-            "AdamW's two moments); free some space or choose another folder"
+            f"{need / 2**30:.1f} GiB on this rank ({CHECKPOINT_BYTES_PER_PARAM} bytes per parameter: fp32 weights and "
+            f"AdamW's two moments{copies}); free some space or choose another folder"
         )
+
+
+def staging_parent(cfg: TrainConfig) -> Path:
+    """The folder each rank's private staging folder for an S3 save is made in."""
+    return Path(cfg.checkpoint.staging_folder or tempfile.gettempdir())
+
+
+def _check_staging_writable(cfg: TrainConfig, where: Path) -> None:
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".llm-staging-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"checkpoint.staging_folder={where} cannot be written ({err.strerror or err}); fix its "
+            "permissions or point checkpoint.staging_folder at a local disk that can hold a checkpoint"
+        ) from None
 
 
 def _unwritable(cfg: TrainConfig, err: StorageError) -> ConfigError:
@@ -242,7 +279,11 @@ def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | Non
     ck = cfg.checkpoint
     store = open_store(ck.save_folder)
     # Remote: Composer writes into a private staging folder that the publisher uploads and empties.
-    staging = tempfile.mkdtemp(prefix=f"llm-ckpt-rank{rank}-") if store.is_remote else ck.save_folder
+    staging = (
+        tempfile.mkdtemp(prefix=f"llm-ckpt-rank{rank}-", dir=staging_parent(cfg))
+        if store.is_remote
+        else ck.save_folder
+    )
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
         atexit.register(shutil.rmtree, staging, ignore_errors=True)
     saver = CheckpointSaver(
@@ -256,6 +297,38 @@ def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | Non
         num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
     )
     publisher = CheckpointPublisher(
-        store, staging, ck.num_to_keep, recipe=cfg.to_dict(redact=True), records=records
+        store,
+        staging,
+        ck.num_to_keep,
+        recipe=cfg.to_dict(redact=True),
+        records=records,
+        background=ck.background_upload,
+        wait_limit_s=ck.upload_wait_s,
     )
     return saver, publisher
+
+
+class RestartTimings(Callback):
+    """Marks Composer's events and prints the `[restart]` line (rank 0) at the first step of a
+    run that resumed from `resumed_at` (None: a fresh start, nothing printed)."""
+
+    def __init__(self, resumed_at: int | None):
+        self.resumed_at = resumed_at
+        self._printed = False
+
+    def init(self, state: State, logger: Logger) -> None:
+        restart.mark("trainer_init")
+
+    def after_load(self, state: State, logger: Logger) -> None:
+        restart.mark("loaded")
+
+    def after_dataloader(self, state: State, logger: Logger) -> None:
+        restart.mark("first_batch")
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self._printed:
+            return
+        self._printed = True
+        restart.mark("first_step")
+        if self.resumed_at is not None and dist.get_global_rank() == 0:
+            print(restart.describe(self.resumed_at), flush=True)

@@ -3,13 +3,17 @@
 Builds the model on the meta device (nothing allocated, no data read) and prints its parameters,
 training FLOPs per token, tokens per optimizer step, the length of the run, and the memory plan
 per GPU under the recipe's sharding (FSDP2 or HSDP), and the run's wall time and GPU-hours on
-`--gpus` GPUs of `--gpu-type` at `--mfu` (`llm.memory_plan.describe_run`, as `train.py --dry-run`).
+`--gpus` GPUs of `--gpu-type` at `--mfu`, and what a checkpoint costs: bytes per rank and in
+total, its save time at `--upload-bandwidth` / `--disk-bandwidth` per node, whether a SIGTERM save
+fits a 30 s and a 120 s notice, and the save interval that keeps the stall under 1%
+(`llm.memory_plan.describe_run`, as `train.py --dry-run`).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from llm.checkpoint.sizes import DEFAULT_DISK_BANDWIDTH, DEFAULT_UPLOAD_BANDWIDTH
 from llm.config import load_config
 from llm.memory_plan import DEFAULT_GPU_GB, DEFAULT_GPU_TYPE, DEFAULT_GPUS, PEAK_BF16_FLOPS, describe_run
 
@@ -32,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--gpu-type` and `--mfu`, for the run's cost (shared with `train.py --dry-run`)."""
+    """`--gpu-type`, `--mfu` and the bandwidths, for the run's and its checkpoints' cost (shared
+    with `train.py --dry-run`)."""
     parser.add_argument(
         "--gpu-type",
         choices=sorted(PEAK_BF16_FLOPS),
@@ -44,9 +49,30 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="measured MFU as a fraction (e.g. 0.45 from make gpu-check); default: 40%% and 50%%",
     )
+    parser.add_argument(
+        "--upload-bandwidth",
+        default=DEFAULT_UPLOAD_BANDWIDTH,
+        help="a node's upload rate to the checkpoint store, a size per second "
+        f"(default {DEFAULT_UPLOAD_BANDWIDTH}: 10 Gbit/s)",
+    )
+    parser.add_argument(
+        "--disk-bandwidth",
+        default=DEFAULT_DISK_BANDWIDTH,
+        help=f"a node's local disk write rate for a save, a size per second (default {DEFAULT_DISK_BANDWIDTH})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides)
-    print(describe_run(cfg, args.gpus, args.gpu_gb, gpu_type=args.gpu_type, mfu=args.mfu))
+    print(
+        describe_run(
+            cfg,
+            args.gpus,
+            args.gpu_gb,
+            gpu_type=args.gpu_type,
+            mfu=args.mfu,
+            upload_bandwidth=args.upload_bandwidth,
+            disk_bandwidth=args.disk_bandwidth,
+        )
+    )
     return 0

@@ -1,0 +1,99 @@
+"""How big a checkpoint is, per writing rank and per node, and how long it takes to store.
+
+No heavy imports (the dry run and `llm inspect` use it without torch or Composer). The staging
+check in `llm.checkpoint.plan` and the dry run's checkpoint lines (`llm.memory_plan`) both ask
+this module, so the size a run refuses to start without is the size the dry run prints.
+
+A checkpoint holds fp32 weights and AdamW's two fp32 moments: 12 bytes per parameter (Composer's
+state besides them is kilobytes). A sharded save (`fsdp.state_dict_type: sharded`) is written by
+every rank of one replica group, each its 1/shards part; a monolithic one by rank 0 alone.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# The least one checkpoint takes: fp32 weights and AdamW's two fp32 moments, 4 bytes each.
+CHECKPOINT_BYTES_PER_PARAM = 12
+# A node's sustained upload rate to S3 (10 Gbit/s: what one client process gets from a large
+# instance without tuning; AWS quotes up to 100 Gbit/s with many parallel streams).
+DEFAULT_UPLOAD_BANDWIDTH = "1.25GB/s"
+# A node's local NVMe write rate for the save itself (conservative for a RAID-0 of data-center NVMe).
+DEFAULT_DISK_BANDWIDTH = "2GB/s"
+NOTICES_S = (30, 120)  # preemption notices to check a SIGTERM save against (spot: 30 s to 2 min)
+STALL_TARGET = 0.01  # the share of training time the saves may take
+GPUS_PER_NODE = 8
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?(b|bit|byte)?\s*/\s*s\s*$", re.IGNORECASE)
+
+
+class BandwidthError(ValueError):
+    """A bandwidth that is not a size per second."""
+
+
+def parse_bandwidth(text: str, what: str = "--upload-bandwidth") -> float:
+    """Bytes per second from '1.25GB/s', '500MiB/s', '10Gbit/s' (bits: 'bit' or a lowercase b)."""
+    match = _RATE.match(str(text))
+    if not match:
+        raise BandwidthError(
+            f"{what}={text!r} is not a size per second; give e.g. 1.25GB/s, 500MiB/s or 10Gbit/s"
+        )
+    number, prefix, unit = match.groups()
+    value = float(number) * _UNITS[(prefix or "").lower()]
+    if unit in ("bit", "b") or (unit or "").lower() == "bit":
+        value /= 8
+    if value <= 0:
+        raise BandwidthError(f"{what}={text!r} must be more than 0 bytes per second")
+    return value
+
+
+def checkpoint_bytes(num_params: int) -> int:
+    return CHECKPOINT_BYTES_PER_PARAM * num_params
+
+
+@dataclass(frozen=True)
+class CheckpointSize:
+    """One checkpoint of `total` bytes over `writers` ranks (1 for a monolithic save)."""
+
+    total: int
+    writers: int
+    gpus: int
+    gpus_per_node: int = GPUS_PER_NODE
+
+    @property
+    def per_rank(self) -> int:
+        return -(-self.total // self.writers)
+
+    @property
+    def per_node(self) -> int:
+        """What the busiest node writes and uploads (its writing ranks' parts)."""
+        return self.per_rank * min(self.writers, self.gpus_per_node)
+
+    def seconds(self, node_bandwidth: float) -> float:
+        return self.per_node / node_bandwidth
+
+
+def checkpoint_size(num_params: int, gpus: int, *, sharded: bool, shards: int) -> CheckpointSize:
+    """`shards`: the ranks each parameter is sharded over (gpus / fsdp.replicate)."""
+    writers = max(1, shards) if sharded else 1
+    return CheckpointSize(checkpoint_bytes(num_params), writers, gpus, min(gpus, GPUS_PER_NODE))
+
+
+def stall_free_interval(stall_s: float, upload_s: float, step_s: float) -> int:
+    """The fewest batches between saves for which each save's stall is under STALL_TARGET of the
+    training time and a background upload ends before the next save (else that save waits)."""
+    by_stall = stall_s / (STALL_TARGET * step_s)
+    by_upload = upload_s / step_s
+    return max(1, int(-(-max(by_stall, by_upload) // 1)))
+
+
+def round_interval(batches: int) -> int:
+    """Up to a round number (1, 2, 5 x 10^k) a recipe would use."""
+    scale = 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale >= batches:
+                return step * scale
+        scale *= 10
