@@ -44,12 +44,12 @@ import contextlib
 import heapq
 import os
 import shutil
-import tempfile
 
 import numpy as np
 
 from convert.minhash import estimate_jaccard, jaccard
 from convert.options import NearDedupOptions
+from convert.scratch import make_scratch
 
 _BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
 _MAX_POSITIONS = (1 << 32) - 1
@@ -211,7 +211,7 @@ class KeyPartitions:
 
         from convert.executor import die_with
 
-        self.folder = tempfile.mkdtemp(prefix="convert-sketches-")
+        self.folder = make_scratch("sketches")
         self.path = os.path.join(self.folder, "sketches.u8")
         self.file = open(self.path, "wb")  # noqa: SIM115 (open for the whole run, closed in close)
         self.parts = parts

@@ -23,7 +23,8 @@ where the main process reads the documents and sends their texts. Both give the 
 The main process never touches a text or a token of the train split: per document it does the
 exact-duplicate set lookup and a few numpy operations per batch, and the near-duplicate index's
 lookups and inserts (vectorised per batch). The spool files live in a temporary folder of the
-machine (one per run, removed at the end; a killed run leaves it behind in the temp folder), and
+machine (one per run, removed at the end; one a killed run left behind is removed by the next run:
+convert/scratch.py), and
 hold the tokens of the batches in flight and of the open train chunk: bounded by the window of
 batches and the chunk size. Decisions depend only on the sequence of documents, so the kept
 documents, the chunks, their fingerprints and the parts are those of the main-process path, for
@@ -35,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -46,6 +46,7 @@ from convert.conversion import _BATCH_CHARS, Conversion, chunk_fingerprint
 from convert.executor import Executor, ordered
 from convert.options import ReadOptions
 from convert.readers import ReadStats, empty_corpus_error, range_format, read_range
+from convert.scratch import make_scratch
 from convert.selection import Selection, in_val
 from convert.worker import DIGEST_BYTES, ChunkTokens, PartResult, TextBatch, TokenizedBatch, process_chunk
 from shards.meta import SPLITS
@@ -358,8 +359,9 @@ class RangeFeed:
 
 @contextlib.contextmanager
 def spool_folder() -> Iterator[str]:
-    """A temporary folder for one run's spool files, removed at the end."""
-    folder = tempfile.mkdtemp(prefix="convert-spool-")
+    """A temporary folder for one run's spool files, removed at the end (after a SIGKILL, by the
+    next conversion on this machine: convert/scratch.py)."""
+    folder = make_scratch("spool")
     try:
         yield folder
     finally:

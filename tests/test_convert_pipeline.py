@@ -302,7 +302,10 @@ def test_killed_run_leaves_no_index_and_resumes(tmp_path, reference, chinese_doc
         sys.executable, "-m", "convert", "shards", str(corpus), "--tokenizer", small_tokenizer, "--out", str(out),
         "--seq-len", str(SEQ), "--val-fraction", "0.1", "--workers", "1", "--chunk-chars", "20000", "--no-progress",
     ]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    scratch = tmp_path / "tmp"  # the system temp folder of these runs: the spool folders go there
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     marker = out / "train" / "part-00003" / "part.json"
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -316,10 +319,13 @@ def test_killed_run_leaves_no_index_and_resumes(tmp_path, reference, chinese_doc
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"worker processes outlived the killed conversion: {alive}"
     assert not (out / "train" / "index.json").exists() and not (out / "val" / "index.json").exists()
+    left = sorted(p.name for p in scratch.iterdir())
+    assert left and all(name.startswith(f"convert-spool-{proc.pid}-") for name in left), left
 
-    resumed = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert resumed.returncode == 0, resumed.stderr
     assert "reused from the interrupted run" in resumed.stdout
+    assert not list(scratch.iterdir()), "the killed run's spool folder was not removed by the next run"
     fresh = tmp_path / "fresh"
     fresh_args = [a if a != str(out) else str(fresh) for a in args]
     assert subprocess.run(fresh_args, cwd=REPO_ROOT, capture_output=True, timeout=120).returncode == 0
@@ -361,3 +367,17 @@ def _workers_of(pid: int) -> list:
         for p in psutil.Process(pid).children(recursive=True)
         if "resource_tracker" not in " ".join(p.cmdline())
     ]
+
+
+def test_only_the_scratch_folders_of_processes_that_are_gone_are_removed(tmp_path):
+    from convert.scratch import remove_stale_scratch
+
+    mine = tmp_path / f"convert-spool-{os.getpid()}-abc"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"convert-sketches-{dead.pid}-def"
+    other = tmp_path / "convert-notes-1-x"  # not a scratch folder's name
+    for folder in (mine, gone, other):
+        folder.mkdir()
+    assert remove_stale_scratch(str(tmp_path)) == [gone]
+    assert mine.exists() and other.exists() and not gone.exists()

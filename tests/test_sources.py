@@ -164,6 +164,7 @@ def test_missing_object_is_a_clear_error(s3_server, s3_bucket):
 def test_unreachable_endpoint_names_the_endpoint(s3_server, monkeypatch):
     dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("S3_ENDPOINT_URL", dead)
+    monkeypatch.setenv("LLM_S3_OUTAGE_S", "1")  # a dead endpoint is retried this long (default 300 s)
     with pytest.raises(ConvertError, match=rf"cannot reach endpoint {dead}.*'bkt'.*S3_ENDPOINT_URL"):
         expand_inputs(["s3://bkt/corpus/"])
 

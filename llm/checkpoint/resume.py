@@ -85,8 +85,14 @@ def run_folder_checkpoint(path: str, *, rank: int = 0) -> str | None:
     return found.load_path
 
 
-def newest_usable_checkpoint(save_folder: str, *, rank: int = 0) -> ResumePoint | None:
-    """The newest complete checkpoint in `save_folder` that verifies; None if there is none.
+TRAINING_STATE = ("model", "optimizers")  # what a resume needs; reading weights needs only "model"
+
+
+def newest_usable_checkpoint(
+    save_folder: str, *, rank: int = 0, needs: tuple[str, ...] = TRAINING_STATE
+) -> ResumePoint | None:
+    """The newest complete checkpoint in `save_folder` that verifies and holds the `needs` parts
+    of the state; None if there is none.
 
     A checkpoint that is incomplete, truncated or corrupt is reported and skipped. If checkpoints
     exist but none is usable, StorageError: starting over silently would throw away the
@@ -99,7 +105,7 @@ def newest_usable_checkpoint(save_folder: str, *, rank: int = 0) -> ResumePoint 
         problem = cm.size_problem(ckpt, listing)
         load_path = None
         if problem is None:
-            load_path, problem = _verified_load_path(store, ckpt, rank)
+            load_path, problem = _verified_load_path(store, ckpt, rank, needs)
         if problem is None:
             return ResumePoint(load_path=load_path, batch=ckpt.batch, checkpoint=ckpt, source="autoresume")
         rejected.append(ckpt.batch)
@@ -125,13 +131,15 @@ def verify_limit() -> int:
     return int(os.environ.get("LLM_CKPT_VERIFY_MAX_BYTES", DEFAULT_VERIFY_MAX_BYTES))
 
 
-def _verified_load_path(store: Store, ckpt: cm.Checkpoint, rank: int) -> tuple[str | None, str | None]:
+def _verified_load_path(
+    store: Store, ckpt: cm.Checkpoint, rank: int, needs: tuple[str, ...]
+) -> tuple[str | None, str | None]:
     """(path to give Composer, None) or (None, why the checkpoint cannot be used)."""
     small = sum(f["size"] for f in ckpt.files.values()) <= verify_limit()
     if not store.is_remote:
         problem = cm.hash_problem(ckpt.files, Path(store.root)) if small else None
         if problem is None and not ckpt.sharded:
-            problem = state_problem(Path(store.root) / ckpt.load_path)
+            problem = state_problem(Path(store.root) / ckpt.load_path, needs)
         return (None, problem) if problem else (store.url(ckpt.load_path), None)
     if ckpt.sharded:
         # Each rank reads only its shards straight from S3; sizes were checked against the listing.
@@ -141,7 +149,7 @@ def _verified_load_path(store: Store, ckpt: cm.Checkpoint, rank: int) -> tuple[s
     # SIGTERM through Composer's handler), once Composer or `llm generate` has read it.
     atexit.register(shutil.rmtree, local_root, ignore_errors=True)
     download_files(store, sorted(ckpt.files), local_root)
-    problem = cm.hash_problem(ckpt.files, local_root) or state_problem(local_root / ckpt.load_path)
+    problem = cm.hash_problem(ckpt.files, local_root) or state_problem(local_root / ckpt.load_path, needs)
     if problem:
         shutil.rmtree(local_root, ignore_errors=True)
         return None, problem
@@ -180,9 +188,10 @@ class _ShapeReader(pickle.Unpickler):
         return "tensor"
 
 
-def state_problem(path: Path) -> str | None:
-    """Why a monolithic Composer checkpoint cannot be resumed from although its bytes verify: it
-    holds no model or no optimizer state (a resume would silently start from step 1); else None.
+def state_problem(path: Path, needs: tuple[str, ...] = TRAINING_STATE) -> str | None:
+    """Why a monolithic Composer checkpoint cannot be used although its bytes verify: it holds no
+    state for one of `needs` (a resume without model or optimizer state would silently start
+    from step 1; `llm generate` needs only the model); else None.
 
     Only torch's zip format is read (its `data.pkl`, never the tensors, and nothing is run); other
     files are left for Composer to judge."""
@@ -200,7 +209,7 @@ def state_problem(path: Path) -> str | None:
     state = saved.get("state") if isinstance(saved, dict) else None
     if not isinstance(state, dict):
         return "it holds no training state"
-    missing = [key for key in ("model", "optimizers") if not state.get(key)]
+    missing = [key for key in needs if not state.get(key)]
     if missing:
         return f"it holds no {' and no '.join(missing)} state"
     return None

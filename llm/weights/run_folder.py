@@ -29,7 +29,7 @@ def is_run_folder(path: str) -> bool:
 
 def newest_verified_checkpoint(folder: str) -> str:
     """The checkpoint resume would pick in a run's folder (StorageError if every one is corrupt)."""
-    point = newest_usable_checkpoint(folder)
+    point = newest_usable_checkpoint(folder, needs=("model",))  # weights only: no optimizer needed
     if point is None:
         raise ConfigError(
             f"{folder} holds no complete checkpoint (no complete manifests; latest.json alone is not "
