@@ -446,6 +446,33 @@ class SftDataset(TokenDataset):
         }
 
 
+_SHM_RACE_ATTEMPTS = 8
+
+
+def _with_shm_race_retry(make):
+    """`make()`, again after a short random pause if another process took the same shared-memory
+    prefix at the same moment.
+
+    streaming 0.13 picks the first free prefix (`/000123_locals`) and then creates it: two
+    processes on one machine that build datasets at the same instant (two jobs started together,
+    a test suite's workers) can pick the same one, and the second fails with FileExistsError.
+    Only retried in a single process: with several ranks the prefix is agreed between barriers,
+    which a retry on one rank would put out of step."""
+    import random
+    import time
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return make()
+    for attempt in range(_SHM_RACE_ATTEMPTS):
+        try:
+            return make()
+        except FileExistsError as err:
+            if attempt == _SHM_RACE_ATTEMPTS - 1 or not re.search(r"/\d+_\w+", str(err.filename or err)):
+                raise
+            time.sleep(random.uniform(0.05, 0.3))
+    raise AssertionError("unreachable")
+
+
 def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | None = None) -> TokenDataset:
     """A (mixed, shuffled) StreamingDataset over the streams of `split` ("train" or "eval"), or over
     its stream number `stream` alone (evaluation reports each eval stream on its own)."""
@@ -485,16 +512,18 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
             )
         )
     dataset_class = SftDataset if data.kind == "sft" else TokenDataset
-    dataset = dataset_class(
-        streams=streams,
-        batch_size=batch_size,
-        shuffle=data.shuffle and split == "train",
-        shuffle_algo="py1e",
-        shuffle_seed=data.shuffle_seed,
-        shuffle_block_size=data.shuffle_block_size,
-        num_canonical_nodes=data.num_canonical_nodes,
-        predownload=data.predownload,
-        cache_limit=cache_limit(cfg, split, largest, cached, len(streams)),
+    dataset = _with_shm_race_retry(
+        lambda: dataset_class(
+            streams=streams,
+            batch_size=batch_size,
+            shuffle=data.shuffle and split == "train",
+            shuffle_algo="py1e",
+            shuffle_seed=data.shuffle_seed,
+            shuffle_block_size=data.shuffle_block_size,
+            num_canonical_nodes=data.num_canonical_nodes,
+            predownload=data.predownload,
+            cache_limit=cache_limit(cfg, split, largest, cached, len(streams)),
+        )
     )
     dataset.error_log = str(RunDir(cfg.run_dir).storage_log)
     return dataset

@@ -279,3 +279,23 @@ def test_index_problems_are_found_at_start_not_when_training_reaches_them(tmp_pa
     (split / "index.json").unlink()
     with pytest.raises(ConfigError, match="no index.json, so the conversion into it did not finish"):
         check_streams(cfg)
+
+
+def test_a_shared_memory_prefix_taken_at_the_same_moment_by_another_process_is_retried():
+    from llm.data import _with_shm_race_retry
+
+    calls = []
+
+    def make():  # what streaming raises when another process created the prefix it picked
+        calls.append(1)
+        if len(calls) < 3:
+            raise FileExistsError(17, "File exists", "/000654_locals")
+        return "dataset"
+
+    assert _with_shm_race_retry(make) == "dataset" and len(calls) == 3
+
+    def other():  # any other existing file is not that race
+        raise FileExistsError(17, "File exists", "/tmp/cache/shard.00000.mds")
+
+    with pytest.raises(FileExistsError):
+        _with_shm_race_retry(other)
