@@ -73,7 +73,7 @@ def fork_server():
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Files with `slow` tests first, so that with `-n 2` (pytest-xdist, one file per worker at a
+    """Files with `slow` tests first, so that with pytest-xdist workers (`make test`: one file per worker at a
     time) the long multi-process files overlap each other instead of finishing last, alone."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     # The longest files (four-rank launches, the gpu-check smoke) go first of all.
