@@ -456,13 +456,15 @@ def _with_shm_race_retry(make):
     streaming 0.13 picks the first free prefix (`/000123_locals`) and then creates it: two
     processes on one machine that build datasets at the same instant (two jobs started together,
     a test suite's workers) can pick the same one, and the second fails with FileExistsError.
-    Only retried in a single process: with several ranks the prefix is agreed between barriers,
-    which a retry on one rank would put out of step."""
+    Only retried in a world of one rank (Composer sets up a process group even for one process):
+    with several ranks the prefix is agreed between barriers, which a retry on one rank would put
+    out of step."""
     import random
     import time
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return make()
+        if torch.distributed.get_world_size() > 1:
+            return make()
     for attempt in range(_SHM_RACE_ATTEMPTS):
         try:
             return make()

@@ -214,6 +214,9 @@ class MLflowTracker(MLFlowLogger):
         self.record_dir = run_dir
         self.ids = ids
         self._outbox: list[Any] = []  # mlflow Metric entities, in logging order
+        # The first this-many outbox points went out in a request that timed out: a frozen server
+        # may have them, or store them when it resumes ("no answer", not "not sent").
+        self._unanswered = 0
         self._params: dict[str, str] = dict(params)
         self._sent_params: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -298,6 +301,7 @@ class MLflowTracker(MLFlowLogger):
         with self._lock:
             self._outbox.extend(points)
             overflow = len(self._outbox) - _MAX_WAITING_POINTS
+            self._unanswered = max(0, self._unanswered - max(0, overflow))
             if overflow > 0:
                 del self._outbox[:overflow]
                 self._lost += overflow
@@ -329,6 +333,7 @@ class MLflowTracker(MLFlowLogger):
     def _send_once(self) -> bool:
         """Try to send everything waiting; True when the outbox is empty afterwards."""
         sent = 0
+        metrics: list = []
         try:
             if self._run_id is None:
                 self._connect()
@@ -343,8 +348,13 @@ class MLflowTracker(MLFlowLogger):
                 sent += len(metrics)
                 with self._lock:
                     del self._outbox[: len(metrics)]
+                    self._unanswered = max(0, self._unanswered - len(metrics))
                     self._sent_params.update(params)
+                metrics = []
         except Exception as err:
+            if metrics and _reason(err) == "timed out":  # the request went out; its answer did not come
+                with self._lock:
+                    self._unanswered = max(self._unanswered, len(metrics))
             self._outage(err)
             return False
         if self._down_since is not None:
@@ -436,13 +446,24 @@ class MLflowTracker(MLFlowLogger):
 
     def _report_unsent(self) -> None:
         with self._lock:
-            steps = [m.step for m in self._outbox]
+            answered = min(self._unanswered, len(self._outbox))
+            unanswered = [m.step for m in self._outbox[:answered]]
+            steps = [m.step for m in self._outbox[answered:]]
             params = sum(1 for k, v in self._params.items() if self._sent_params.get(k) != v)
-        span = f" (steps {min(steps)}-{max(steps)})" if steps else ""
+
+        def span(points: list[int]) -> str:
+            return f" (steps {min(points)}-{max(points)})" if points else ""
+
+        maybe = (
+            f"; {len(unanswered)} more{span(unanswered)} were sent but got no answer (the server may "
+            "have them, or store them when it resumes)"
+            if unanswered
+            else ""
+        )
         _say(
             f"[mlflow] WARNING {self.tracking_uri} did not answer within {self.settings.close_timeout:g} s "
-            f"at the end: {len(steps)} metric points{span} and {params} params were not sent, nor the "
-            f"record files; {self.record_dir / METRICS} has every logged step"
+            f"at the end: {len(steps)} metric points{span(steps)} and {params} params were not sent, nor "
+            f"the record files{maybe}; {self.record_dir / METRICS} has every logged step"
         )
 
 
