@@ -97,7 +97,7 @@ soak-resume: install
 soak-outage: install
 	$(PY) -m bench.soak_outage
 
-bench-restart: $(DEMO)/shards/train/index.json install
+bench-restart: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json install
 	$(PY) -m bench.restart
 
 # Stall per save (synchronous vs background uploads), SIGTERM-to-durable, restart phases, on a
