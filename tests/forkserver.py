@@ -29,6 +29,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -258,6 +259,7 @@ class _Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _fd(stream, opened: list[int], mode: str = "w", stdout=None) -> int:
