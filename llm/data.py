@@ -17,6 +17,7 @@ replaying batches.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -516,7 +517,7 @@ def build_dataset(cfg: TrainConfig, split: str, batch_size: int, stream: int | N
     dataset_class = SftDataset if data.kind == "sft" else TokenDataset
     dataset = _with_shm_race_retry(
         lambda: dataset_class(
-            streams=streams,
+            streams=copy.deepcopy(streams),  # streaming fills in each Stream: a retry needs fresh ones
             batch_size=batch_size,
             shuffle=data.shuffle and split == "train",
             shuffle_algo="py1e",

@@ -281,21 +281,37 @@ def test_index_problems_are_found_at_start_not_when_training_reaches_them(tmp_pa
         check_streams(cfg)
 
 
-def test_a_shared_memory_prefix_taken_at_the_same_moment_by_another_process_is_retried():
-    from llm.data import _with_shm_race_retry
+def test_a_shared_memory_prefix_taken_at_the_same_moment_by_another_process_is_retried(
+    tmp_path, train_data, monkeypatch
+):
+    """Another process creating the prefix this one picked, between streaming's check and its
+    create, is simulated at the create (a real race cannot be timed): the dataset is built again,
+    from fresh streams, and reads the same samples."""
+    import streaming.base.shared.prefix as prefix
 
-    calls = []
+    real = prefix.SharedMemory
+    raced = []
 
-    def make():  # what streaming raises when another process created the prefix it picked
-        calls.append(1)
-        if len(calls) < 3:
-            raise FileExistsError(17, "File exists", "/000654_locals")
-        return "dataset"
+    def racing(name, create=True, size=0, auto_cleanup=True):
+        if create and not raced:
+            raced.append(name)
+            raise FileExistsError(17, "File exists", f"/{name}")
+        return real(name, create, size, auto_cleanup)
 
-    assert _with_shm_race_retry(make) == "dataset" and len(calls) == 3
+    monkeypatch.setattr(prefix, "SharedMemory", racing)
+    cfg = _cfg(tmp_path, train_data, "data.shuffle=false")
+    dataset = build_dataset(cfg, "train", 8)
+    assert raced and raced[0].endswith("_locals")
+    first = dataset[0]
+    del dataset
+    monkeypatch.setattr(prefix, "SharedMemory", real)
+    again = build_dataset(_cfg(tmp_path, train_data, "data.shuffle=false", name="r2.yaml"), "train", 8)
+    assert torch.equal(first, again[0])
 
     def other():  # any other existing file is not that race
         raise FileExistsError(17, "File exists", "/tmp/cache/shard.00000.mds")
+
+    from llm.data import _with_shm_race_retry
 
     with pytest.raises(FileExistsError):
         _with_shm_race_retry(other)
