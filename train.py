@@ -13,21 +13,15 @@ from collections.abc import Sequence
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    # The dry run is `llm inspect`: the same arguments, defaults and output.
+    from llm.commands.inspect_recipe import add_arguments
+
     parser = argparse.ArgumentParser(prog="train.py", description=__doc__.splitlines()[0])
-    parser.add_argument("recipe", help="YAML recipe, e.g. recipes/demo.yaml")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optimizer.lr=1e-4")
+    add_arguments(parser)
     parser.add_argument(
-        "--dry-run", action="store_true", help="print sizes and the memory plan, do not train"
-    )
-    parser.add_argument("--gpus", type=int, default=8, help="GPU count for the dry run's memory plan")
-    parser.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU in GB for the dry run")
-    parser.add_argument("--gpu-type", default="H100", help="GPU model for the dry run's cost (H100, A100...)")
-    parser.add_argument("--mfu", type=float, help="measured MFU for the cost (default: 40%% and 50%%)")
-    parser.add_argument(
-        "--upload-bandwidth", default="1.25GB/s", help="a node's checkpoint upload rate (default 1.25GB/s)"
-    )
-    parser.add_argument(
-        "--disk-bandwidth", default="2GB/s", help="a node's local write rate for a save (default 2GB/s)"
+        "--dry-run",
+        action="store_true",
+        help="print sizes and the memory plan (as `llm inspect`), do not train",
     )
     return parser.parse_args(list(argv))
 
@@ -40,24 +34,13 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if args.dry_run:
+            from llm.commands import inspect_recipe
+
+            return inspect_recipe.run(args)
         from llm.config import load_config
 
         cfg = load_config(args.recipe, args.overrides)
-        if args.dry_run:
-            from llm.memory_plan import describe_run
-
-            print(
-                describe_run(
-                    cfg,
-                    args.gpus,
-                    args.gpu_gb,
-                    gpu_type=args.gpu_type,
-                    mfu=args.mfu,
-                    upload_bandwidth=args.upload_bandwidth,
-                    disk_bandwidth=args.disk_bandwidth,
-                )  # fmt: skip
-            )
-            return 0
         from llm.trainer import train
 
         train(cfg, extra_callbacks)

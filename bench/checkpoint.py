@@ -4,7 +4,7 @@
 
 Real `train.py` processes (scenarios/resume_driver.py, the resume harness's tiny shards and
 recipe with a wider model) save to a moto S3 server on loopback behind a bandwidth cap
-(scenarios/throttle.py, both directions). Each step sleeps `--step-s` after its work (the
+(scenarios/proxy.py's rate cap, both directions). Each step sleeps `--step-s` after its work (the
 driver's LLM_TEST_BATCH_SLEEP), standing in for GPU compute: the training thread waits while the
 CPU is free for an upload, as on a GPU node. For each checkpoint size and cap, side by side:
 
@@ -42,7 +42,7 @@ from llm.checkpoint.sizes import DEFAULT_DISK_BANDWIDTH, DEFAULT_UPLOAD_BANDWIDT
 from llm.config import load_config
 from llm.memory_plan import ANCHOR_MFU, PEAK_BF16_FLOPS, checkpoint_cost, describe
 from scenarios import resume as rs
-from scenarios.throttle import Throttle
+from scenarios.proxy import Proxy
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {  # name -> model overrides (vocab 256, seq 32 from the harness)
@@ -148,7 +148,7 @@ def measure(
     name = f"{size}-{cap[0].replace('/', 'p')}"
     bucket = re.sub(r"[^a-z0-9-]", "-", f"bench-{name}".lower())
     server.create_bucket(bucket)
-    throttle = Throttle(server.port, cap[1])
+    throttle = Proxy(server.port, rate=cap[1])
     env = {"S3_ENDPOINT_URL": throttle.endpoint, **CREDENTIALS, **INFO}
     out: dict = {"size": size, "cap": cap[0]}
     try:

@@ -3,7 +3,7 @@
     python -m bench.soak_outage [--runs 5] [--down-for 60] [--seed 0] [--workdir DIR]
 
 A loopback S3 server (moto) holds the shards (small, so downloads are in flight while training
-runs) and the checkpoints; every training process reaches it through a `scenarios.outage.Switch`.
+runs) and the checkpoints; every training process reaches it through a `scenarios.proxy.Proxy`.
 One uninterrupted reference run, then `--runs` runs, each with the endpoint taken down (connection
 refused, as from a killed server) for `--down-for` seconds at a random point: at start (during
 the set-up reads: meta.json, index.json, the run lock, the checkpoint scan), while streaming, or
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from scenarios import outage as so
 from scenarios import resume as rs
+from scenarios.proxy import Proxy
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
     client.create_bucket(Bucket="soak")
     split = rs.write_shards(work / "shards", shard_bytes=so.SHARD_BYTES)
     data = so.upload_split(client, "soak", split, "data/train")
-    switch = so.Switch(port)
+    switch = Proxy(port)
     budget = os.environ.get("LLM_S3_OUTAGE_S", "300 (default)")
     print(
         f"soak-outage: {args.runs} runs, endpoint away {args.down_for:g} s each, LLM_S3_OUTAGE_S={budget}",

@@ -1,122 +1,27 @@
 """Storage outages for the outage tests and `make soak-outage`: an S3 endpoint that goes away and
 comes back, and a training run that must ride it out.
 
-`Switch` is a TCP forwarder on loopback in front of the S3 server. `down()` closes its listener
-and every open connection, so clients get "connection refused" exactly as from a killed server;
-`up()` listens again on the same port. The server behind it keeps its objects (moto holds them in
-memory, so killing moto itself would lose the bucket). `freeze()` keeps accepting connections and
-reads requests but never answers (a hung server).
+The endpoint is a `scenarios.proxy.Proxy` in front of the S3 server: `down()` refuses connections
+as a killed server does, `up()` listens again on the same port, `freeze()` never answers.
 
 `outage_run` starts the resume harness's tiny training (scenarios/resume.py) with its shards and
-checkpoints on S3 behind a Switch, takes the endpoint down at a given moment for a given time,
+checkpoints on S3 behind such a proxy, takes the endpoint down at a given moment for a given time,
 and returns the finished run with when the outage really began and ended.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from scenarios import resume as rs
+from scenarios.proxy import Proxy
 
 # Shards small enough that downloads are still in flight while training runs (about 2 samples a
 # shard, 48 shards), fetched lazily: a few samples ahead, small shuffle blocks.
 SHARD_BYTES = 200
 LAZY = ["data.predownload=2", "data.shuffle_block_size=8"]
-
-
-class Switch:
-    """A forwarder to 127.0.0.1:`upstream_port` that can be taken down and brought back."""
-
-    def __init__(self, upstream_port: int):
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.port = 0
-        self.frozen = False
-        self._open: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._listener: socket.socket | None = None
-        self.up()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-
-    def up(self) -> None:
-        self.frozen = False
-        if self._listener is not None:
-            return
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def down(self) -> None:
-        with self._lock:
-            listener, self._listener = self._listener, None
-            open_now, self._open = self._open, []
-        if listener is not None:
-            _close(listener)
-        for s in open_now:
-            _close(s)
-
-    def freeze(self) -> None:
-        self.frozen = True
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._listener is not listener:
-                    _close(client)
-                    return
-                self._open.append(client)
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = None
-        try:
-            while chunk := client.recv(65536):
-                if self.frozen:
-                    continue  # read and drop: the answer never comes
-                if upstream is None:
-                    upstream = socket.create_connection(self.upstream)
-                    with self._lock:
-                        self._open.append(upstream)
-                    threading.Thread(target=self._back, args=(upstream, client), daemon=True).start()
-                upstream.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (client, upstream):
-                if s is not None:
-                    _close(s)
-
-    @staticmethod
-    def _back(upstream: socket.socket, client: socket.socket) -> None:
-        try:
-            while data := upstream.recv(65536):
-                client.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _close(client)
-
-
-def _close(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    try:
-        s.close()
-    except OSError:
-        pass
 
 
 def upload_split(client, bucket: str, split: Path, prefix: str) -> str:
@@ -141,7 +46,7 @@ class OutageRun:
 
 
 def outage_run(
-    folder: Path, switch: Switch, data_remote: str, save_folder: str, *, at_batch: int | None,
+    folder: Path, switch: Proxy, data_remote: str, save_folder: str, *, at_batch: int | None,
     delay: float, down_for: float, env: dict, tag: str = "outage", timeout: float = 600, overrides=(),
 ) -> OutageRun:  # fmt: skip
     """Train the harness recipe through `switch`; the endpoint goes down `delay` seconds after the

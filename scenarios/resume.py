@@ -136,17 +136,15 @@ def start(
     for p in (record, weights, *release_files(record)):
         p.unlink(missing_ok=True)
     cmd = [*(launcher or [sys.executable]), str(driver), str(recipe), *overrides]
-    with open(folder / f"{tag}.log", "w") as log:  # the process keeps its own descriptor
-        proc = SPAWN(
-            cmd,
-            cwd=cwd,
-            env=driver_env(record, weights, sleep, env, pause_at),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = _spawn(cmd, folder / f"{tag}.log", cwd=cwd, env=driver_env(record, weights, sleep, env, pause_at))
     proc.tag_log = folder / f"{tag}.log"  # type: ignore[attr-defined]
     return proc, record, weights
+
+
+def _spawn(cmd: list[str], log: Path, *, cwd: Path, env: dict):
+    """Start `cmd` in its own session through SPAWN, its output (both streams) into `log`."""
+    with open(log, "w") as out:  # the process keeps its own descriptor
+        return SPAWN(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def finish(proc, record: Path, weights: Path, started: float, timeout: float = 300) -> Run:
@@ -244,17 +242,8 @@ def start_nodes(
             "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
             str(DRIVER), str(recipe), *overrides, f"data.cache_root={folder / f'cache-{tag}-node{node}'}",
         ]  # fmt: skip
-        with open(folder / f"{tag}.log.node{node}", "w") as log:
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    cwd=cwd,
-                    env=driver_env(record, weights, sleep, env, pause_at),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        env_node = driver_env(record, weights, sleep, env, pause_at)
+        procs.append(_spawn(cmd, folder / f"{tag}.log.node{node}", cwd=cwd, env=env_node))
     return Nodes(procs, folder / f"{tag}.log"), record, weights
 
 

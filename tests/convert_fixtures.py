@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 
@@ -52,7 +53,7 @@ def small_corpus(tmp_path_factory, small_corpus_docs) -> str:
 
 def run_convert(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m convert ARGS` in a subprocess, from the repository root."""
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, "-m", "convert", *args],
         cwd=REPO_ROOT,
         capture_output=True,

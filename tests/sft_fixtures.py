@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 
@@ -31,7 +32,7 @@ def write_csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
 
 def convert(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """`python -m convert ARGS` in a subprocess (what a user runs)."""
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, "-m", "convert", *args], cwd=cwd, capture_output=True, text=True, timeout=600
     )
 

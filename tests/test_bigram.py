@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 
+import forkserver
 import numpy as np
 from train_fixtures import REPO, train_data  # noqa: F401
 
@@ -31,7 +31,7 @@ def test_make_demo_ends_with_the_baseline_beside_the_models_eval_loss(train_data
     metrics.write_text(
         json.dumps({"step": 10, "eval_loss": 9.0}) + "\n" + json.dumps({"step": 20, "eval_loss": 4.5}) + "\n"
     )
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "scenarios.bigram", "--shards", str(train_data.train.parent), "--metrics", str(metrics)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from callbacks_rank_driver import CFG
@@ -37,7 +37,7 @@ def launched(tmp_path_factory, small_tokenizer, chinese_documents) -> tuple[Path
     task = str(out / "zh-demo")
     write_demo_tasks(task, questions=5)
     launcher = str(Path(sys.executable).parent / "composer")
-    result = subprocess.run(
+    result = forkserver.run(
         [launcher, "-n", "2", str(DRIVER), str(out), small_tokenizer, task],
         cwd=out,
         env={**os.environ, "FSDP_VERSION": "2", "PYTHONPATH": str(REPO)},

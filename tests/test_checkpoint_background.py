@@ -25,7 +25,6 @@ import signal
 from dataclasses import dataclass
 
 import pytest
-from fault_proxy import FaultProxy
 from resume_support import (
     MAX_BATCHES,
     SAVE_EVERY,
@@ -44,6 +43,8 @@ from resume_support import (
     wait_for_line,
     write_recipe,
 )
+
+from scenarios.proxy import Proxy
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -70,7 +71,7 @@ def uploads(tmp_path_factory, shards, s3_server) -> Uploads:
     root = tmp_path_factory.mktemp("background-uploads")
     bucket = s3_server.create_bucket("background-uploads")
     save = f"s3://{bucket}/runs/rs"
-    proxy = FaultProxy(s3_server.port)
+    proxy = Proxy(s3_server.port)
     env = {"S3_ENDPOINT_URL": proxy.endpoint, **FAST_FAILURE}
     recipe = write_recipe(root / "recipe.yaml", shards, save, cache=root / "cache")
     hold = {**env, "LLM_TEST_UPLOAD_HOLD": str(HELD)}

@@ -1,7 +1,7 @@
 """Console output written to a file holds no progress-bar control sequences; a terminal keeps its bars.
 
 Training (`train.py`) and conversion (`python -m convert shards`) run as a user runs them, once with
-stdout and stderr going to a pipe (as `make demo > log 2>&1`) and once to a pseudo-terminal (the
+stdout and stderr going to files (as `make demo > log 2>&1`) and once to a pseudo-terminal (the
 `pty` module), and what each wrote is read back.
 """
 
@@ -11,22 +11,20 @@ import fcntl
 import os
 import pty
 import struct
-import subprocess
 import sys
 import termios
 import tty
 from pathlib import Path
 
+import forkserver
 import pytest
 from train_fixtures import REPO, train_data, write_recipe  # noqa: F401
 
 CONTROL = ("\r", "\x1b[")  # a bar's carriage return, cursor moves and clears
 
 
-def run_on_pipe(args: list[str], cwd: Path) -> str:
-    proc = subprocess.run(
-        args, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
-    )
+def run_into_files(args: list[str], cwd: Path) -> str:
+    proc = forkserver.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
 
@@ -36,7 +34,7 @@ def run_on_terminal(args: list[str], cwd: Path) -> str:
     master, slave = pty.openpty()
     tty.setraw(slave)  # no "\n" -> "\r\n" translation: every "\r" read back is the program's own
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a 120-column screen
-    proc = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    proc = forkserver.popen(args, cwd=cwd, stdout=slave, stderr=slave)
     os.close(slave)
     chunks = []
     while True:
@@ -55,7 +53,7 @@ def run_on_terminal(args: list[str], cwd: Path) -> str:
 @pytest.fixture(scope="module")
 def training_runs(train_data, tmp_path_factory):  # noqa: F811
     out = {}
-    for where, run in (("pipe", run_on_pipe), ("terminal", run_on_terminal)):
+    for where, run in (("file", run_into_files), ("terminal", run_on_terminal)):
         root = tmp_path_factory.mktemp(f"console-{where}")
         training = {"global_batch_size": 8, "device_microbatch_size": 8, "max_duration": "8ba"}
         training |= {"eval_interval": "8ba", "eval_subset_num_batches": 2, "log_interval": 4}
@@ -68,10 +66,10 @@ def training_runs(train_data, tmp_path_factory):  # noqa: F811
 
 @pytest.mark.slow
 def test_training_written_to_a_file_has_labelled_lines_and_no_bars(training_runs):
-    log = training_runs["pipe"]
+    log = training_runs["file"]
     assert "[progress] step 8/8 (100%)" in log
     found = [c for c in CONTROL if c in log]
-    assert not found, f"control sequences {found} in a log written to a pipe"
+    assert not found, f"control sequences {found} in a log written to a file"
 
 
 @pytest.mark.slow
@@ -90,10 +88,10 @@ def conversion_args(train_data, out: Path) -> list[str]:  # noqa: F811
 
 
 def test_conversion_written_to_a_file_prints_labelled_progress_lines(train_data, tmp_path):  # noqa: F811
-    log = run_on_pipe(conversion_args(train_data, tmp_path / "shards"), REPO)
+    log = run_into_files(conversion_args(train_data, tmp_path / "shards"), REPO)
     assert "[progress] reading: 400 doc" in log
     found = [c for c in CONTROL if c in log]
-    assert not found, f"control sequences {found} in a log written to a pipe"
+    assert not found, f"control sequences {found} in a log written to a file"
 
 
 def test_conversion_on_a_terminal_draws_its_bar(train_data, tmp_path):  # noqa: F811

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 from train_fixtures import REPO, load, train_data, write_recipe  # noqa: F401
 
@@ -32,7 +33,7 @@ def small_shards(train_data, tmp_path_factory) -> Path:
         "--tokenizer", str(train_data.tokenizer), "--seq-len", str(SEQ), "--shard-size-mb", "0.01",
         "--val-fraction", "0.05", "--workers", "1", "--no-progress", "--out", str(out),
     ]  # fmt: skip
-    subprocess.run(args, cwd=REPO, check=True, capture_output=True, timeout=600)
+    forkserver.run(args, cwd=REPO, check=True, capture_output=True, timeout=600)
     return out / "train"
 
 
@@ -141,11 +142,12 @@ def test_when_both_download_threads_fail_the_epoch_still_ends(
     their exit, which a failing thread never did: with both failing on a frozen remote the run hung
     (seen in CI). Each thread is run here as streaming runs it, against a remote cut off."""
     import numpy as np
-    from fault_proxy import FaultProxy
     from streaming.base.dataset import _Iterator
 
+    from scenarios.proxy import Proxy
+
     remote = upload(s3_server, s3_bucket, small_shards, "both-fail/train")
-    proxy = FaultProxy(s3_server.port)
+    proxy = Proxy(s3_server.port)
     monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
     monkeypatch.setenv("LLM_S3_OUTAGE_S", "1")  # the outage budget, reduced
     monkeypatch.setenv("LLM_S3_CONNECT_TIMEOUT", "1")

@@ -19,23 +19,21 @@ as on separate machines.
 
 from __future__ import annotations
 
-import socket
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 from train_fixtures import read_metrics, train_data, write_recipe  # noqa: F401 (a fixture)
+
+from scenarios.resume import PRIVATE_SHM, free_port, private_shm_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSER = str(Path(sys.executable).parent / "composer")
 STEPS = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def overrides(tmp_path: Path, name: str) -> list[str]:
@@ -46,32 +44,35 @@ def read_run_metrics(run_dir: Path) -> list[dict]:
     return read_metrics(run_dir / "metrics.jsonl")
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
+def finish(proc, log: Path) -> tuple[int, str]:
     """Exit code and output; a launcher left waiting for a missing node is killed after 15 min."""
     try:
-        out, _ = proc.communicate(timeout=900)
+        proc.wait(timeout=900)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        out += "\n[killed after 900 s: was a node missing from the rendezvous?]"
-    return proc.returncode, out
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return (
+            proc.returncode,
+            log.read_text() + "\n[killed after 900 s: was a node missing from the rendezvous?]",
+        )
+    return proc.returncode, log.read_text()
 
 
-def launch(args: list[str], cwd: Path, private_shm: bool = False) -> subprocess.Popen:
+def launch(args: list[str], cwd: Path, log: Path, private_shm: bool = False):
+    """A `composer` launcher (under PRIVATE_SHM: in its own /dev/shm), its output into `log`."""
     command = [COMPOSER, *args]
     if private_shm:
         command = [*PRIVATE_SHM, *command]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-# Run a command in a new mount namespace with a fresh tmpfs on /dev/shm (needs root or CAP_SYS_ADMIN).
-PRIVATE_SHM = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "node"]
+    with log.open("w") as out:
+        return forkserver.popen(
+            command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def require_private_shm() -> None:
-    probe = subprocess.run([*PRIVATE_SHM, "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot give the second 'node' its own /dev/shm here: {probe.stderr.strip()}")
+    problem = private_shm_problem()
+    if problem:
+        pytest.skip(f"cannot give the second 'node' its own /dev/shm here: {problem}")
 
 
 @pytest.mark.slow
@@ -92,8 +93,9 @@ def test_two_launchers_posing_as_two_nodes_train_like_one_node(tmp_path, train_d
     )
     train = [str(ROOT / "train.py"), str(recipe)]
 
-    one_node = launch(["-n", "2", *train, *overrides(tmp_path, "one-node")], cwd=tmp_path)
-    code, out = finish(one_node)
+    one_log = tmp_path / "one-node.log"
+    one_node = launch(["-n", "2", *train, *overrides(tmp_path, "one-node")], cwd=tmp_path, log=one_log)
+    code, out = finish(one_node, one_log)
     assert code == 0, f"composer -n 2 failed:\n{out[-4000:]}"
 
     port = free_port()
@@ -115,11 +117,12 @@ def test_two_launchers_posing_as_two_nodes_train_like_one_node(tmp_path, train_d
                 f"data.cache_root={tmp_path / f'cache-node{node}'}",
             ],
             cwd=tmp_path,
+            log=tmp_path / f"node{node}.log",
             private_shm=True,
         )
         for node in (0, 1)
     ]
-    outputs = [finish(proc) for proc in nodes]
+    outputs = [finish(proc, tmp_path / f"node{node}.log") for node, proc in enumerate(nodes)]
     for node, (code, out) in enumerate(outputs):
         assert code == 0, (
             f"node {node} failed:\n{out[-3000:]}\n\nnode {1 - node}:\n{outputs[1 - node][1][-3000:]}"

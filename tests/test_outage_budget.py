@@ -3,7 +3,7 @@ with capped exponential backoff, on every path; one that never comes back ends t
 the budget plus one request timeout, and every later request of the process fails at once.
 
 In-process, through the real storage entry points, against the loopback S3 server behind a
-`scenarios.outage.Switch` (taken down and brought back on the same port) or a frozen one.
+`scenarios.proxy.Proxy` (taken down and brought back on the same port) or a frozen one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import pytest
 
 import storage
-from scenarios.outage import Switch
+from scenarios.proxy import Proxy
 from storage import StorageError, open_store
 from storage.s3 import OUTAGES
 
@@ -23,7 +23,7 @@ TIMEOUT = 1.0
 
 @pytest.fixture
 def switch(s3_server, monkeypatch):
-    switch = Switch(s3_server.port)
+    switch = Proxy(s3_server.port)
     monkeypatch.setenv("S3_ENDPOINT_URL", switch.endpoint)
     monkeypatch.setenv("LLM_S3_CONNECT_TIMEOUT", str(TIMEOUT))
     monkeypatch.setenv("LLM_S3_READ_TIMEOUT", str(TIMEOUT))
@@ -40,7 +40,7 @@ def store(s3_bucket, switch):
     return open_store(f"s3://{s3_bucket}/budget")
 
 
-def _back_after(switch: Switch, seconds: float) -> threading.Thread:
+def _back_after(switch: Proxy, seconds: float) -> threading.Thread:
     thread = threading.Thread(target=lambda: (time.sleep(seconds), switch.up()), daemon=True)
     thread.start()
     return thread

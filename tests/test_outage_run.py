@@ -13,6 +13,7 @@ import pytest
 from resume_support import SAVE_EVERY, assert_same_weights, run, write_recipe
 
 from scenarios import outage as so
+from scenarios.proxy import Proxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -34,7 +35,7 @@ def remote(tmp_path_factory, s3_server):
 
 @pytest.fixture(scope="module")
 def switch(s3_server):
-    switch = so.Switch(s3_server.port)
+    switch = Proxy(s3_server.port)
     yield switch
     switch.down()
 

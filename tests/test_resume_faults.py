@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import threading
 
 import pytest
 from resume_support import (
@@ -24,6 +22,7 @@ from resume_support import (
 
 from llm.checkpoint import manifest as cm
 from llm.checkpoint.resume import newest_usable_checkpoint
+from scenarios.proxy import Proxy
 from storage import StorageError, open_store
 
 
@@ -117,50 +116,6 @@ def test_a_corrupt_newest_s3_checkpoint_of_the_right_size_fails_its_sha256_and_i
         newest_usable_checkpoint(store.root)
 
 
-class _Proxy:
-    """A TCP forwarder to the S3 server that can be cut, like a network partition."""
-
-    def __init__(self, upstream_port: int):
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            self.open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def cut(self) -> None:
-        self.listener.close()
-        for s in self.open:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 @pytest.mark.s3
 @pytest.mark.slow
 def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_from_the_previous_checkpoint(
@@ -168,7 +123,7 @@ def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_fr
 ):
     save = f"s3://{s3_bucket}/down"
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, save, cache=tmp_path / "cache")
-    proxy = _Proxy(s3_server.port)
+    proxy = Proxy(s3_server.port)
     env = {"S3_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "LLM_S3_MAX_ATTEMPTS": "3"}
     proc, record, weights = start(recipe, "first", cwd=tmp_path, pause_at=SAVE_EVERY + 1, env=env)
     wait_for_batch(record, SAVE_EVERY + 1, proc)  # the checkpoint at SAVE_EVERY is stored

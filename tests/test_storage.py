@@ -1,6 +1,6 @@
 """The storage layer: one interface for local folders and S3, and one behaviour under S3 faults.
 
-The fault tests put `FaultProxy` between the code and the loopback S3 server and drive the real
+The fault tests put `scenarios.proxy.Proxy` between the code and the loopback S3 server and drive the real
 entry points of the three users of storage (conversion, data reading, checkpointing) through the
 same faults: the endpoint down, a burst of 503s, a slow answer, a server that never answers.
 Each must retry the same number of times and end in the same kind of one-line error, bounded
@@ -14,13 +14,13 @@ import os
 import time
 
 import pytest
-from fault_proxy import FaultProxy
 from s3server import free_port
 
 import storage
 from convert.errors import ConvertError
 from convert.sources import expand_inputs
 from llm.checkpoint.resume import newest_usable_checkpoint
+from scenarios.proxy import Proxy
 from shards.meta import SplitMeta, read_meta
 from storage import StorageError, atomic_open, open_store
 
@@ -168,7 +168,7 @@ OPERATIONS = ["conversion input", "data meta.json", "checkpoint upload", "checkp
 
 @pytest.fixture
 def proxy(s3_server, monkeypatch):
-    proxy = FaultProxy(s3_server.port)
+    proxy = Proxy(s3_server.port)
     monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
     monkeypatch.setenv("LLM_S3_MAX_ATTEMPTS", str(ATTEMPTS))
     monkeypatch.setenv("LLM_S3_CONNECT_TIMEOUT", str(TIMEOUT))

@@ -11,8 +11,9 @@ import subprocess
 import time
 
 import pytest
-from fault_proxy import FaultProxy
 from resume_support import SAVE_EVERY, release, run, start, wait_for_batch, write_recipe, write_shards
+
+from scenarios.proxy import Proxy
 
 BUDGET, TIMEOUT = 4, 1
 FAST_FAILURE = {
@@ -60,7 +61,7 @@ def test_a_remote_that_freezes_mid_epoch_ends_in_one_line_and_the_run_resumes_wh
     split = write_shards(tmp_path / "shards", shard_bytes=600)  # ~7 samples a shard, 14 shards
     remote = upload(s3_server, s3_bucket, split, "frozen/train")
     recipe = write_recipe(tmp_path / "recipe.yaml", remote, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    proxy = FaultProxy(s3_server.port)
+    proxy = Proxy(s3_server.port)
     lazy = ["data.predownload=4", "data.shuffle_block_size=16"]  # shards fetched as training goes
     proc, seconds, output = frozen_run(tmp_path, proxy, recipe, lazy)
 
@@ -87,7 +88,7 @@ def test_a_remote_that_freezes_during_a_save_ends_in_one_line_and_keeps_the_prev
     split = write_shards(tmp_path / "shards")
     save = f"s3://{s3_bucket}/frozen-save"
     recipe = write_recipe(tmp_path / "recipe.yaml", split, save, cache=tmp_path / "cache")
-    proxy = FaultProxy(s3_server.port)
+    proxy = Proxy(s3_server.port)
     proc, seconds, output = frozen_run(tmp_path, proxy, recipe)
 
     assert proc.returncode == 1, output[-3000:]

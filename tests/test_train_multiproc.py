@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 from train_fixtures import REPO, read_metrics, train_data, write_recipe  # noqa: F401
 
@@ -32,7 +32,7 @@ def test_two_ranks_train_on_different_samples(tmp_path, train_data, overrides):
     cmd = [COMPOSER, "-n", "2", "tests/train_rank_driver.py", str(recipe), "training.max_duration=6ba",
            "training.eval_interval=6ba", "scheduler.warmup=2ba", "training.log_interval=2", "training.device_microbatch_size=4",
            f"checkpoint.save_folder={tmp_path / 'ckpt'}", "checkpoint.save_interval=6ba", *overrides]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = forkserver.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
     rank0 = (samples / "rank0.txt").read_text().split()

@@ -8,11 +8,11 @@ a user would, into 64-token samples. `write_recipe` writes a CPU-sized recipe ov
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forkserver
 import pytest
 import yaml
 
@@ -33,7 +33,7 @@ class TrainData:
 
 
 def _convert(*args: str, cwd: Path) -> None:
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, "-m", "convert", *args], cwd=cwd, capture_output=True, text=True, timeout=600
     )
     if proc.returncode != 0:

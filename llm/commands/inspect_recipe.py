@@ -38,11 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     """`--gpu-type`, `--mfu` and the bandwidths, for the run's and its checkpoints' cost (shared
     with `train.py --dry-run`)."""
-    parser.add_argument(
+    parser.add_argument(  # checked by describe_run, so that a wrong one is one line like the rest
         "--gpu-type",
-        choices=sorted(PEAK_BF16_FLOPS),
         default=DEFAULT_GPU_TYPE,
-        help=f"GPU model for the cost estimate (default {DEFAULT_GPU_TYPE})",
+        help=f"GPU model for the cost estimate: {', '.join(sorted(PEAK_BF16_FLOPS))} (default {DEFAULT_GPU_TYPE})",
     )
     parser.add_argument(
         "--mfu",
