@@ -8,7 +8,7 @@ continuations. Our scorer starts every prompt with the tokenizer's EOS, the docu
 models train on; lm-eval gets the same start from the export itself (`llm export` names that EOS
 as the tokenizer's BOS and adds it), with no edit: `lm_eval --model hf` as a user would run it.
 
-`compare_stock` uses lm-eval's OWN stock task definitions instead (`ceval-valid_<subject>`,
+`compare(..., stock=True)` uses lm-eval's OWN stock task definitions instead (`ceval-valid_<subject>`,
 `cmmlu_<subject>` from the installed lm_eval/tasks folder), re-pointed only at local CSV copies:
 that is how `llm eval`'s default protocols are checked against the published ones.
 
@@ -39,6 +39,7 @@ class Agreement:
     same_choices: int  # questions where both pick the same option
     ours: dict[str, tuple[float, float]]  # "task/subject" -> (acc, acc_norm)
     theirs: dict[str, tuple[float, float]]
+    theirs_ll: dict[str, list[list[float]]]  # lm-eval's per-question option log-likelihoods
 
 
 def lm_eval_yaml(task: Task, subject: Subject, name: str, shots: int) -> dict:
@@ -105,11 +106,14 @@ def compare(
     batch_size: int = 8,
     stock: bool = False,
     protocol: str | None = None,
+    lm_eval_side: Agreement | None = None,
 ) -> Agreement:
     """Score with both and compare (local task folders whose subjects have a dev/ twin if shots > 0).
 
     `stock`: lm-eval runs its own ceval-valid / cmmlu task definitions (tasks named like them);
-    `protocol` is the one `llm.eval` uses (None: each task's own)."""
+    `protocol` is the one `llm.eval` uses (None: each task's own). `lm_eval_side`: an earlier
+    comparison of the same export, tasks, shots and limit, whose lm-eval scores are reused (lm-eval
+    does not depend on `protocol`)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tasks = harness.load_tasks(task_roots, None if stock else "val", limit, protocol)
@@ -127,7 +131,10 @@ def compare(
     if stock:
         # lm-eval's protocol is fixed by its yaml, whatever llm.eval was asked to use.
         tasks = harness.load_tasks(task_roots, None, limit)
-    theirs_ll, theirs = run_lm_eval(hf_dir, tasks, shots, limit, batch_size, stock)
+    if lm_eval_side is not None:
+        theirs_ll, theirs = lm_eval_side.theirs_ll, lm_eval_side.theirs
+    else:
+        theirs_ll, theirs = run_lm_eval(hf_dir, tasks, shots, limit, batch_size, stock)
     diffs = [
         abs(a - b)
         for key in ours_ll
@@ -139,7 +146,7 @@ def compare(
         for key in ours_ll
         for qa, qb in zip(ours_ll[key], theirs_ll[key], strict=True)
     )
-    return Agreement(sum(map(len, ours_ll.values())), max(diffs), same, ours, theirs)
+    return Agreement(sum(map(len, ours_ll.values())), max(diffs), same, ours, theirs, theirs_ll)
 
 
 def run_lm_eval(
@@ -167,7 +174,9 @@ def run_lm_eval(
             batch_size=batch_size,
             tasks=sorted(names),
             num_fewshot=shots,
-            task_manager=TaskManager(include_path=folder),
+            # Only the tasks written here (stock ones include lm-eval's yaml by path): indexing
+            # every built-in task costs about 10 s each time.
+            task_manager=TaskManager(include_path=folder, include_defaults=False),
             log_samples=True,
             limit=limit,
             verbosity="ERROR",

@@ -67,7 +67,9 @@ def test_default_protocol_equals_lm_evals_stock_ceval_and_cmmlu_tasks(setup, sho
 
     hf, tasks = setup
     found = compare(hf, tasks, shots=shots, limit=6, batch_size=4, stock=True)
-    before = compare(hf, tasks, shots=shots, limit=6, batch_size=4, stock=True, protocol="compact")
+    before = compare(
+        hf, tasks, shots=shots, limit=6, batch_size=4, stock=True, protocol="compact", lm_eval_side=found
+    )
     with capsys.disabled():
         print(
             f"\nstock lm-eval vs llm eval, {shots}-shot, {found.questions} questions: default protocol "
