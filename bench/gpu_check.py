@@ -457,7 +457,7 @@ def init_only(out: Path, recipe: str, overrides: list[str]) -> int:
     import torch
 
     from llm.config import load_config
-    from llm.memory_plan import count_params
+    from llm.model import count_params
     from llm.trainer import build_trainer, resolve_device
 
     cfg = load_config(REPO / recipe, overrides)

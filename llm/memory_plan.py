@@ -95,7 +95,7 @@ from llm.checkpoint.sizes import (
 )
 from llm.config import TrainConfig, parse_duration
 from llm.errors import ConfigError
-from llm.model import ModelConfig, Transformer
+from llm.model import ModelConfig, Transformer, count_params
 from llm.optim import duration_in_batches
 
 GIB = 1024**3
@@ -110,24 +110,6 @@ TARGET_MFU = 0.50
 
 class MemoryPlanError(ValueError):
     """Arguments the memory plan cannot model; the message names the argument and the fix."""
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    total: int
-    block: int
-    root: int
-    largest: int
-
-
-def count_params(cfg: ModelConfig) -> ParamCounts:
-    """Parameter counts from a meta-device build (nothing allocated)."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    total = model.num_params()
-    block = sum(p.numel() for p in model.layers[0].parameters())
-    largest = max(p.numel() for p in model.parameters())
-    return ParamCounts(total=total, block=block, root=total - cfg.n_layers * block, largest=largest)
 
 
 @dataclass(frozen=True)

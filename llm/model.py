@@ -487,3 +487,22 @@ class KVCache:
         self.k[layer_id][:, :, self.pos : end] = k
         self.v[layer_id][:, :, self.pos : end] = v
         return self.k[layer_id][:, :, :end], self.v[layer_id][:, :, :end]
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    block: int
+    root: int
+    largest: int
+
+
+def count_params(cfg: ModelConfig) -> ParamCounts:
+    """Parameter counts of `cfg`'s model from a meta-device build (nothing allocated): the whole, one
+    block, the rest (embeddings, final norm, output), the largest single tensor."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    total = model.num_params()
+    block = sum(p.numel() for p in model.layers[0].parameters())
+    largest = max(p.numel() for p in model.parameters())
+    return ParamCounts(total=total, block=block, root=total - cfg.n_layers * block, largest=largest)

@@ -23,8 +23,7 @@ from llm.checkpoint.uploader import Uploader
 from llm.composer_model import LanguageModel
 from llm.config import load_config
 from llm.errors import ConfigError
-from llm.memory_plan import count_params
-from llm.model import ModelConfig
+from llm.model import ModelConfig, count_params
 from storage import open_store
 
 CFG = ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=2, max_seq_len=16)

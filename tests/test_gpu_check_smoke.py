@@ -19,8 +19,7 @@ import torch
 
 from bench.gpu_check import SMOKE, SMOKE_MEMORY_BYTES, slice_layers, slice_plan
 from bench.gpu_check import main as gpu_check_main
-from llm.memory_plan import count_params
-from llm.model import ModelConfig, Transformer
+from llm.model import ModelConfig, Transformer, count_params
 
 REPO = Path(__file__).resolve().parents[1]
 

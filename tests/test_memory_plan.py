@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm.memory_plan import MemoryPlanError, count_params, describe, plan_memory
-from llm.model import ModelConfig
+from llm.memory_plan import MemoryPlanError, describe, plan_memory
+from llm.model import ModelConfig, count_params
 
 BAICHUAN_7B = ModelConfig(
     vocab_size=64000, dim=4096, n_layers=32, n_heads=32, hidden_dim=11008, max_seq_len=4096, norm_eps=1e-6

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
@@ -44,7 +43,7 @@ from llm.checkpoint.resume import (
 from llm.checkpoint.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes
 from llm.config import TrainConfig
 from llm.errors import ConfigError
-from llm.model import Transformer
+from llm.model import count_params
 from storage import StorageError, Store, open_store
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
@@ -214,8 +213,7 @@ def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> No
     written to (the local save_folder, or the staging folder an S3 save is written to first) has
     less free space than this rank's part of one checkpoint needs at the least (two with
     background uploads to S3: one uploading while the next is written), or cannot be written."""
-    with torch.device("meta"):  # nothing allocated
-        need = checkpoint_bytes(Transformer(cfg.model).num_params())
+    need = checkpoint_bytes(count_params(cfg.model).total)
     copies = ""
     if store.is_remote:
         where = staging_parent(cfg)
