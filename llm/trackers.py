@@ -27,10 +27,11 @@ returns the Composer logger destinations:
   sent again in halves, down to single points, and a point refused alone is dropped and counted
   in one line at the end. This matters after an outage: a request whose answer was lost (it timed
   out) may have been stored, and MLflow 2.22's SQL store refuses the resend of such a batch when it
-  holds more than 100 points (`SqlAlchemyStore._log_metrics` looks up the points it already has
-  100 keys at a time, inserts the rest of the whole batch after the first 100 and hits its own
-  unique key: IntegrityError, 400). Retried as it was, the resend was refused until the end's
-  `close_timeout`, so the run never caught up; its halves of up to 100 points are accepted.
+  holds more than 100 points (`SqlAlchemyStore._log_metrics`, on a duplicate: for each slice of
+  100 points it loads the stored history of that slice's keys only, then inserts every point of
+  the whole batch missing from it, so stored points of other keys hit the unique key again:
+  IntegrityError, answered as a 400). Retried as it was, the resend was refused until the end's
+  `close_timeout` and the run never caught up; its halves of up to 100 points are accepted.
 
 A resumed run sends steps after its checkpoint only, so a run stopped by SIGTERM and resumed has
 each step once in the tracker. After a SIGKILL the steps between the last checkpoint and the kill
