@@ -23,6 +23,15 @@ returns the Composer logger destinations:
   files (loss plot, samples, metrics, config, task results) as artifacts and closes the run
   (FINISHED, KILLED when the run stopped on a signal, FAILED on an error); if the server is still
   away it says how many points of which steps were not sent (metrics.jsonl has them all).
+  A request the server refuses (HTTP 400) is not an outage and is not retried as it was: it is
+  sent again in halves, down to single points, and a point refused alone is dropped and counted
+  in one line at the end. This matters after an outage: a request whose answer was lost (it timed
+  out) may have been stored, and MLflow 2.22's SQL store refuses the resend of such a batch when it
+  holds more than 100 points (`SqlAlchemyStore._log_metrics`, on a duplicate: for each slice of
+  100 points it loads the stored history of that slice's keys only, then inserts every point of
+  the whole batch missing from it, so stored points of other keys hit the unique key again:
+  IntegrityError, answered as a 400). Retried as it was, the resend was refused until the end's
+  `close_timeout` and the run never caught up; its halves of up to 100 points are accepted.
 
 A resumed run sends steps after its checkpoint only, so a run stopped by SIGTERM and resumed has
 each step once in the tracker. After a SIGKILL the steps between the last checkpoint and the kill
@@ -215,15 +224,19 @@ class MLflowTracker(MLFlowLogger):
         self.ids = ids
         self._outbox: list[Any] = []  # mlflow Metric entities, in logging order
         # The first this-many outbox points went out in a request that timed out: a frozen server
-        # may have them, or store them when it resumes ("no answer", not "not sent").
+        # may have them, or store them when it resumes ("no answer", not "not sent"); the same for
+        # the params in such a request.
         self._unanswered = 0
         self._params: dict[str, str] = dict(params)
         self._sent_params: dict[str, str] = {}
+        self._unanswered_params: dict[str, str] = {}  # params (with the value) in such a request
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._down_since: float | None = None  # monotonic time of the first failure of an outage
         self._lost = 0  # points dropped past _MAX_WAITING_POINTS
+        self._refused: list[int] = []  # steps of the points the server refused alone (dropped)
+        self._refusal = ""  # the server's reason for the first of them
         self._uploaded: dict[str, float] = {}  # record file -> mtime uploaded
         self._final_status = "FINISHED"
         self._resumed_at: int | None = None  # the batch a resumed fit started at
@@ -334,6 +347,7 @@ class MLflowTracker(MLFlowLogger):
         """Try to send everything waiting; True when the outbox is empty afterwards."""
         sent = 0
         metrics: list = []
+        params: list[tuple[str, str]] = []
         try:
             if self._run_id is None:
                 self._connect()
@@ -344,17 +358,17 @@ class MLflowTracker(MLFlowLogger):
                     params = params[:_MAX_PARAMS_PER_REQUEST]
                 if not metrics and not params:
                     break
-                self._send(metrics, params)  # params MLflow refuses to change count as sent
-                sent += len(metrics)
+                sent += len(metrics) - self._send(metrics, params)  # minus the points refused (dropped)
                 with self._lock:
                     del self._outbox[: len(metrics)]
                     self._unanswered = max(0, self._unanswered - len(metrics))
                     self._sent_params.update(params)
-                metrics = []
+                metrics, params = [], []
         except Exception as err:
-            if metrics and _reason(err) == "timed out":  # the request went out; its answer did not come
+            if _reason(err) == "timed out":  # the request went out; its answer did not come
                 with self._lock:
                     self._unanswered = max(self._unanswered, len(metrics))
+                    self._unanswered_params.update(params)
             self._outage(err)
             return False
         if self._down_since is not None:
@@ -366,31 +380,61 @@ class MLflowTracker(MLFlowLogger):
             self._down_since = None
         return True
 
-    def _send(self, metrics: list, params: list[tuple[str, str]]) -> None:
+    def _send(self, metrics: list, params: list[tuple[str, str]]) -> int:
+        """One request; if the server refuses it, find what it refuses. Returns the points refused."""
         from mlflow.entities import Param
-        from mlflow.exceptions import MlflowException, RestException
+        from mlflow.exceptions import RestException
 
-        client = self._mlflow_client
         try:
-            client.log_batch(
+            self._mlflow_client.log_batch(
                 self._run_id, metrics=metrics, params=[Param(k, v) for k, v in params], synchronous=True
             )
+            return 0
         except RestException as err:
-            if not params or err.error_code != "INVALID_PARAMETER_VALUE":
+            if not _refused(err):
                 raise
-            # A param whose value changed since the run was created (a resumed run's new
-            # max_duration): MLflow keeps the first value; send the rest one by one.
-            client.log_batch(self._run_id, metrics=metrics, synchronous=True)
-            refused = []
-            for key, value in params:
-                try:
-                    client.log_batch(self._run_id, params=[Param(key, value)], synchronous=True)
-                except MlflowException:
-                    refused.append(key)
-            if refused:
-                _say(
-                    f"[mlflow] params kept at their first value (MLflow cannot change them): {', '.join(refused)}"
-                )
+        refused = len(self._refused)
+        self._send_metrics(metrics)
+        self._send_params(params)
+        return len(self._refused) - refused
+
+    def _send_metrics(self, metrics: list) -> None:
+        """Send `metrics`, in halves while the server refuses them; a point refused alone is dropped."""
+        from mlflow.exceptions import RestException
+
+        if not metrics:
+            return
+        try:
+            self._mlflow_client.log_batch(self._run_id, metrics=metrics, synchronous=True)
+            return
+        except RestException as err:
+            if not _refused(err):
+                raise
+            if len(metrics) == 1:
+                self._refusal = self._refusal or str(err).splitlines()[0][:200]
+                self._refused.append(metrics[0].step)
+                return
+        half = len(metrics) // 2
+        self._send_metrics(metrics[:half])
+        self._send_metrics(metrics[half:])
+
+    def _send_params(self, params: list[tuple[str, str]]) -> None:
+        """Params one by one: MLflow keeps a param's first value and refuses to change it (a resumed
+        run's new max_duration)."""
+        from mlflow.entities import Param
+        from mlflow.exceptions import RestException
+
+        refused = []
+        for key, value in params:
+            try:
+                self._mlflow_client.log_batch(self._run_id, params=[Param(key, value)], synchronous=True)
+            except RestException as err:
+                if not _refused(err):
+                    raise
+                refused.append(key)
+        if refused:
+            kept = ", ".join(refused)
+            _say(f"[mlflow] params kept at their first value (MLflow cannot change them): {kept}")
 
     def _outage(self, err: Exception) -> None:
         if self._down_since is not None:
@@ -421,6 +465,12 @@ class MLflowTracker(MLFlowLogger):
             self._report_unsent()
         if self._lost:
             _say(f"[mlflow] WARNING {self._lost} points were dropped while the server was away (the oldest)")
+        if self._refused:
+            _say(
+                f"[mlflow] WARNING the server refused {len(self._refused)} metric points (steps "
+                f"{min(self._refused)}-{max(self._refused)}): {self._refusal}; "
+                f"{self.record_dir / METRICS} has them"
+            )
 
     def _upload_records(self) -> None:
         for name in RECORD_FILES:
@@ -446,24 +496,32 @@ class MLflowTracker(MLFlowLogger):
 
     def _report_unsent(self) -> None:
         with self._lock:
-            answered = min(self._unanswered, len(self._outbox))
-            unanswered = [m.step for m in self._outbox[:answered]]
-            steps = [m.step for m in self._outbox[answered:]]
-            params = sum(1 for k, v in self._params.items() if self._sent_params.get(k) != v)
+            no_answer = min(self._unanswered, len(self._outbox))  # the head of the outbox went out
+            unanswered = [m.step for m in self._outbox[:no_answer]]
+            steps = [m.step for m in self._outbox[no_answer:]]
+            pending = [(k, v) for k, v in self._params.items() if self._sent_params.get(k) != v]
+            params = sum(1 for k, v in pending if self._unanswered_params.get(k) != v)
+            params_no_answer = len(pending) - params
 
         def span(points: list[int]) -> str:
             return f" (steps {min(points)}-{max(points)})" if points else ""
 
+        if steps or params:
+            not_sent = (
+                f"{len(steps)} metric points{span(steps)} and {params} params were not sent, nor the "
+                "record files"
+            )
+        else:
+            not_sent = "the record files were not sent"
         maybe = (
-            f"; {len(unanswered)} more{span(unanswered)} were sent but got no answer (the server may "
-            "have them, or store them when it resumes)"
-            if unanswered
+            f"; {len(unanswered)} metric points{span(unanswered)} and {params_no_answer} params were sent "
+            "but got no answer (the server may have them, or store them when it resumes)"
+            if unanswered or params_no_answer
             else ""
         )
         _say(
             f"[mlflow] WARNING {self.tracking_uri} did not answer within {self.settings.close_timeout:g} s "
-            f"at the end: {len(steps)} metric points{span(steps)} and {params} params were not sent, nor "
-            f"the record files{maybe}; {self.record_dir / METRICS} has every logged step"
+            f"at the end: {not_sent}{maybe}; {self.record_dir / METRICS} has every logged step"
         )
 
 
@@ -479,6 +537,12 @@ def _reason(err: Exception) -> str:
         if marker in text:
             return short
     return text.splitlines()[0][:160] if text else type(err).__name__
+
+
+def _refused(err: Exception) -> bool:
+    """The server answered and refused the request (HTTP 400): sending it again as it is will not
+    help. Other answers (401, 403, 404, 5xx) may pass: the points wait."""
+    return err.get_http_status_code() == 400
 
 
 def _run_exists(client, run_id: str) -> bool:

@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 from resume_support import (
@@ -81,12 +82,12 @@ def test_one_run_reaches_mlflow_wandb_and_tensorboard(
     assert result["step"] == 24
 
 
-def _tracked(recipe: Path, server: MLflowServer, experiment: str, **extra) -> list[str]:
-    """Overrides that send the harness's tiny run to `server` (and W&B offline)."""
+def _tracked(uri: str, experiment: str, **extra) -> list[str]:
+    """Overrides that send the harness's tiny run to the MLflow server at `uri`."""
     settings = {
         "loggers.metrics_file": "true",
         "loggers.mlflow.enabled": "true",
-        "loggers.mlflow.tracking_uri": server.uri,
+        "loggers.mlflow.tracking_uri": uri,
         "loggers.mlflow.experiment_name": experiment,
         "loggers.mlflow.flush_interval": "0.5",
         **extra,
@@ -101,8 +102,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_continues_the_same_tracker_runs(
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     wandb_dir = tmp_path / "wandb"
     overrides = _tracked(
-        recipe,
-        mlflow_server,
+        mlflow_server.uri,
         "resumed",
         **{
             "loggers.wandb.enabled": "true",
@@ -152,11 +152,12 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
             tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache"
         )
         # A long close_timeout: on a loaded machine the server may come back after the last step;
-        # the run's end then waits for it and sends what waited.
+        # the run's end then waits for it and sends what waited. Shorter than the wait below, so a
+        # run that never catches up ends by itself and its log shows why.
         overrides = [
-            *_tracked(recipe, server, "outage"),
+            *_tracked(server.uri, "outage"),
             "training.max_duration=40ba",
-            "loggers.mlflow.close_timeout=300",
+            "loggers.mlflow.close_timeout=120",
         ]
         # The run holds at batch 3 while the server goes away, and at 12 until it has said so.
         proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, pause_at=(3, 12))
@@ -185,6 +186,108 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
         server.stop()
 
 
+def _wait_until(ready, proc, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"exited with {proc.returncode} before {what}"
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_points_the_server_stored_without_answering_are_sent_again_and_the_run_catches_up(
+    tmp_path, shards, mlflow_server
+):
+    """A server that comes back may store a request and lose its answer (the client times out): the
+    outbox sends those points again and the server must take them. MLflow refused such a resend of
+    over 100 points (a 400), and the run retried it until the end and never caught up."""
+    from fault_proxy import FaultProxy
+    from resume_support import release, start, wait_for_batch, wait_for_line
+
+    proxy = FaultProxy(mlflow_server.port)
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    overrides = [
+        *_tracked(proxy.endpoint, "lost-answer"),
+        "training.max_duration=16ba",
+        "loggers.mlflow.close_timeout=30",
+    ]
+    short = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
+    proc, record, _ = start(recipe, "lost", cwd=tmp_path, overrides=overrides, pause_at=(3, 12), env=short)
+    try:
+        wait_for_batch(record, 3, proc)
+        (run,) = mlflow_server.runs("lost-answer")
+        proxy.set("hang")  # no answers: steps 3-12 wait in the outbox
+        release(record, 3)
+        wait_for_batch(record, 12, proc)
+        wait_for_line(proc.tag_log, "[mlflow] WARNING cannot reach", proc)
+        proxy.set("slow", delay=120)  # requests reach the server again; their answers are held
+        _wait_until(
+            lambda: set(range(12)) <= set(mlflow_server.steps(run.info.run_id, "loss/train/total")),
+            proc,
+            "the waiting points stored on the server",
+        )
+        proxy.set("pass")
+        release(record, 12)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.cut()
+    output = proc.tag_log.read_text()
+    assert proc.returncode == 0, output[-4000:]
+    caught_up = re.search(r"the (\d+) metric points that waited were sent \(caught up\)", output)
+    assert caught_up and int(caught_up[1]) > 100, output[-4000:]  # one resend of over 100 points
+    assert "did not answer" not in output and "refused" not in output, output[-4000:]
+    (found,) = mlflow_server.runs("lost-answer")
+    assert found.info.status == "FINISHED"
+    assert mlflow_server.steps(run.info.run_id, "loss/train/total") == list(range(16))  # each step once
+
+
+@pytest.mark.slow
+def test_points_a_frozen_server_may_have_are_not_counted_as_not_sent(tmp_path, shards, mlflow_server):
+    """A server frozen to the end (accepts, reads, never answers) may store what it is sent: the end's
+    line counts those points as sent without an answer, not as not sent."""
+    from fault_proxy import FaultProxy
+    from resume_support import release, start, wait_for_batch
+
+    proxy = FaultProxy(mlflow_server.port)
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    overrides = [*_tracked(proxy.endpoint, "frozen"), "loggers.mlflow.close_timeout=2"]
+    short = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
+    proc, record, _ = start(recipe, "frozen", cwd=tmp_path, overrides=overrides, pause_at=(3, 8), env=short)
+    try:
+        wait_for_batch(record, 3, proc)
+        (run,) = mlflow_server.runs("frozen")
+        proxy.set("slow", delay=3600)  # frozen to the end: requests arrive, answers never come back
+        answered = set(mlflow_server.steps(run.info.run_id, "loss/train/total"))  # stored before it
+        release(record, 3)
+        wait_for_batch(record, 8, proc)
+        _wait_until(
+            lambda: set(mlflow_server.steps(run.info.run_id, "loss/train/total")) - answered,
+            proc,
+            "a request after the freeze stored on the server",
+        )
+        release(record, 8)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.cut()
+    output = proc.tag_log.read_text()
+    assert proc.returncode == 0, output[-4000:]
+    (end,) = [line for line in output.splitlines() if "did not answer within 2 s at the end" in line]
+    # Every point went out in a request that got no answer: none is said to be not sent.
+    assert "the record files were not sent" in end and "params were not sent" not in end, end
+    no_answer = re.search(
+        r"\d+ metric points \(steps (\d+)-(\d+)\) and \d+ params were sent but got no answer", end
+    )
+    assert no_answer, end
+    on_server = set(mlflow_server.steps(run.info.run_id, "loss/train/total")) - answered
+    assert on_server and int(no_answer[1]) <= min(on_server) and max(on_server) <= int(no_answer[2])
+    assert int(no_answer[2]) == MAX_BATCHES  # the last step's points too (the lr is logged after the batch)
+    assert "metrics.jsonl has every logged step" in end
+
+
 @pytest.mark.slow
 def test_an_mlflow_server_that_is_down_from_the_start_costs_no_training_and_says_what_was_lost(
     tmp_path, shards
@@ -193,7 +296,7 @@ def test_an_mlflow_server_that_is_down_from_the_start_costs_no_training_and_says
 
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     nobody = MLflowServer(tmp_path / "none", port=free_port())  # never started
-    overrides = [*_tracked(recipe, nobody, "down"), "loggers.mlflow.close_timeout=1"]
+    overrides = [*_tracked(nobody.uri, "down"), "loggers.mlflow.close_timeout=1"]
     result = run(recipe, "down", cwd=tmp_path, overrides=overrides)
     assert result.returncode == 0, result.output[-4000:]
     assert len(result.batches()) == MAX_BATCHES  # training went on
