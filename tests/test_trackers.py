@@ -201,10 +201,11 @@ def test_points_the_server_stored_without_answering_are_sent_again_and_the_run_c
     """A server that comes back may store a request and lose its answer (the client times out): the
     outbox sends those points again and the server must take them. MLflow refused such a resend of
     over 100 points (a 400), and the run retried it until the end and never caught up."""
-    from fault_proxy import FaultProxy
     from resume_support import release, start, wait_for_batch, wait_for_line
 
-    proxy = FaultProxy(mlflow_server.port)
+    from scenarios.proxy import Proxy
+
+    proxy = Proxy(mlflow_server.port)
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     overrides = [
         *_tracked(proxy.endpoint, "lost-answer"),
@@ -247,10 +248,11 @@ def test_points_the_server_stored_without_answering_are_sent_again_and_the_run_c
 def test_points_a_frozen_server_may_have_are_not_counted_as_not_sent(tmp_path, shards, mlflow_server):
     """A server frozen to the end (accepts, reads, never answers) may store what it is sent: the end's
     line counts those points as sent without an answer, not as not sent."""
-    from fault_proxy import FaultProxy
     from resume_support import release, start, wait_for_batch
 
-    proxy = FaultProxy(mlflow_server.port)
+    from scenarios.proxy import Proxy
+
+    proxy = Proxy(mlflow_server.port)
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     overrides = [*_tracked(proxy.endpoint, "frozen"), "loggers.mlflow.close_timeout=2"]
     short = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
