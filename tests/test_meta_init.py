@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 
@@ -45,8 +46,8 @@ def test_materialising_a_meta_model_gives_the_ordinary_init(tied):
     assert not torch.equal(got["layers.0.attention.wq.weight"], other_seed["layers.0.attention.wq.weight"])
 
 
-def test_sharding_without_a_process_group_says_how_to_launch():
-    # A fresh interpreter: other tests in this session may have started a process group.
+def test_sharding_without_a_process_group_says_how_to_launch(tmp_path):
+    # A process of its own: other tests in this session may have started a process group.
     code = (
         "from llm.meta_init import MetaInitError, build_meta_model, shard_fsdp2\n"
         "from llm.model import ModelConfig\n"
@@ -56,7 +57,12 @@ def test_sharding_without_a_process_group_says_how_to_launch():
         "except MetaInitError as err:\n"
         "    print('MetaInitError:', err)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    script = tmp_path / "shard.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = forkserver.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "MetaInitError:" in result.stdout and "composer -n" in result.stdout
 

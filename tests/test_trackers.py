@@ -26,6 +26,7 @@ from train_fixtures import write_recipe as write_train_recipe
 from llm.errors import ConfigError
 
 
+@pytest.mark.slow  # an MLflow server and W&B's service process
 def test_one_run_reaches_mlflow_wandb_and_tensorboard(
     tmp_path, train_data, mlflow_server, monkeypatch, capsys
 ):
