@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from convert.cleaning import Cleaner, DropCounts
+from convert.index_processes import partition
 from convert.minhash import signatures
-from convert.near_dedup import split_digests, split_keys
 from convert.options import ShardOptions
 from convert.packing import Packer, concat_documents, drop_short_documents
 from convert.quality import REASON_CODES, filter_reasons, utf32
@@ -87,8 +87,7 @@ class TokenizedBatch:
     keys: np.ndarray | None = None  # passing rows x bands, uint64
     sketches: np.ndarray | None = None  # passing rows x bins, uint8
     sources: np.ndarray | None = None  # index of each row's text in the batch sent (cleaned here)
-    key_parts: list | None = None  # the keys split for the main process's index processes
-    digest_parts: list | None = None  # the digests split for them (too-short rows left out)
+    index_shares: list[bytes] | None = None  # the digests and keys split for the index processes
 
     def __len__(self) -> int:
         return len(self.chars)
@@ -125,15 +124,16 @@ def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
         if not all_pass:
             codes = codes[np.repeat(passing, chars)]
         keys, sketches = signatures(codes, chars[passing], options.near_dedup)
-    parts = options.index_processes
-    key_parts = split_keys(keys, parts) if keys is not None and parts > 1 else None
-    # The main process's index processes de-duplicate all but the too-short rows (counted as such).
-    digest_parts = (
-        split_digests(batch.digests, np.flatnonzero(reasons != _TOO_SHORT), parts) if parts > 1 else None
-    )
+    shares = None
+    if options.index_processes > 1:
+        # The index processes de-duplicate all but the too-short rows (counted as such), unless
+        # the main process cleaned and de-duplicated the texts already.
+        exact = sources is not None
+        rows = np.flatnonzero(reasons != _TOO_SHORT) if exact else None
+        shares = partition(batch.digests if exact else None, rows, keys, options.index_processes)
     return TokenizedBatch(
         batch.digests, chars, lengths, tokens, drops, None if all_pass else reasons, keys, sketches, sources,
-        key_parts, digest_parts,
+        shares,
     )  # fmt: skip
 
 
