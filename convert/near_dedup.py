@@ -30,9 +30,12 @@ among theirs: the same decisions as one index.
 Memory: the band index holds 12 bytes (64-bit key, 32-bit position) per band and document,
 the sketches `bins` bytes per document: with the defaults (26 bands at threshold 0.8, 256
 bins) about 570 bytes per document, 5.7 GB per 10 M documents (`make bench-dedup` measures
-it). The index is a log-structured set of sorted numpy arrays: lookups are binary searches in a
-few levels, and a level is merged into the next (a linear merge, no sort) when it grows to half
-its size, so inserting costs O(log n) per key and the index never holds Python objects per key
+it). The index is a log-structured set of sorted numpy arrays: a few levels, a new run merged
+into the last (a linear merge, no sort) while it is at least a quarter of it, so inserting
+costs O(log n) per key; a lookup is a binary search in a small level and, in a large one, a
+look at the few entries that a directory over the keys' top bits points to (about 1 byte per
+entry; without it, each binary search in a level of millions of keys is some 20 cache misses),
+and the index never holds Python objects per key
 (datasketch's in-memory MinHashLSH, a dict of Python sets per band, holds about 8,900 bytes per
 document with the same bands: `make bench-dedup`).
 """
@@ -46,54 +49,94 @@ from convert.options import NearDedupOptions
 
 _BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
 _MAX_POSITIONS = (1 << 32) - 1
+_MERGE_RATIO = 4  # a new run joins the last level while it is at least 1/_MERGE_RATIO of it
+_DIRECTORY_FROM = 1 << 16  # levels of this many keys or more get a directory
+
+
+class _Level:
+    """One sorted run of the band index: keys ascending (equal keys oldest first), their
+    positions, and for a large run a directory over the keys' top bits (keys are hash values,
+    spread evenly): `directory[j]` is the first entry whose key's top bits are at least j."""
+
+    def __init__(self, keys: np.ndarray, positions: np.ndarray) -> None:
+        self.keys, self.positions = keys, positions
+        self.directory, self.shift = None, np.uint64(0)
+        if len(keys) >= _DIRECTORY_FROM:
+            bits = (len(keys) // 4).bit_length()  # about 2 to 4 entries per slot
+            self.shift = np.uint64(64 - bits)
+            counts = np.bincount((keys >> self.shift).astype(np.intp), minlength=1 << bits)
+            self.directory = np.zeros((1 << bits) + 1, dtype=np.uint32 if len(keys) < 1 << 32 else np.int64)
+            np.cumsum(counts, out=self.directory[1:])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def find(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(query index, entry) of every entry whose key equals a query, and each query's count."""
+        if self.directory is None:  # a binary search per query (the run is small: in cache)
+            low = self.keys.searchsorted(queries, side="left")
+            found = np.zeros(len(queries), dtype=np.int64)
+            present = np.flatnonzero(self.keys[np.minimum(low, len(self.keys) - 1)] == queries)
+            if len(present):
+                found[present] = self.keys.searchsorted(queries[present], side="right") - low[present]
+            which = np.flatnonzero(found)
+            query, offset = _expand(which, found[which])
+            return query, low[query] + offset
+        # The directory narrows each query to a few entries, compared all at once.
+        slot = (queries >> self.shift).astype(np.intp)
+        start = self.directory[slot].astype(np.int64)
+        query, offset = _expand(np.arange(len(queries)), self.directory[slot + 1] - start)
+        entry = start[query] + offset
+        equal = self.keys[entry] == queries[query]
+        return query[equal], entry[equal]
 
 
 class BandIndex:
     """Band key -> positions of the documents that have it, oldest first, in sorted levels."""
 
     def __init__(self) -> None:
-        self.levels: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, positions), oldest first
+        self.levels: list[_Level] = []  # oldest (and largest) first
 
     def __len__(self) -> int:
-        return sum(len(keys) for keys, _ in self.levels)
+        return sum(len(level) for level in self.levels)
 
     @property
     def nbytes(self) -> int:
-        return sum(keys.nbytes + positions.nbytes for keys, positions in self.levels)
+        """The keys and positions (the directories add about 1 byte per entry of a large level)."""
+        return sum(level.keys.nbytes + level.positions.nbytes for level in self.levels)
 
     def lookup(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each query key: how many documents have it; and every (query index, position) hit.
 
-        Queries in ascending order are much faster (binary searches that start where the last
-        one ended stay in cache)."""
+        Queries in ascending order are faster (the binary searches of small levels stay in cache)."""
         counts = np.zeros(len(queries), dtype=np.int64)
         hit_queries, hit_positions = [], []
-        for keys, positions in self.levels:
-            low = keys.searchsorted(queries, side="left")
-            found = np.zeros(len(queries), dtype=np.int64)
-            present = np.flatnonzero(keys[np.minimum(low, len(keys) - 1)] == queries)
-            if len(present):
-                found[present] = keys.searchsorted(queries[present], side="right") - low[present]
-            counts += found
-            which = np.flatnonzero(found)
-            if len(which):
-                query, offset = _expand(which, found[which])
+        for level in self.levels:
+            query, entry = level.find(queries)
+            if len(query):
+                counts += np.bincount(query, minlength=len(queries))
                 hit_queries.append(query)
-                hit_positions.append(positions[low[query] + offset])
+                hit_positions.append(level.positions[entry])
         if not hit_queries:
             return counts, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint32)
         return counts, np.concatenate(hit_queries), np.concatenate(hit_positions)
 
-    def insert(self, keys: np.ndarray, positions: np.ndarray) -> None:
-        """Add entries; among equal keys, these come after every entry already there."""
+    def insert(self, keys: np.ndarray, positions: np.ndarray, *, ordered: bool = False) -> None:
+        """Add entries; among equal keys, these come after every entry already there. A new run
+        is merged into the last level while it is at least a quarter of it: a few levels, each a
+        quarter or less of the one before, so a lookup visits few and an entry is copied
+        O(log n) times. `ordered`: the keys are ascending already."""
         if not len(keys):
             return
-        order = np.argsort(keys, kind="stable")
-        self.levels.append((keys[order], positions[order]))
-        while len(self.levels) > 1 and 2 * len(self.levels[-1][0]) >= len(self.levels[-2][0]):
-            newer = self.levels.pop()
+        if ordered:  # keys ascending already
+            run = (keys, positions)
+        else:
+            order = np.argsort(keys, kind="stable")
+            run = (keys[order], positions[order])
+        while self.levels and _MERGE_RATIO * len(run[0]) >= len(self.levels[-1]):
             older = self.levels.pop()
-            self.levels.append(_merge_sorted(older, newer))
+            run = _merge_sorted((older.keys, older.positions), run)
+        self.levels.append(_Level(*run))
 
 
 def _expand(items: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +216,7 @@ def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, p
     later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
     before = np.concatenate([hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]])
     stored = rank < room
-    index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32))
+    index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32), ordered=True)
     return later, before
 
 

@@ -245,3 +245,34 @@ def test_the_pair_sample_decides_a_batch_at_once_as_one_offer_after_another():
         assert batched.members == reference.members
         assert batched.removed == reference.removed
     assert batched.bound == max(reference.members) < 400 << 40
+
+
+def test_a_large_band_index_finds_what_a_dictionary_finds():
+    """Levels large enough for a directory over the keys' top bits, keys sharing their top bits
+    and keys stored many times: every hit and count as a plain dictionary of the entries has."""
+    from convert.near_dedup import BandIndex
+
+    rng = np.random.default_rng(4)
+    index, stored = BandIndex(), {}
+    position = 0
+    for size in (150_000, 40_000, 9_000, 70_000, 2_000, 300):
+        keys = rng.integers(0, 1 << 63, size=size, dtype=np.uint64) | np.uint64(1 << 63)
+        keys[::5] = keys[1::5]  # the same key twice
+        keys[::97] = np.uint64(0xFFFF_0000_0000_0000)  # one key very often; and its top-bit neighbours
+        keys[1::97] = np.uint64(0xFFFF_0000_0000_0001)
+        positions = np.arange(position, position + size, dtype=np.uint32)
+        index.insert(keys, positions)
+        for key, pos in zip(keys.tolist(), positions.tolist(), strict=True):
+            stored.setdefault(key, []).append(pos)
+        position += size
+    assert any(level.directory is not None for level in index.levels) and len(index.levels) > 2
+    queries = np.sort(np.concatenate([rng.choice(np.fromiter(stored, np.uint64), 5000),
+                                      rng.integers(0, 1 << 64, size=5000, dtype=np.uint64)]))  # fmt: skip
+    counts, query, found = index.lookup(queries)
+    assert counts.tolist() == [len(stored.get(q, ())) for q in queries.tolist()]
+    hits: dict[int, list[int]] = {}
+    for q, pos in zip(query.tolist(), found.tolist(), strict=True):
+        hits.setdefault(q, []).append(pos)
+    assert {q: sorted(p) for q, p in hits.items()} == {
+        i: sorted(stored[q]) for i, q in enumerate(queries.tolist()) if q in stored
+    }
