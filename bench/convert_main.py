@@ -40,7 +40,7 @@ SETTINGS = {
     "plain (no de-duplication)": ({"dedup": False}, {}),
     "exact de-duplication, in the main process (up to 8 workers)": ({}, {}),
     "exact de-duplication, 8 index processes (64 workers)": ({}, {"partitions": 8}),
-    "--near-dedup --filters, in the main process (up to 8 workers)": ({}, {"near": True}),
+    "--near-dedup --filters, in the main process (up to 4 workers)": ({}, {"near": True}),
     "--near-dedup --filters, 8 index processes (64 workers)": ({}, {"near": True, "partitions": 8}),
 }
 TARGET = 64
