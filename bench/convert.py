@@ -2,25 +2,31 @@
 
 Builds a corpus from the demo corpus (real Chinese text) repeated `--copies` times, each copy's
 documents given a distinct suffix so de-duplication keeps them, and prints:
-  * raw `SentencePieceProcessor.encode` tokens/s, one thread, batched, on the cleaned texts
-    already in memory: the limit a worker can reach;
+  * raw `SentencePieceProcessor.encode` tokens/s, one thread, on the cleaned texts already in
+    memory, one call per batch of about a range's characters as a worker calls it: the limit a
+    worker can reach (one call over all the texts, as measured before, also pays for Python's
+    garbage collector walking the growing lists of ids: its CPU time is printed beside);
   * end-to-end tokens/s of `convert_corpus` with 1 and with 2 workers: wall time from the call
     to the finished output, so it includes starting the worker processes, reading and parsing
     the JSON lines, cleaning, de-duplication, tokenizing, packing, zstd and writing the shards;
     1 worker runs twice: as by default (with a core to spare, the main process cleans the texts
     and writes the parts, and the worker only tokenizes) and with the worker doing all of it, as
     each worker does with 2 workers on 2 cores;
-  * the ratio end-to-end / raw encode for 1 worker (target >= 0.8) for both placements, and
-    the 1 -> 2 worker speed-up (target >= 1.6 on 2 cores) against both; the worker start-up
-    time, measured on its own, for reference;
+  * the ratio end-to-end / raw encode for 1 worker (target >= 0.8) for both placements, the
+    ratio of 2 workers to twice raw encode (target >= 0.85) with the load average during the
+    runs, and the 1 -> 2 worker speed-up (target >= 1.6 on 2 cores) against both; from CPU
+    times, which a loaded machine changes little, the share of the workers' time spent inside
+    SentencePiece's encode and the ratio 2 idle cores would give at best (raw encode CPU over
+    the workers' and the main process's); the worker start-up time, for reference;
   * peak memory of this process (which also holds the benchmark's corpus) and of the largest
     child; Linux carries a process's RSS high-water mark across fork and exec, so the child
     figure cannot read lower than this process's size when the worker was started.
-  * the main process's own cost, with the workers' work taken away (bench/convert_main.py): per
-    document and per token, for plain conversion, exact de-duplication and --near-dedup --filters,
-    and the worker count at which it saturates ("main process feeds at most N workers"), in CPU
-    time, best of `--rounds` with the spread; `--before PATH` prints the same for the converter
-    checked out at PATH first;
+  * first, the main process's own cost, with the workers' work taken away (bench/convert_main.py):
+    per document and per token, for plain conversion, exact de-duplication and --near-dedup
+    --filters, and the worker count at which it saturates ("main process feeds at most N
+    workers"), in CPU time, best of `--rounds` with the spread; with index processes their
+    busiest one too; `--before PATH` prints the same for the converter checked out at PATH first
+    (`--main-only`, `--no-main`: that part alone, or all but it);
   * peak memory (high-water RSS) of the main process and of each worker in each conversion,
     reset when the conversion (or the worker) starts, against the batch and chunk sizes.
 Each measurement is repeated `--repeat` times, in rounds (raw encode, then each conversion), so

@@ -1,22 +1,27 @@
 """The conversion's main process on its own: how many workers it can feed (part of `make bench-convert`).
 
 Each setting (plain, exact de-duplication, --near-dedup --filters; the duplicate state in the
-main process, as with up to 8 workers, or in 8 index processes, as with 64) is converted once
-with 1 worker while every worker result is recorded (pickled), then replayed with no workers at
+main process, as with few workers, or in 8 index processes, as with 64) is converted with 1
+worker while every worker result is recorded (pickled), twice, then replayed with no workers at
 all: each task handed out is pickled (the sending) and answered at once with its recorded
 result, unpickled (the receiving). The index processes are real in the replay, so with them the
 main process sends as fast as it can and they decide several batches at once when they fall
 behind, as they would with many workers.
 
-Figures are CPU seconds of one process (not wall time), so a loaded machine changes them little;
-each replay runs `rounds` times, half corpus and full corpus in turn, and the figures are the
-cost of the documents past the half corpus (fixed costs such as starting processes and writing
-the output's small files fall away), best round against best round, with the spread over rounds:
+The corpus (bench/convert.py `build_corpus`, distinct copies) is converted whole and its first
+half on its own. Figures are CPU seconds of one process, not wall time, so a loaded machine
+changes them little: the main process's time inside the worker pool's block (the per-batch work:
+receiving, deciding, routing, cutting chunks, handing out parts; not the start, the tail part or
+the output's small files), each replay `rounds` times, half and whole corpus in turn. Per
+document of the second half (the whole corpus less the half; best round against best round, with
+the range round by round, and the whole corpus's per document beside it):
   * the main process's CPU per document and per token;
-  * one worker's CPU per document (from the recorded run, its index processes' time taken out);
+  * one worker's (the least of the recorded runs, its index processes' time taken out);
   * "main process feeds at most N workers": the worker's CPU per document over the main
     process's;
-  * with index processes, the busiest one's CPU per document, and the workers they keep up with.
+  * with index processes, the busiest one's per document, and the workers they keep up with;
+    the least of these over the settings as for 64 workers: "the ordered selection feeds at most
+    N workers".
 
 This module imports nothing of `bench` so that `--before PATH` can run it against an older
 checkout of the converter (in a subprocess, with PATH first on sys.path).

@@ -151,8 +151,9 @@ class Selection:
 
     def _shares(self, item) -> list[bytes]:
         batch, _, deduped, _ = item
-        if batch.index_shares is not None:  # split by the worker
-            return batch.index_shares
+        if batch.index_shares is not None:  # split by the worker; not kept while the batch waits
+            shares, batch.index_shares = batch.index_shares, None
+            return shares
         short = self._too_short(batch)
         exact = self.cleaner.dedup and not deduped
         rows = (np.flatnonzero(~short) if short is not None else np.arange(len(batch))) if exact else None
@@ -178,6 +179,7 @@ class Selection:
             self.processes.append_sketches(
                 batch.sketches if len(rows) == passing else batch.sketches[among_passing]
             )
+        batch.sketches = None  # with the index processes now; not kept while the batch waits
         return (rows, filtered, first), mask
 
     def _finished(self, item, state, answers) -> tuple[Selected, object]:
@@ -223,7 +225,7 @@ class Selection:
             rows, filtered = np.flatnonzero(fresh), np.empty(0, dtype=np.int64)
         first = self.positions
         self.positions += len(rows)
-        if self.positions > _MAX_POSITIONS and self.options.near_dedup is not None:
+        if self.positions > _MAX_POSITIONS and (self.near is not None or self.near_in_processes):
             raise OverflowError("more than 2**32 documents in one near-duplicate index")
         return rows, filtered, first
 

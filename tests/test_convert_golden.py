@@ -179,3 +179,17 @@ def test_a_full_pair_sample_gets_every_text_it_keeps(golden_inputs, small_tokeni
     assert report == (tmp_path / "whole/near_duplicates.json").read_bytes()
     assert ranged["near_dedup"]["pairs_in_report"] == whole["near_dedup"]["pairs_in_report"] > 0
     _check_places(json.loads(report))
+
+
+@pytest.mark.parametrize(("label", "near"), [("plain", False), ("near_filters", True)])
+def test_a_worker_signing_and_tokenizing_in_sub_batches_matches_the_record(
+    golden_inputs, small_tokenizer, tmp_path, monkeypatch, label, near
+):
+    """Large ranges are filtered, signed and tokenized in runs of texts (worker.SUB_BATCH_CHARS):
+    runs of a few documents here, the same bytes."""
+    from convert import worker
+
+    inputs, record = golden_inputs
+    monkeypatch.setattr(worker, "SUB_BATCH_CHARS", 3000)
+    convert(inputs, small_tokenizer, tmp_path / "out", near, (2, False))
+    assert digests(tmp_path / "out") == record["cases"][label]
