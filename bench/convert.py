@@ -306,11 +306,12 @@ def report(
         f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs)"
     )
     best = min(runs["2 workers"], key=lambda run: run.worker_cpu_s + run.main_cpu_s)
+    share = best.encode_cpu_s / (best.worker_cpu_s + best.main_cpu_s)
     print(
-        f"  by CPU time, what 2 idle cores give at best: raw encode / (workers + main process) = "
-        f"{encode_cpu / (best.worker_cpu_s + best.main_cpu_s):.2f}; the workers spend "
-        f"{best.encode_cpu_s / best.worker_cpu_s:.0%} of their CPU in encode ({best.encode_cpu_s:.2f} s against "
-        f"{encode_cpu:.2f} s raw), the rest reading, cleaning (Unicode NFKC), digesting, packing, zstd, writing"
+        f"  by CPU time (the same processes at the same time, so load changes it little), what 2 idle "
+        f"cores give at best: the workers' encode / (workers + main process) = {share:.2f}; the workers "
+        f"spend {best.encode_cpu_s / best.worker_cpu_s:.0%} of their CPU in encode ({best.encode_cpu_s:.2f} s; "
+        f"raw {encode_cpu:.2f} s), the rest reading, cleaning (Unicode NFKC), digesting, packing, zstd, writing"
     )
     for label in ("1 worker", "1 worker doing all"):
         one = [run.tokens_per_s for run in runs[label]]

@@ -283,7 +283,9 @@ class RangeFeed:
         self.smallest_keys = np.unique(np.concatenate([self.smallest_keys, first]))[: sample.capacity]
 
     def chunks(self, executor: Executor) -> Iterator[SpooledChunk]:
-        window = 4 * self.options.workers + 4
+        # Ranges in flight: 4 per worker, as many bytes when they are larger, 2 per worker at least.
+        workers = self.options.workers
+        window = max(2 * workers + 2, (4 * workers + 4) * RANGE_BYTES // self.range_bytes)
         tasks = self._tasks()
         lines_in_file: dict[str, int] = {}
         pending: list[RangeTask] = []
