@@ -63,36 +63,32 @@ def partition(
 ) -> list[bytes]:
     """One batch's share for each of `parts` index processes, as bytes: the digests of
     `digest_rows` (16 bytes each in `digests`) whose first 8 bytes are p modulo `parts`, with their
-    rows; the band keys (passing rows x bands) whose value is p modulo `parts`, in row order, with
-    how many each passing row has. None: no exact (or no near) duplicates to decide."""
+    rows, in row order; the band keys (passing rows x bands) whose value is p modulo `parts`, in
+    ascending order (equal keys in row order, as `candidates` takes them: an index process then
+    merges a few sorted runs instead of sorting), with each one's row among the passing rows.
+    None: no exact (or no near) duplicates to decide."""
     if digests is not None and len(digest_rows):
         pairs = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)[digest_rows]
         d_order, d_bounds = _by_part(pairs[:, 0], parts)
         d_pairs, d_rows = pairs[d_order], digest_rows[d_order].astype(np.int64)
     else:
-        d_bounds, d_pairs, d_rows = (
-            np.zeros(parts + 1, dtype=np.int64),
-            np.empty((0, 2), "<u8"),
-            np.empty(0, np.int64),
-        )
-    rows = len(keys) if keys is not None else 0
-    if rows and keys.shape[1]:
+        d_bounds = np.zeros(parts + 1, dtype=np.int64)
+        d_pairs, d_rows = np.empty((0, 2), "<u8"), np.empty(0, np.int64)
+    if keys is not None and keys.size:
         flat = keys.ravel()
-        k_order, k_bounds = _by_part(flat, parts)
-        k_keys, k_rows = flat[k_order], k_order // keys.shape[1]
+        by_key = np.argsort(flat, kind="stable")
+        k_order, k_bounds = _by_part(flat[by_key], parts)
+        k_order = by_key[k_order]
+        k_keys, k_rows = flat[k_order], (k_order // keys.shape[1]).astype(np.int32)
     else:
-        k_bounds, k_keys, k_rows = (
-            np.zeros(parts + 1, dtype=np.int64),
-            np.empty(0, np.uint64),
-            np.empty(0, np.int64),
-        )
+        k_bounds = np.zeros(parts + 1, dtype=np.int64)
+        k_keys, k_rows = np.empty(0, np.uint64), np.empty(0, np.int32)
     out = []
     for p in range(parts):
         d, k = slice(d_bounds[p], d_bounds[p + 1]), slice(k_bounds[p], k_bounds[p + 1])
-        header = np.array([d.stop - d.start, k.stop - k.start, rows], dtype=np.int64)
-        counts = np.bincount(k_rows[k], minlength=rows).astype(np.uint16)  # bands <= bins <= 4096
+        header = np.array([d.stop - d.start, k.stop - k.start], dtype=np.int64)
         out.append(b"".join((header.tobytes(), d_pairs[d].tobytes(), d_rows[d].tobytes(),
-                             k_keys[k].tobytes(), counts.tobytes())))  # fmt: skip
+                             k_keys[k].tobytes(), k_rows[k].tobytes())))  # fmt: skip
     return out
 
 
@@ -105,16 +101,15 @@ def _by_part(values: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _unpack_share(blob: memoryview) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(digests, their rows, keys, their rows among the passing rows) of one share."""
-    nd, nk, rows = np.frombuffer(blob, dtype=np.int64, count=3).tolist()
-    at = 24
+    nd, nk = np.frombuffer(blob, dtype=np.int64, count=2).tolist()
+    at = 16
     digests = np.frombuffer(blob, dtype=_DIGEST, count=nd, offset=at)
     at += 16 * nd
     digest_rows = np.frombuffer(blob, dtype=np.int64, count=nd, offset=at)
     at += 8 * nd
     keys = np.frombuffer(blob, dtype=np.uint64, count=nk, offset=at)
     at += 8 * nk
-    counts = np.frombuffer(blob, dtype=np.uint16, count=rows, offset=at)
-    return digests, digest_rows, keys, np.repeat(np.arange(rows), counts)
+    return digests, digest_rows, keys, np.frombuffer(blob, dtype=np.int32, count=nk, offset=at)
 
 
 # A message: its header (4 int64: has a share, the mask's bit count or -1, the mask's bytes, the

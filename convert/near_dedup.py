@@ -195,11 +195,12 @@ class SketchStore:
 def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, per_key: int):
     """Look a batch's keys up in `index` and insert them: (later, before) candidate pairs, `later`
     a document of the batch (0-based), `before` the position of an earlier one (this batch's at
-    `base` on). `flat`: the keys, `doc`: each key's document, in document order.
+    `base` on). `flat`: the keys, `doc`: each key's document; equal keys in document order (any
+    order otherwise: runs of ascending keys are sorted fastest).
 
     Everything here is decided key by key (a key's earlier documents, its room under `per_key`,
-    its order in the batch), so the keys can be split by value across indexes (`KeyPartitions`)
-    and the union of their pairs is this function's pairs on all keys."""
+    its order in the batch), so the keys can be split by value across indexes
+    (convert/index_processes.py) and the union of their pairs is this function's pairs on all keys."""
     # Equal keys in document order (the index is searched with the keys sorted).
     order = np.argsort(flat, kind="stable")
     sorted_keys, sorted_doc = flat[order], doc[order]
