@@ -333,12 +333,15 @@ def report(
 
 
 def main_cost(root: Path, args, tokenizer: str) -> None:
-    """The main process's own cost (bench/convert_main.py) on a corpus of twice the copies, whose
-    copies are neither exact nor near duplicates, its first half on its own."""
+    """The main process's own cost (bench/convert_main.py) on corpora of `--copies` copies, twice
+    and 4 times as many (each the first half of the next), copies that are neither exact nor near
+    duplicates of each other."""
     (root / "main").mkdir()
-    half, _ = build_corpus(root / "main", args.chars, args.copies, name="half.jsonl", distinct=True)
-    full, _ = build_corpus(root / "main", args.chars, 2 * args.copies, name="full.jsonl", distinct=True)
-    measured = ([half, full], tokenizer, root / "out", args.seq_len, args.rounds)
+    corpora = [
+        build_corpus(root / "main", args.chars, times * args.copies, name=f"{times}.jsonl", distinct=True)[0]
+        for times in (1, 2, 4)
+    ]
+    measured = (corpora, tokenizer, root / "out", args.seq_len, args.rounds)
     if args.before:
         convert_main.report(convert_main.measure_before(args.before, *measured), f" (before: {args.before})")
     convert_main.report(convert_main.measure_all(*measured), " (this code)" if args.before else "")
@@ -355,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
-    parser.add_argument("--rounds", type=int, default=5, help="replays of each main-process measurement")
+    parser.add_argument("--rounds", type=int, default=7, help="replays of each main-process measurement")
     parser.add_argument("--main-only", action="store_true", help="only the main process's own cost")
     parser.add_argument("--no-main", action="store_true", help="without the main process's own cost")
     parser.add_argument(

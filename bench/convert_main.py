@@ -2,22 +2,24 @@
 
 Each setting (plain, exact de-duplication, --near-dedup --filters; the duplicate state in the
 main process, as with few workers, or in 8 index processes, as with 64) is converted with 1
-worker while every worker result is recorded (pickled), twice, then replayed with no workers at
-all: each task handed out is pickled (the sending) and answered at once with its recorded
-result, unpickled (the receiving). The index processes are real in the replay, so with them the
-main process sends as fast as it can and they decide several batches at once when they fall
-behind, as they would with many workers.
+worker while every worker result is recorded (pickled), then replayed with no workers at all:
+each task handed out is pickled (the sending) and answered at once with its recorded result,
+unpickled (the receiving). The index processes are real in the replay, so with them the main
+process sends as fast as it can and they decide several batches at once when they fall behind,
+as they would with many workers.
 
-The corpus (bench/convert.py `build_corpus`, distinct copies) is converted whole and its first
-half on its own. Figures are CPU seconds of one process, not wall time, so a loaded machine
-changes them little: the main process's time inside the worker pool's block (the per-batch work:
-receiving, deciding, routing, cutting chunks, handing out parts; not the start, the tail part or
-the output's small files), each replay `rounds` times, half and whole corpus in turn. Per
-document of the second half (the whole corpus less the half; best round against best round, with
-the range round by round, and the whole corpus's per document beside it):
+Corpora (bench/convert.py `build_corpus`, copies that are neither exact nor near duplicates):
+each setting takes a corpus and its first half on its own (with 8 index processes ranges are 4
+times larger, so those settings take a corpus twice as large and see as many ranges). Figures
+are CPU seconds of one process, not wall time, so a loaded machine changes them less: the main
+process's time inside the worker pool's block (the per-batch work: receiving, deciding, routing,
+cutting chunks, handing out parts; not the start, the tail part or the output's small files),
+each replay `rounds` times, half and whole corpus in turn. Per document of the second half (the
+whole corpus less its half; best round against best round, with the range and median round by
+round, and the whole corpus's per document beside it):
   * the main process's CPU per document and per token;
-  * one worker's (the least of the recorded runs, its index processes' time taken out, over the
-    settings whose workers do the same work: plain and exact; near-dedup with filters);
+  * one worker's (its index processes' time taken out; the least over the settings whose
+    workers do the same work: plain and exact; near-dedup with filters);
   * "main process feeds at most N workers": the worker's CPU per document over the main
     process's;
   * with index processes, the busiest one's per document, and the workers they keep up with;
@@ -35,6 +37,7 @@ import io
 import json
 import os
 import pickle
+import statistics
 import subprocess
 import sys
 import time
@@ -169,7 +172,7 @@ def _children_cpu() -> float:
 
 
 def measure(
-    corpora: list[Path], tokenizer: str, out: Path, seq_len: int, setting: str, rounds: int, records: int = 2
+    corpora: list[Path], tokenizer: str, out: Path, seq_len: int, setting: str, rounds: int, records: int = 1
 ) -> list[Replays]:
     """One setting on each corpus: `records` recorded runs, then `rounds` replays of each, in turn."""
     from convert.jobs import convert_corpus
@@ -263,15 +266,16 @@ def figures(half: Replays, full: Replays) -> Figures:
 def report(costs: dict[str, Figures], title: str = "") -> None:
     """The lines `make bench-convert` prints for the main process on its own."""
     print(
-        f"main process alone{title}: CPU per document past the half corpus, best round against best round "
-        "(round by round: the range; the whole run, its first batches included)"
+        f"main process alone{title}: CPU per document of a corpus's second half, best round against best "
+        "round (round by round: the range and median; the whole corpus, its first batches included)"
     )
     plain = next(iter(costs.values()))
     tokens_per_doc = plain.tokens / (2 * plain.documents)  # the full corpus has twice the half's documents
     for label, f in costs.items():
-        low, high = min(f.main_us_rounds), max(f.main_us_rounds)
+        low, high, median = min(f.main_us_rounds), max(f.main_us_rounds), statistics.median(f.main_us_rounds)
         print(
-            f"  {label}: {f.main_us:.2f} us ({low:.2f} to {high:.2f}; whole {f.main_us_whole:.2f}), "
+            f"  {label}: {f.main_us:.2f} us (rounds {low:.2f} to {high:.2f}, median {median:.2f}; whole "
+            f"{f.main_us_whole:.2f}), "
             f"{f.main_us / tokens_per_doc * 1e3:.1f} ns per token; one worker {f.worker_us:.1f} us: "
             f"main process feeds at most {f.feeds:.0f} workers"
         )
@@ -292,9 +296,13 @@ def report(costs: dict[str, Figures], title: str = "") -> None:
 def measure_all(
     corpora: list[Path], tokenizer: str, out: Path, seq_len: int, rounds: int
 ) -> dict[str, Figures]:
+    """Every setting; `corpora`: C, 2C and 4C copies of the same text. With 8 index processes a
+    range is 4 times larger (convert/ranges.py), so those settings take the two larger corpora
+    and see as many ranges as the others."""
     costs = {}
-    for setting in SETTINGS:
-        half, full = measure(corpora, tokenizer, out, seq_len, setting, rounds)
+    for setting, (_, changes) in SETTINGS.items():
+        pair = corpora[1:] if changes.get("partitions", 1) == 8 else corpora[:2]
+        half, full = measure(pair, tokenizer, out, seq_len, setting, rounds)
         costs[setting] = figures(half, full)
     # A worker does the same work whether the duplicate state is in the main process or in index
     # processes (splitting the keys is a few numpy calls per batch): its least time over them.
