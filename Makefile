@@ -78,7 +78,7 @@ test-slow: install
 
 # --- benchmarks (figures and ratios, never timed tests) --------------------------------------
 bench-convert: install
-	$(PY) -m bench.convert
+	$(PY) -m bench.convert $(ARGS)
 
 # datasketch and rensa are what the near-dedup benchmark compares against, not project dependencies.
 bench-dedup: install

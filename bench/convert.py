@@ -2,27 +2,31 @@
 
 Builds a corpus from the demo corpus (real Chinese text) repeated `--copies` times, each copy's
 documents given a distinct suffix so de-duplication keeps them, and prints:
-  * raw `SentencePieceProcessor.encode` tokens/s, one thread, batched, on the cleaned texts
-    already in memory: the limit a worker can reach;
+  * raw `SentencePieceProcessor.encode` tokens/s, one thread, on the cleaned texts already in
+    memory, one call per batch of about a range's characters as a worker calls it: the limit a
+    worker can reach (one call over all the texts, as measured before, also pays for Python's
+    garbage collector walking the growing lists of ids: its CPU time is printed beside);
   * end-to-end tokens/s of `convert_corpus` with 1 and with 2 workers: wall time from the call
     to the finished output, so it includes starting the worker processes, reading and parsing
     the JSON lines, cleaning, de-duplication, tokenizing, packing, zstd and writing the shards;
     1 worker runs twice: as by default (with a core to spare, the main process cleans the texts
     and writes the parts, and the worker only tokenizes) and with the worker doing all of it, as
     each worker does with 2 workers on 2 cores;
-  * the ratio end-to-end / raw encode for 1 worker (target >= 0.8) for both placements, and
-    the 1 -> 2 worker speed-up (target >= 1.6 on 2 cores) against both; the worker start-up
-    time, measured on its own, for reference;
+  * the ratio end-to-end / raw encode for 1 worker (target >= 0.8) for both placements, the
+    ratio of 2 workers to twice raw encode (target >= 0.85) with the load average during the
+    runs, and the 1 -> 2 worker speed-up (target >= 1.6 on 2 cores) against both; from CPU
+    times, which a loaded machine changes little, the share of the workers' time spent inside
+    SentencePiece's encode and the ratio 2 idle cores would give at best (raw encode CPU over
+    the workers' and the main process's); the worker start-up time, for reference;
   * peak memory of this process (which also holds the benchmark's corpus) and of the largest
     child; Linux carries a process's RSS high-water mark across fork and exec, so the child
     figure cannot read lower than this process's size when the worker was started.
-  * the main process's own cost, with the workers' work taken away: each setting (plain, with
-    exact de-duplication, with --near-dedup --filters) is converted once with 1 worker while
-    every worker result is recorded (pickled), then again with no workers at all: each task
-    handed out is pickled (the sending) and answered at once with its recorded result,
-    unpickled (the receiving). The main process's CPU seconds in that replay, per document and
-    per token, against one worker's CPU seconds per document in the recorded run, give the
-    worker count at which the main process saturates ("main process feeds at most N workers");
+  * first, the main process's own cost, with the workers' work taken away (bench/convert_main.py):
+    per document and per token, for plain conversion, exact de-duplication and --near-dedup
+    --filters, and the worker count at which it saturates ("main process feeds at most N
+    workers"), in CPU time, best of `--rounds` with the spread; with index processes their
+    busiest one too; `--before PATH` prints the same for the converter checked out at PATH first
+    (`--main-only`, `--no-main`: that part alone, or all but it);
   * peak memory (high-water RSS) of the main process and of each worker in each conversion,
     reset when the conversion (or the worker) starts, against the batch and chunk sizes.
 Each measurement is repeated `--repeat` times, in rounds (raw encode, then each conversion), so
@@ -37,7 +41,6 @@ import contextlib
 import io
 import json
 import os
-import pickle
 import statistics
 import sys
 import tempfile
@@ -45,36 +48,62 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import convert_main
 
-def build_corpus(root: Path, chars: int, copies: int) -> tuple[Path, list[str]]:
-    """The demo corpus (up to `chars` characters) `copies` times, each copy with its own suffix."""
+
+def build_corpus(
+    root: Path, chars: int, copies: int, name: str = "corpus.jsonl", distinct: bool = False
+) -> tuple[Path, list[str]]:
+    """The demo corpus (up to `chars` characters) `copies` times, each copy with its own suffix
+    (exact de-duplication keeps them; near de-duplication removes the copies). `distinct`: each
+    copy past the first joins the first half of every document to the second half of another
+    instead, so that the copies are neither exact nor near duplicates (a Jaccard similarity of
+    about 1/3 with each source), with the documents' lengths as they are."""
     from convert.demo_corpus import write_demo_corpus
 
     base = root / "base.jsonl"
     write_demo_corpus(base, max_chars=chars)
     texts = [json.loads(line)["text"] for line in base.read_text(encoding="utf-8").splitlines()]
-    corpus = root / "corpus.jsonl"
+    corpus = root / name
     with open(corpus, "w", encoding="utf-8") as f:
         for copy in range(copies):
             suffix = f"（第{copy + 1}遍）" if copy else ""
-            for text in texts:
+            for i, text in enumerate(texts):
+                if distinct and copy:
+                    other = texts[(i + 7919 * copy) % len(texts)]
+                    text = text[: len(text) // 2] + other[len(other) // 2 :]
                 f.write(json.dumps({"text": text + suffix}, ensure_ascii=False) + "\n")
     return corpus, texts
 
 
-def raw_encode_rate(corpus: Path, tokenizer: str) -> tuple[float, int, float]:
-    """Tokens/s of one-thread batched encode over the cleaned documents (what a worker can reach),
-    the token count and the CPU seconds the encode took."""
-    import sentencepiece as spm
-
+def cleaned_texts(corpus: Path) -> list[str]:
     from convert.cleaning import Cleaner
 
     cleaner = Cleaner()
     lines = corpus.read_text(encoding="utf-8").splitlines()
-    texts = [t for t in (cleaner.clean(json.loads(line)["text"]) for line in lines) if t]
+    return [t for t in (cleaner.clean(json.loads(line)["text"]) for line in lines) if t]
+
+
+def raw_encode_rate(texts: list[str], tokenizer: str, whole: bool = False) -> tuple[float, int, float]:
+    """Tokens/s of one-thread encode over the cleaned documents, one call per batch of about as
+    many characters as a worker's range holds (what a worker can reach), the token count and the
+    CPU seconds the encode took. `whole`: one call over all the texts instead (Python's garbage
+    collector then walks the growing lists of token ids again and again)."""
+    import sentencepiece as spm
+
+    from convert.conversion import _BATCH_CHARS
+
+    batches, batch, size = [], [], 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= _BATCH_CHARS and not whole:
+            batches.append(batch)
+            batch, size = [], 0
+    batches.append(batch)
     sp = spm.SentencePieceProcessor(model_file=tokenizer)
     start, cpu = time.perf_counter(), time.process_time()
-    tokens = sum(len(ids) for ids in sp.encode(texts, num_threads=1))
+    tokens = sum(len(ids) for batch in batches for ids in sp.encode(batch, num_threads=1))
     return tokens / (time.perf_counter() - start), tokens, time.process_time() - cpu
 
 
@@ -85,6 +114,8 @@ class Run:
     worker_cpu_s: float  # CPU seconds of all workers together
     main_peak_mb: float = 0.0  # high-water RSS of this process during the run
     worker_peak_mb: float = 0.0  # the largest worker's high-water RSS, from its start
+    encode_cpu_s: float = 0.0  # CPU seconds of the workers inside SentencePiece's encode
+    load: float = 0.0  # the load average (1 minute) at the end of the run
 
 
 # --- peak memory -------------------------------------------------------------------------------
@@ -105,21 +136,38 @@ def _peak_mb() -> float:
 
 
 _peaks_dir: str | None = None  # where each worker leaves its peak when it exits
+_encode_cpu = 0.0  # in a worker: CPU seconds inside SentencePiece's encode
 
 
 def _measured_init(initializer, *args) -> None:
-    """A worker initializer that also resets the worker's peak RSS and, at exit, writes it."""
+    """A worker initializer that also resets the worker's peak RSS, times its encode calls and,
+    at exit, writes both."""
     from multiprocessing.util import Finalize
+
+    from shards.tokenizer import Tokenizer
 
     _reset_peak()
     folder = _peaks_dir
     Finalize(None, _write_peak, args=(folder,), exitpriority=100)
+    Tokenizer.encode_batch = _timed(Tokenizer.encode_batch)
     initializer(*args)
+
+
+def _timed(encode_batch):
+    def timed(self, *args, **kwargs):
+        global _encode_cpu
+        start = time.process_time()
+        try:
+            return encode_batch(self, *args, **kwargs)
+        finally:
+            _encode_cpu += time.process_time() - start
+
+    return timed
 
 
 def _write_peak(folder: str | None) -> None:
     if folder:
-        Path(folder, str(os.getpid())).write_text(str(_peak_mb()))
+        Path(folder, str(os.getpid())).write_text(f"{_peak_mb()} {_encode_cpu}")
 
 
 @contextlib.contextmanager
@@ -142,172 +190,12 @@ def measured_workers(folder: Path):
         _peaks_dir = None
 
 
-def worker_peaks(folder: Path) -> float:
-    peaks = [float(p.read_text()) for p in folder.iterdir()]
+def worker_peaks(folder: Path) -> tuple[float, float]:
+    """The largest worker's peak RSS in MB, and the workers' CPU seconds in encode together."""
+    written = [tuple(map(float, p.read_text().split())) for p in folder.iterdir()]
     for p in folder.iterdir():
         p.unlink()
-    return max(peaks, default=0.0)
-
-
-# --- the main process's own cost ---------------------------------------------------------------
-
-
-class _Recording:
-    """A real executor whose results are kept, pickled, by function and submission number."""
-
-    def __init__(self, executor, results: dict) -> None:
-        self.executor, self.results, self.counts = executor, results, {}
-
-    def submit(self, fn, arg):
-        number = self.counts[fn.__name__] = self.counts.get(fn.__name__, 0) + 1
-        return _RecordedTask(self.executor.submit(fn, arg), self.results, (fn.__name__, number))
-
-    def check_workers(self) -> None:
-        self.executor.check_workers()
-
-
-class _RecordedTask:
-    def __init__(self, task, results: dict, key) -> None:
-        self.task, self.results, self.key = task, results, key
-
-    def get(self):
-        value = self.task.get()
-        self.results[self.key] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        return value
-
-
-class _Replay:
-    """No workers: a task is pickled (the sending) and answered by its recorded result, unpickled."""
-
-    def __init__(self, results: dict) -> None:
-        self.results, self.counts = results, {}
-
-    def submit(self, fn, arg):
-        from convert.executor import Task
-
-        pickle.dumps(arg, protocol=pickle.HIGHEST_PROTOCOL)
-        number = self.counts[fn.__name__] = self.counts.get(fn.__name__, 0) + 1
-        return Task(value=pickle.loads(self.results[(fn.__name__, number)]))
-
-    def check_workers(self) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _patched_executor(make):
-    import convert.conversion as conversion
-
-    real = conversion.start_workers
-
-    @contextlib.contextmanager
-    def start(workers, initializer, *initargs):
-        if make is None:
-            initializer(*initargs)  # the replay's worker state lives here (it is never used)
-            yield _Replay(results)
-        else:
-            with real(workers, initializer, *initargs) as executor:
-                yield make(executor)
-
-    conversion.start_workers = start
-    try:
-        yield
-    finally:
-        conversion.start_workers = real
-
-
-results: dict = {}
-
-# label -> (ReadOptions changes, ShardOptions changes)
-MAIN_SETTINGS = {
-    "plain (no de-duplication)": ({"dedup": False}, {}),
-    "exact de-duplication": ({}, {}),
-    "exact de-duplication, 8 index processes": ({}, {"partitions": 8}),
-    "--near-dedup --filters": ({}, {"near": True, "partitions": 1}),
-    "--near-dedup --filters, 8 index processes": ({}, {"near": True, "partitions": 8}),
-}
-
-
-@dataclass
-class MainCost:
-    documents: int
-    tokens: int
-    main_cpu_s: float  # the replay: this process alone
-    worker_cpu_s: float  # the recorded run's one worker
-    index_cpu_s: float = 0.0  # the replay's near-duplicate index processes, all together
-    partitions: int = 1
-
-    @property
-    def feeds(self) -> float:
-        return self.worker_cpu_s / self.main_cpu_s
-
-
-def _replayed(corpus: Path, tokenizer: str, out: Path, seq_len: int, setting: str, repeat: int) -> MainCost:
-    """One corpus: the recorded run, then the best of `repeat` replays (see the module docstring)."""
-    from convert.jobs import convert_corpus
-    from convert.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
-
-    read_changes, shard_changes = MAIN_SETTINGS[setting]
-    near = shard_changes.get("near", False)
-    supported = "index_processes" in ShardOptions.__dataclass_fields__  # not before issue 21
-    extra = {"index_processes": shard_changes.get("partitions", 1)} if supported else {}
-    options = ShardOptions(
-        seq_len=seq_len, val_fraction=0.01, workers=1, overwrite=True, progress=False, main_works=False,
-        filters=QualityFilters.recommended() if near else QualityFilters(),
-        near_dedup=NearDedupOptions() if near else None, **extra,
-    )  # fmt: skip
-    read = ReadOptions(**read_changes)
-    results.clear()
-    before = os.times()
-    with contextlib.redirect_stdout(io.StringIO()), _patched_executor(lambda ex: _Recording(ex, results)):
-        summary = convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options, read=read)
-    after = os.times()
-    worker_cpu = after.children_user - before.children_user + after.children_system - before.children_system
-    replays, index = [], []
-    for _ in range(repeat):
-        cpu, before = time.process_time(), os.times()
-        with contextlib.redirect_stdout(io.StringIO()), _patched_executor(None):
-            convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options, read=read)
-        replays.append(time.process_time() - cpu)
-        after = os.times()  # the index processes are reaped: their CPU time
-        index.append(
-            after.children_user - before.children_user + after.children_system - before.children_system
-        )
-    results.clear()
-    tokens = sum(s["tokens"] + s["lost_tail_tokens"] for s in summary["splits"].values())
-    # The recorded run's children are its worker and its index processes (the same work as the replay's).
-    partitions = getattr(options, "index_processes", 1)
-    return MainCost(
-        summary["read"]["documents"], tokens, min(replays), worker_cpu - min(index), min(index), partitions
-    )
-
-
-def main_cost(corpora: tuple[Path, Path], tokenizer: str, out: Path, seq_len: int, setting: str, repeat: int):
-    """The whole run on the full corpus, and the cost of its documents past the half corpus's:
-    per document without the run's fixed costs (starting processes, the output's small files)."""
-    half, full = (_replayed(c, tokenizer, out, seq_len, setting, repeat) for c in corpora)
-    marginal = MainCost(
-        full.documents - half.documents, full.tokens - half.tokens, full.main_cpu_s - half.main_cpu_s,
-        full.worker_cpu_s - half.worker_cpu_s, full.index_cpu_s - half.index_cpu_s, full.partitions,
-    )  # fmt: skip
-    return full, marginal
-
-
-def report_main_costs(costs: dict[str, tuple[MainCost, MainCost]]) -> None:
-    for label, (full, cost) in costs.items():
-        print(
-            f"main process alone, {label}: {full.main_cpu_s:.2f} CPU s for {full.documents:,} documents "
-            f"({full.main_cpu_s / full.documents * 1e6:.1f} us each, fixed costs included); past the half "
-            f"corpus: {cost.main_cpu_s / cost.documents * 1e6:.2f} us per document, "
-            f"{cost.main_cpu_s / cost.tokens * 1e9:.1f} ns per token; one worker: "
-            f"{cost.worker_cpu_s / cost.documents * 1e6:.1f} us per document"
-        )
-        print(f"main process feeds at most {cost.feeds:.0f} workers ({label}; target >= 64)")
-        if cost.partitions > 1:
-            per_index = cost.worker_cpu_s / (cost.index_cpu_s / cost.partitions)
-            print(
-                f"  its {cost.partitions} index processes: {cost.index_cpu_s / cost.documents * 1e6:.2f} us "
-                f"per document together; each keeps up with {per_index:.0f} workers"
-            )
+    return max((peak for peak, _ in written), default=0.0), sum(encode for _, encode in written)
 
 
 # (label, workers, clean in the main process); None: the default for this machine
@@ -335,7 +223,8 @@ def convert_rate(
     )
     _reset_peak()
     before, start = os.times(), time.perf_counter()
-    summary = convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options)
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = convert_corpus([str(corpus)], tokenizer=tokenizer, out=str(out), options=options)
     elapsed, after = time.perf_counter() - start, os.times()  # the pool's workers are reaped now
     main_peak = _peak_mb()
     # Every kept token was encoded, whether or not it ended in the last partial sample.
@@ -344,7 +233,7 @@ def convert_rate(
     worker_cpu = (after.children_user - before.children_user) + (
         after.children_system - before.children_system
     )
-    return Run(encoded / elapsed, main_cpu, worker_cpu, main_peak, 0.0)
+    return Run(encoded / elapsed, main_cpu, worker_cpu, main_peak, load=os.getloadavg()[0])
 
 
 def worker_startup_s(tokenizer: str, out: Path, workers: int) -> float:
@@ -371,11 +260,17 @@ def best_and_spread(values: list[float]) -> str:
     return f"{best:,.0f} (runs: {', '.join(f'{v:,.0f}' for v in values)})"
 
 
-def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], startup: list[float]) -> None:
+def report(
+    raw: list[float], encode_cpu: float, whole_cpu: float, runs: dict[str, list[Run]], startup: list[float]
+) -> None:
     from convert.conversion import _BATCH_CHARS
     from convert.options import ShardOptions
 
-    print(f"raw SentencePiece encode (1 thread): {best_and_spread(raw)} tokens/s, {encode_cpu:.2f} CPU s")
+    print(
+        f"raw SentencePiece encode (1 thread, one call per {_BATCH_CHARS:,} characters, as a worker calls it): "
+        f"{best_and_spread(raw)} tokens/s, {encode_cpu:.2f} CPU s (one call over all the texts: {whole_cpu:.2f} "
+        "CPU s, Python's garbage collector walking the growing lists of ids)"
+    )
     for label, results in runs.items():
         workers, main_works = SETUPS[label]
         helps = ShardOptions(workers=workers, main_works=main_works).main_helps
@@ -384,8 +279,8 @@ def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], star
         best = min(results, key=lambda run: run.worker_cpu_s + run.main_cpu_s)
         print(
             f"end-to-end, {label} ({where}): {best_and_spread(rates)} tokens/s, "
-            f"{max(rates) / workers:,.0f} per worker; CPU s: workers {best.worker_cpu_s:.2f}, "
-            f"main process {best.main_cpu_s:.2f}"
+            f"{max(rates) / workers:,.0f} per worker; CPU s: workers {best.worker_cpu_s:.2f} (in encode "
+            f"{best.encode_cpu_s:.2f}, {best.encode_cpu_s / best.worker_cpu_s:.0%}), main process {best.main_cpu_s:.2f}"
         )
         print(
             f"  peak memory ({label}): main process {max(r.main_peak_mb for r in results):,.0f} MB, "
@@ -404,9 +299,19 @@ def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], star
             f"target >= 0.8); by CPU time, encode / worker: {cpu_ratio:.2f}"
         )
     paired_two = [rate / (2 * limit) for rate, limit in zip(two, raw, strict=True)]
+    loads = [run.load for run in runs["2 workers"]]
     print(
-        f"ratio end-to-end (2 workers) / twice raw encode: {max(two) / (2 * max(raw)):.2f} best-to-best "
-        f"(paired rounds: {', '.join(f'{r:.2f}' for r in paired_two)}; target >= 0.85 on 2 idle cores)"
+        f"RATIO end-to-end (2 workers) / twice raw encode: {max(two) / (2 * max(raw)):.2f} best-to-best "
+        f"(paired rounds: {', '.join(f'{r:.2f}' for r in paired_two)}; target >= 0.85 on 2 idle cores; "
+        f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs)"
+    )
+    best = min(runs["2 workers"], key=lambda run: run.worker_cpu_s + run.main_cpu_s)
+    share = best.encode_cpu_s / (best.worker_cpu_s + best.main_cpu_s)
+    print(
+        f"  by CPU time (the same processes at the same time, so load changes it little), what 2 idle "
+        f"cores give at best: the workers' encode / (workers + main process) = {share:.2f}; the workers "
+        f"spend {best.encode_cpu_s / best.worker_cpu_s:.0%} of their CPU in encode ({best.encode_cpu_s:.2f} s; "
+        f"raw {encode_cpu:.2f} s), the rest reading, cleaning (Unicode NFKC), digesting, packing, zstd, writing"
     )
     for label in ("1 worker", "1 worker doing all"):
         one = [run.tokens_per_s for run in runs[label]]
@@ -427,6 +332,21 @@ def report(raw: list[float], encode_cpu: float, runs: dict[str, list[Run]], star
     print(f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}")
 
 
+def main_cost(root: Path, args, tokenizer: str) -> None:
+    """The main process's own cost (bench/convert_main.py) on corpora of `--copies` copies, twice
+    and 4 times as many (each the first half of the next), copies that are neither exact nor near
+    duplicates of each other."""
+    (root / "main").mkdir()
+    corpora = [
+        build_corpus(root / "main", args.chars, times * args.copies, name=f"{times}.jsonl", distinct=True)[0]
+        for times in (1, 2, 4)
+    ]
+    measured = (corpora, tokenizer, root / "out", args.seq_len, args.rounds)
+    if args.before:
+        convert_main.report(convert_main.measure_before(args.before, *measured), f" (before: {args.before})")
+    convert_main.report(convert_main.measure_all(*measured), " (this code)" if args.before else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.convert",
@@ -438,30 +358,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
+    parser.add_argument("--rounds", type=int, default=7, help="replays of each main-process measurement")
     parser.add_argument("--main-only", action="store_true", help="only the main process's own cost")
+    parser.add_argument("--no-main", action="store_true", help="without the main process's own cost")
+    parser.add_argument(
+        "--before", metavar="PATH", help="also the main process's cost for the converter checked out at PATH"
+    )
     args = parser.parse_args(argv)
 
     from convert.tokenizer import train_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
         root = Path(tmp)
-        (root / "half").mkdir()
-        half, _ = build_corpus(root / "half", args.chars // 2, args.copies)
         corpus, base_texts = build_corpus(root, args.chars, args.copies)
         tokenizer = str(root / "tok.model")
         train_tokenizer(base_texts, vocab_size=args.vocab_size, out=tokenizer)
         del base_texts
-        _, tokens, _ = raw_encode_rate(corpus, tokenizer)  # a warm-up, not counted
+        texts = cleaned_texts(corpus)
+        _, tokens, _ = raw_encode_rate(texts, tokenizer)  # a warm-up, not counted
         print(f"corpus: {corpus.stat().st_size / 1e6:,.1f} MB of JSON lines, {tokens:,} tokens")
-        from convert.options import ShardOptions
-
-        split = "index_processes" in ShardOptions.__dataclass_fields__
-        costs = {
-            label: main_cost((half, corpus), tokenizer, root / "out", args.seq_len, label, args.repeat)
-            for label, (_, changes) in MAIN_SETTINGS.items()
-            if split or changes.get("partitions", 1) == 1
-        }
-        report_main_costs(costs)
+        if not args.no_main:
+            main_cost(root, args, tokenizer)
         if args.main_only:
             return 0
         startup = [worker_startup_s(tokenizer, root / "out", 1) for _ in range(args.repeat)]
@@ -470,15 +387,16 @@ def main(argv: list[str] | None = None) -> int:
         peaks = root / "peaks"
         peaks.mkdir()
         for _ in range(args.repeat):  # rounds: a burst of load hits the limit and the runs alike
-            raw_runs.append(raw_encode_rate(corpus, tokenizer))
+            raw_runs.append(raw_encode_rate(texts, tokenizer))
             for label, (workers, main_works) in SETUPS.items():
                 with measured_workers(peaks):
                     run = convert_rate(corpus, tokenizer, root / "out", workers, args.seq_len, main_works)
-                run.worker_peak_mb = worker_peaks(peaks)
+                run.worker_peak_mb, run.encode_cpu_s = worker_peaks(peaks)
                 runs[label].append(run)
         raw = [rate for rate, _, _ in raw_runs]
         encode_cpu = min(cpu for _, _, cpu in raw_runs)
-    report(raw, encode_cpu, runs, startup)
+        whole_cpu = raw_encode_rate(texts, tokenizer, whole=True)[2]
+    report(raw, encode_cpu, whole_cpu, runs, startup)
     return 0
 
 

@@ -135,16 +135,19 @@ def select_in_workers(
             sent.append((batch.texts, places))
             yield batch
 
-    for batch in ordered(executor, tokenize_batch, batches(), window):
-        texts_sent, places = sent.popleft()
-        for reason, count in batch.drops.items():
-            cleaner.drops.add(reason, count)
-        if clean_here:
-            text = partial(_sent, texts_sent, places)
-        else:
-            sources = batch.sources
-            text = partial(_cleaned, cleaner, texts_sent, places, sources)
-        yield selection.select(batch, text, deduped=clean_here)
+    def decided() -> Iterator[tuple]:
+        for batch in ordered(executor, tokenize_batch, batches(), window):
+            texts_sent, places = sent.popleft()
+            for reason, count in batch.drops.items():
+                cleaner.drops.add(reason, count)
+            if clean_here:
+                text = partial(_sent, texts_sent, places)
+            else:
+                text = partial(_cleaned, cleaner, texts_sent, places, batch.sources)
+            yield batch, text, clean_here, None
+
+    for selected, _ in selection.select_all(decided()):
+        yield selected
 
 
 def _place(item) -> tuple[str, int] | None:
@@ -403,8 +406,8 @@ class Conversion:
                 NEAR_REPORT, {"threshold": near.threshold, "ngram": near.ngram, "pairs": pairs}
             )
             out["near_dedup"] = {**asdict(near), "report": NEAR_REPORT, "pairs_in_report": len(pairs)}
-            if selection.near is not None:
-                out["near_dedup"]["index_bytes"] = selection.near.nbytes
+            if selection.near is not None or selection.near_in_processes:
+                out["near_dedup"]["index_bytes"] = selection.index_bytes
         return out
 
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:

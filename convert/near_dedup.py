@@ -21,86 +21,122 @@ document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A a
 near each other. `per_key` bounds the work on boilerplate: a key shared by thousands of
 documents keeps the first `per_key`, and a new document is compared with those.
 
-Split over processes (`KeyPartitions`, one per 8 workers by default): every step above is
+Split over processes (convert/index_processes.py, with many workers): every step above is
 decided key by key (a key's earlier documents, its room under `per_key`, its order in the batch),
 so the keys are split by value over index processes, each finding and verifying its candidate
-pairs against the sketches (appended by the main process to a file the index processes map),
-and the main process picks each document's best pair among theirs: the same decisions as one
-index, with the main process's work per document down to the picking.
+pairs (`candidates`) against the sketches, and the main process picks each document's best pair
+among theirs: the same decisions as one index.
 
 Memory: the band index holds 12 bytes (64-bit key, 32-bit position) per band and document,
 the sketches `bins` bytes per document: with the defaults (26 bands at threshold 0.8, 256
 bins) about 570 bytes per document, 5.7 GB per 10 M documents (`make bench-dedup` measures
-it). The index is a log-structured set of sorted numpy arrays: lookups are binary searches in a
-few levels, and a level is merged into the next (a linear merge, no sort) when it grows to half
-its size, so inserting costs O(log n) per key and the index never holds Python objects per key
+it). The index is a log-structured set of sorted numpy arrays: a few levels, a new run merged
+into the last (a linear merge, no sort) while it is at least a quarter of it, so inserting
+costs O(log n) per key; a lookup is a binary search in a small level and, in a large one, a
+look at the few entries that a directory over the keys' top bits points to (about 1 byte per
+entry; without it, each binary search in a level of millions of keys is some 20 cache misses),
+and the index never holds Python objects per key
 (datasketch's in-memory MinHashLSH, a dict of Python sets per band, holds about 8,900 bytes per
 document with the same bands: `make bench-dedup`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import heapq
-import os
-import shutil
-
 import numpy as np
 
 from convert.minhash import estimate_jaccard, jaccard
 from convert.options import NearDedupOptions
-from convert.scratch import make_scratch
 
 _BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
 _MAX_POSITIONS = (1 << 32) - 1
+_MERGE_RATIO = 4  # a new run joins the last level while it is at least 1/_MERGE_RATIO of it
+_DIRECTORY_FROM = 1 << 16  # levels of this many keys or more get a directory
+
+
+class _Level:
+    """One sorted run of the band index: keys ascending (equal keys oldest first), their
+    positions, and for a large run a directory over the keys' top bits (keys are hash values,
+    spread evenly): `directory[j]` is the first entry whose key's top bits are at least j."""
+
+    def __init__(self, keys: np.ndarray, positions: np.ndarray) -> None:
+        self.keys, self.positions = keys, positions
+        self.directory, self.shift = None, np.uint64(0)
+        if len(keys) >= _DIRECTORY_FROM:
+            bits = (len(keys) // 4).bit_length()  # about 2 to 4 entries per slot
+            self.shift = np.uint64(64 - bits)
+            counts = np.bincount((keys >> self.shift).astype(np.intp), minlength=1 << bits)
+            self.directory = np.zeros((1 << bits) + 1, dtype=np.uint32 if len(keys) < 1 << 32 else np.int64)
+            np.cumsum(counts, out=self.directory[1:])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def find(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(query index, entry) of every entry whose key equals a query, and each query's count."""
+        if self.directory is None:  # a binary search per query (the run is small: in cache)
+            low = self.keys.searchsorted(queries, side="left")
+            found = np.zeros(len(queries), dtype=np.int64)
+            present = np.flatnonzero(self.keys[np.minimum(low, len(self.keys) - 1)] == queries)
+            if len(present):
+                found[present] = self.keys.searchsorted(queries[present], side="right") - low[present]
+            which = np.flatnonzero(found)
+            query, offset = _expand(which, found[which])
+            return query, low[query] + offset
+        # The directory narrows each query to a few entries, compared all at once.
+        slot = (queries >> self.shift).astype(np.intp)
+        start = self.directory[slot].astype(np.int64)
+        query, offset = _expand(np.arange(len(queries)), self.directory[slot + 1] - start)
+        entry = start[query] + offset
+        equal = self.keys[entry] == queries[query]
+        return query[equal], entry[equal]
 
 
 class BandIndex:
     """Band key -> positions of the documents that have it, oldest first, in sorted levels."""
 
     def __init__(self) -> None:
-        self.levels: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, positions), oldest first
+        self.levels: list[_Level] = []  # oldest (and largest) first
 
     def __len__(self) -> int:
-        return sum(len(keys) for keys, _ in self.levels)
+        return sum(len(level) for level in self.levels)
 
     @property
     def nbytes(self) -> int:
-        return sum(keys.nbytes + positions.nbytes for keys, positions in self.levels)
+        """The keys and positions (the directories add about 1 byte per entry of a large level)."""
+        return sum(level.keys.nbytes + level.positions.nbytes for level in self.levels)
 
     def lookup(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each query key: how many documents have it; and every (query index, position) hit.
 
-        Queries in ascending order are much faster (binary searches that start where the last
-        one ended stay in cache)."""
+        Queries in ascending order are faster (the binary searches of small levels stay in cache)."""
         counts = np.zeros(len(queries), dtype=np.int64)
         hit_queries, hit_positions = [], []
-        for keys, positions in self.levels:
-            low = keys.searchsorted(queries, side="left")
-            found = np.zeros(len(queries), dtype=np.int64)
-            present = np.flatnonzero(keys[np.minimum(low, len(keys) - 1)] == queries)
-            if len(present):
-                found[present] = keys.searchsorted(queries[present], side="right") - low[present]
-            counts += found
-            which = np.flatnonzero(found)
-            if len(which):
-                query, offset = _expand(which, found[which])
+        for level in self.levels:
+            query, entry = level.find(queries)
+            if len(query):
+                counts += np.bincount(query, minlength=len(queries))
                 hit_queries.append(query)
-                hit_positions.append(positions[low[query] + offset])
+                hit_positions.append(level.positions[entry])
         if not hit_queries:
             return counts, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint32)
         return counts, np.concatenate(hit_queries), np.concatenate(hit_positions)
 
-    def insert(self, keys: np.ndarray, positions: np.ndarray) -> None:
-        """Add entries; among equal keys, these come after every entry already there."""
+    def insert(self, keys: np.ndarray, positions: np.ndarray, *, ordered: bool = False) -> None:
+        """Add entries; among equal keys, these come after every entry already there. A new run
+        is merged into the last level while it is at least a quarter of it: a few levels, each a
+        quarter or less of the one before, so a lookup visits few and an entry is copied
+        O(log n) times. `ordered`: the keys are ascending already."""
         if not len(keys):
             return
-        order = np.argsort(keys, kind="stable")
-        self.levels.append((keys[order], positions[order]))
-        while len(self.levels) > 1 and 2 * len(self.levels[-1][0]) >= len(self.levels[-2][0]):
-            newer = self.levels.pop()
+        if ordered:  # keys ascending already
+            run = (keys, positions)
+        else:
+            order = np.argsort(keys, kind="stable")
+            run = (keys[order], positions[order])
+        while self.levels and _MERGE_RATIO * len(run[0]) >= len(self.levels[-1]):
             older = self.levels.pop()
-            self.levels.append(_merge_sorted(older, newer))
+            run = _merge_sorted((older.keys, older.positions), run)
+        self.levels.append(_Level(*run))
 
 
 def _expand(items: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,11 +195,12 @@ class SketchStore:
 def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, per_key: int):
     """Look a batch's keys up in `index` and insert them: (later, before) candidate pairs, `later`
     a document of the batch (0-based), `before` the position of an earlier one (this batch's at
-    `base` on). `flat`: the keys, `doc`: each key's document, in document order.
+    `base` on). `flat`: the keys, `doc`: each key's document; equal keys in document order (any
+    order otherwise: runs of ascending keys are sorted fastest).
 
     Everything here is decided key by key (a key's earlier documents, its room under `per_key`,
-    its order in the batch), so the keys can be split by value across indexes (`KeyPartitions`)
-    and the union of their pairs is this function's pairs on all keys."""
+    its order in the batch), so the keys can be split by value across indexes
+    (convert/index_processes.py) and the union of their pairs is this function's pairs on all keys."""
     # Equal keys in document order (the index is searched with the keys sorted).
     order = np.argsort(flat, kind="stable")
     sorted_keys, sorted_doc = flat[order], doc[order]
@@ -180,168 +217,11 @@ def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, p
     later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
     before = np.concatenate([hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]])
     stored = rank < room
-    index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32))
+    index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32), ordered=True)
     return later, before
 
 
-def split_keys(keys: np.ndarray, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(keys, row) of each key of `keys` (rows x bands) whose value is p modulo `parts`, for each
-    p, in row order: what a worker sends for the `KeyPartitions`."""
-    flat = keys.ravel()
-    row = np.repeat(np.arange(len(keys), dtype=np.int32), keys.shape[1])
-    part = (flat % np.uint64(parts)).astype(np.int64)
-    order = np.argsort(part, kind="stable")
-    bounds = np.searchsorted(part[order], np.arange(parts + 1))
-    return [(flat[order[a:b]], row[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-
-class KeyPartitions:
-    """The band index split by key value over `parts` processes. For each batch, in input order,
-    each process looks up and inserts its share of the keys (`candidates`) and verifies its
-    candidate pairs by the sketches, which the main process appends to a file that every index
-    process maps (the sketches are stored once, on the temp disk); the main process only picks,
-    per document, the best of the pairs at or over the threshold. The union of the processes'
-    pairs is one index's pairs, so the decisions are the same for any number of processes.
-
-    The processes are forked when this is made: make it before any thread starts (the worker
-    pool's). They end with the main process (even by SIGKILL) and at `close`."""
-
-    def __init__(self, parts: int, options: NearDedupOptions | None) -> None:
-        import multiprocessing
-
-        from convert.executor import die_with
-
-        self.folder = make_scratch("sketches")
-        self.path = os.path.join(self.folder, "sketches.u8")
-        self.file = open(self.path, "wb")  # noqa: SIM115 (open for the whole run, closed in close)
-        self.parts = parts
-        context = multiprocessing.get_context("fork")
-        self.connections, self.processes = [], []
-        for _ in range(parts):
-            mine, theirs = context.Pipe()
-            args = (theirs, options, self.path, os.getpid(), die_with)
-            process = context.Process(target=_serve_keys, args=args, daemon=True)
-            process.start()
-            theirs.close()
-            self.connections.append(mine)
-            self.processes.append(process)
-        self.nbytes = 0
-        self.verified = 0
-
-    def decide(self, key_parts, sketches: np.ndarray, base: int):
-        """Per document of one batch: its match (-1: none) and the estimate, as `_best` picks them
-        among every verified pair at or over the threshold (each process sends its own best).
-        `key_parts`: (parts from `split_keys`, each key's row -> its document in the batch or -1)."""
-        self.file.write(np.ascontiguousarray(sketches).tobytes())
-        self.file.flush()
-        parts, document_of = key_parts
-        for connection, (keys, rows) in zip(self.connections, parts, strict=True):
-            connection.send(("keys", keys, rows, document_of, base, len(sketches)))
-        match, estimate, verified = self._receive(self.connections[0])
-        self.verified += verified
-        for connection in self.connections[1:]:
-            their_match, their_estimate, verified = self._receive(connection)
-            self.verified += verified
-            # The best of the bests: highest estimate, then the earliest document.
-            better = (their_match >= 0) & (
-                (match < 0)
-                | (their_estimate > estimate)
-                | ((their_estimate == estimate) & (their_match < match))
-            )
-            match[better], estimate[better] = their_match[better], their_estimate[better]
-        return match, estimate
-
-    def first_seen(self, digest_parts: list[tuple[bytes, np.ndarray]], count: int) -> np.ndarray:
-        """Exact de-duplication of a batch's rows, each digest decided by the process its value
-        falls to (`split_digests`): True for a row whose digest came neither earlier in the
-        batch nor before. Rows in no part are left out (True)."""
-        for connection, (digests, _) in zip(self.connections, digest_parts, strict=True):
-            connection.send(("digests", digests))
-        fresh = np.ones(count, dtype=bool)
-        for connection, (_, rows) in zip(self.connections, digest_parts, strict=True):
-            fresh[rows] = self._receive(connection)
-        return fresh
-
-    def _receive(self, connection):
-        try:
-            return connection.recv()
-        except (EOFError, OSError):
-            raise RuntimeError(
-                "a near-duplicate index process died (killed, e.g. for lack of memory)"
-            ) from None
-
-    def close(self) -> None:
-        if self.file.closed:
-            return
-        for connection in self.connections:
-            with contextlib.suppress(OSError):
-                connection.send(None)
-        for connection in self.connections:
-            with contextlib.suppress(EOFError, OSError):
-                self.nbytes += connection.recv()
-        for process in self.processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-        self.connections, self.processes = [], []
-        self.nbytes += self.file.tell()
-        self.file.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _serve_keys(connection, options: NearDedupOptions, path: str, parent: int, die_with) -> None:
-    die_with(parent)
-    index, seen = BandIndex(), set()
-    while True:
-        message = connection.recv()
-        if message is None:
-            connection.send(index.nbytes)
-            return
-        if message[0] == "digests":
-            connection.send(first_seen_in(seen, message[1]))
-            continue
-        _, keys, rows, document_of, base, count = message
-        doc = document_of[rows]
-        indexed = doc >= 0
-        later, before = candidates(index, keys[indexed], doc[indexed], base, options.per_key)
-        later, before = _distinct_pairs(later, before, base, count)
-        scores = np.empty(len(later))
-        if len(later):
-            stored = np.memmap(path, dtype=np.uint8, mode="r", shape=(base + count, options.bins))
-            step = max(1, (1 << 24) // options.bins)
-            for lo in range(0, len(later), step):
-                hi = lo + step
-                scores[lo:hi] = estimate_jaccard(stored[base + later[lo:hi]], stored[before[lo:hi]])
-            del stored
-        near = scores >= options.threshold
-        match, estimate = NearDuplicates._best(later[near], before[near], scores[near], count)
-        connection.send((match, estimate, len(later)))
-
-
-def first_seen_in(seen: set, digests: bytes) -> np.ndarray:
-    """For each 16-byte digest of `digests`, in order: True when it is not in `seen` (and not
-    earlier in `digests`); adds them. A batch without duplicates takes C-level set operations."""
-    views = np.frombuffer(digests, dtype="S16").tolist()  # items drop trailing zero bytes: one-to-one
-    new = dict.fromkeys(views).keys() - seen
-    if len(new) == len(views):
-        seen |= new
-        return np.ones(len(views), dtype=bool)
-    return np.array([d not in seen and not seen.add(d) for d in views], dtype=bool)
-
-
-def split_digests(digests: bytes, rows: np.ndarray, parts: int) -> list[tuple[bytes, np.ndarray]]:
-    """The digests of `rows` (16 bytes each in `digests`) split by value over `parts` processes:
-    (their digests, those rows) for each, in row order."""
-    pairs = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)[rows]
-    part = (pairs[:, 0] % np.uint64(parts)).astype(np.int64)
-    out = []
-    for p in range(parts):
-        mine = np.flatnonzero(part == p)
-        out.append((pairs[mine].tobytes(), rows[mine]))
-    return out
-
-
-def _distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int):
+def distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int):
     """The distinct (later, before) pairs, by later then before, without a document and itself."""
     width = base + count
     pairs = np.unique(later * width + before)
@@ -351,33 +231,24 @@ def _distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int
 
 
 class NearDuplicates:
-    """The near-duplicate decisions of one conversion (see the module docstring)."""
+    """The near-duplicate decisions of one conversion in this process (see the module docstring)."""
 
-    def __init__(self, options: NearDedupOptions, partitions: KeyPartitions | None = None) -> None:
+    def __init__(self, options: NearDedupOptions) -> None:
         self.options = options
         self.index = BandIndex()
         self.sketches = SketchStore(options.bins)
         self.candidates = 0  # pairs verified, for the benchmark
-        self.partitions = partitions
-        self._size = 0  # documents indexed, with partitions (the sketches are in their file)
-
-    def close(self) -> None:
-        """Stop the index processes (with partitions); `nbytes` stays right."""
-        if self.partitions is not None:
-            self.partitions.close()
 
     @property
     def size(self) -> int:
-        return self._size if self.partitions is not None else self.sketches.size
+        return self.sketches.size
 
     @property
     def nbytes(self) -> int:
-        parted = self.partitions.nbytes if self.partitions is not None else 0
-        return self.index.nbytes + parted + self.sketches.nbytes
+        return self.index.nbytes + self.sketches.nbytes
 
-    def add(self, keys: np.ndarray, sketches: np.ndarray, key_parts=None) -> tuple[np.ndarray, np.ndarray]:
+    def add(self, keys: np.ndarray, sketches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Decide and index a batch of documents in input order (rows of `keys`, `sketches`).
-        With partitions, `key_parts` is the batch's keys as `KeyPartitions.decide` takes them.
 
         Returns, per document, the position of the earlier document it is a near-duplicate of
         (-1: none) and that pair's estimated Jaccard. The batch's documents get positions
@@ -387,9 +258,6 @@ class NearDuplicates:
         base = self.size
         if base + count > _MAX_POSITIONS:
             raise OverflowError("more than 2**32 documents in one near-duplicate index")
-        if self.partitions is not None:
-            self._size += count
-            return self.partitions.decide(key_parts, sketches, base)
         self.sketches.append(sketches)
         flat = keys.ravel()
         doc = np.repeat(np.arange(count), keys.shape[1])
@@ -397,25 +265,26 @@ class NearDuplicates:
         return self._verify(later, before, base, count, sketches)
 
     def _verify(self, later: np.ndarray, before: np.ndarray, base: int, count: int, sketches: np.ndarray):
-        later, before = _distinct_pairs(later, before, base, count)
+        later, before = distinct_pairs(later, before, base, count)
         self.candidates += len(later)
         if not len(later):
-            return self._best(later, before, np.empty(0), count)
+            return self.best(later, before, np.empty(0), count)
         scores = np.empty(len(later))
         step = max(1, (1 << 24) // self.options.bins)  # bounded temporary arrays
         for lo in range(0, len(later), step):
             hi = lo + step
             scores[lo:hi] = estimate_jaccard(sketches[later[lo:hi]], self.sketches.take(before[lo:hi]))
         near = scores >= self.options.threshold
-        return self._best(later[near], before[near], scores[near], count)
+        return self.best(later[near], before[near], scores[near], count)
 
     @staticmethod
-    def _best(later: np.ndarray, before: np.ndarray, scores: np.ndarray, count: int):
-        """Per document of the batch: its match among the near pairs and the estimate (-1, 0: none)."""
+    def best(later: np.ndarray, before: np.ndarray, scores: np.ndarray, count: int):
+        """Per document of the batch: its match among the near pairs and the estimate (-1, 0: none):
+        the highest estimate, then the earliest document."""
         match = np.full(count, -1, dtype=np.int64)
         estimate = np.zeros(count, dtype=np.float64)
         if len(later):
-            best = np.lexsort((before, -scores, later))  # per document: highest estimate, then earliest
+            best = np.lexsort((before, -scores, later))
             first = best[np.r_[True, later[best][1:] != later[best][:-1]]]
             match[later[first]] = before[first]
             estimate[later[first]] = scores[first]
@@ -437,33 +306,62 @@ class PairSample:
     def __init__(self, keys: int = 1024, per_key: int = 4) -> None:
         self.capacity, self.per_key = keys, per_key
         self.members: dict[int, list[tuple[int, str]]] = {}
-        self._heap: list[int] = []  # negated keys: the largest member key on top
+        self._keys = np.empty(0, dtype=np.uint64)  # the members' keys, ascending
         self._key_of: dict[int, int] = {}  # position -> key
         self.removed: dict[int, tuple[int, float]] = {}  # position -> (match position, estimate)
         self.where: dict[int, tuple[str, int]] = {}  # position -> (input file, line), when known
 
     @property
     def bound(self) -> int:
-        """Keys at or above this cannot join (2**64 while there is room)."""
-        return -self._heap[0] if len(self.members) >= self.capacity else 1 << 64
+        """Keys above this cannot join (2**64 while there is room)."""
+        return int(self._keys[-1]) if len(self._keys) >= self.capacity else 1 << 64
 
     def offer(self, key: int, position: int, text: str, where: tuple[str, int] | None = None) -> None:
         """`where`: the document's input file and line (record) number, when known."""
-        if key in self.members:
-            members = self.members[key]
-            if len(members) < self.per_key:
-                members.append((position, text))
-                self._key_of[position] = key
-                self._where_of(position, where)
-            return
-        if key >= self.bound:
-            return
-        if len(self.members) >= self.capacity:
-            self._evict(-heapq.heappop(self._heap))
-        heapq.heappush(self._heap, -key)
-        self.members[key] = [(position, text)]
-        self._key_of[position] = key
-        self._where_of(position, where)
+        item = (text, *where) if where is not None else text
+        self.offer_all(np.array([key], dtype=np.uint64), np.array([position]), lambda _: item)
+
+    def offer_all(self, keys: np.ndarray, positions: np.ndarray, text) -> None:
+        """`offer` for each document of a batch, in input order (`keys`, `positions` ascending),
+        decided at once with the same outcome: members are the `capacity` smallest distinct keys
+        offered, each with its first `per_key` documents, and a key once evicted never returns
+        (it is above the bound from then on). `text(i)` gives the i-th document's text, or
+        (text, input file, line), or None (then it is not offered); it is called only for the
+        documents that join."""
+        candidates = np.flatnonzero(keys <= np.uint64(min(self.bound, (1 << 64) - 1)))
+        while len(candidates):
+            chosen, joining = self._joining(keys[candidates])
+            texts = [text(i) for i in candidates[joining].tolist()]
+            missing = [j for j, item in zip(joining.tolist(), texts, strict=True) if item is None]
+            if not missing:
+                self._join(
+                    chosen, keys[candidates[joining]].tolist(), positions[candidates[joining]].tolist(), texts
+                )
+                return
+            candidates = np.delete(candidates, missing)  # not offered after all: decide again
+
+    def _joining(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The member keys after offering `keys`, and which of them join (indexes, in order)."""
+        chosen = np.unique(np.concatenate([self._keys, keys]))[: self.capacity]
+        inside = np.flatnonzero(np.isin(keys, chosen))
+        order = inside[np.argsort(keys[inside], kind="stable")]  # by key, then input order
+        grouped = keys[order]
+        starts = np.r_[True, grouped[1:] != grouped[:-1]] if len(grouped) else np.empty(0, dtype=bool)
+        group = np.cumsum(starts) - 1
+        rank = np.arange(len(grouped)) - np.flatnonzero(starts)[group]
+        have = np.array([len(self.members.get(k, ())) for k in grouped[starts].tolist()], dtype=np.int64)
+        return chosen, np.sort(order[rank < (self.per_key - have)[group]])
+
+    def _join(self, chosen: np.ndarray, keys: list[int], positions: list[int], texts: list) -> None:
+        if len(chosen) >= self.capacity:
+            for key in self._keys[self._keys > chosen[-1]].tolist():  # evicted: above the new bound
+                self._evict(key)
+        for key, position, item in zip(keys, positions, texts, strict=True):
+            text, where = (item[0], item[1:]) if isinstance(item, tuple) else (item, None)
+            self.members.setdefault(key, []).append((position, text))
+            self._key_of[position] = key
+            self._where_of(position, where)
+        self._keys = chosen
 
     def _where_of(self, position: int, where: tuple[str, int] | None) -> None:
         if where is not None:
@@ -474,6 +372,14 @@ class PairSample:
             del self._key_of[position]
             self.removed.pop(position, None)
             self.where.pop(position, None)
+
+    def record_all(self, positions: np.ndarray, matches: np.ndarray, estimates: np.ndarray) -> None:
+        """`record` for each near-duplicate of a batch."""
+        for position, match, estimate in zip(
+            positions.tolist(), matches.tolist(), estimates.tolist(), strict=True
+        ):
+            if position in self._key_of:
+                self.removed[position] = (match, estimate)
 
     def record(self, position: int, match: int, estimate: float) -> None:
         if position in self._key_of:

@@ -141,6 +141,7 @@ def lsh_parameters(threshold: float, bins: int, recall: float = 0.99) -> tuple[i
 
 
 WORKERS_PER_INDEX = 8  # workers one near-duplicate index process keeps up with (`make bench-convert`)
+NEAR_IN_MAIN = 4  # workers the main process keeps up with when it decides near duplicates itself
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class ShardOptions:
     filters: QualityFilters = field(default_factory=QualityFilters)
     near_dedup: NearDedupOptions | None = None  # None: exact duplicates only
     # Processes that hold the near-duplicate band index, split by key value (the same decisions
-    # for any number); 0: one per WORKERS_PER_INDEX workers (1: the main process holds it).
+    # for any number); 0: `auto_index_processes` (1: the main process holds it).
     index_processes: int = 0
 
     @property
@@ -169,6 +170,15 @@ class ShardOptions:
         if self.main_works is not None:
             return self.main_works
         return self.workers < available_cpus()
+
+    def auto_index_processes(self) -> int:
+        """One index process per WORKERS_PER_INDEX workers; with near-duplicate removal, at
+        least two from NEAR_IN_MAIN + 1 workers: the main process deciding near duplicates
+        itself keeps up with about that many (`make bench-convert`)."""
+        processes = math.ceil(self.workers / WORKERS_PER_INDEX)
+        if self.near_dedup is not None and self.workers > NEAR_IN_MAIN:
+            processes = max(processes, 2)
+        return processes
 
     @property
     def size_limit(self) -> int:
@@ -192,7 +202,7 @@ class ShardOptions:
             raise ConvertError(f"--bos: tokenizer {tokenizer.path} has no BOS piece; drop --bos")
         if self.index_processes < 0:
             raise ConvertError(f"--index-processes {self.index_processes} must be 0 (auto) or more")
-        partitions = self.index_processes or max(1, math.ceil(self.workers / WORKERS_PER_INDEX))
+        partitions = self.index_processes or self.auto_index_processes()
         return replace(
             self,
             dtype=tokenizer.token_dtype(self.dtype),

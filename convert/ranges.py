@@ -38,6 +38,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -47,11 +48,15 @@ from convert.executor import Executor, ordered
 from convert.options import ReadOptions
 from convert.readers import ReadStats, empty_corpus_error, range_format, read_range
 from convert.scratch import make_scratch
-from convert.selection import Selection, in_val
+from convert.selection import Selected, Selection, in_val
 from convert.worker import DIGEST_BYTES, ChunkTokens, PartResult, TextBatch, TokenizedBatch, process_chunk
 from shards.meta import SPLITS
 
-RANGE_BYTES = 3 * _BATCH_CHARS  # ~ as many characters of Chinese UTF-8 as a text batch holds
+# Bytes of a range: ~ as many characters of Chinese UTF-8 as a text batch holds, times half the
+# index processes. The main process's work per range is mostly fixed (a message to and from each
+# index process, a few numpy calls), so with more workers (and index processes, one per 8) the
+# ranges grow with them (`RangeFeed.range_bytes`).
+RANGE_BYTES = 3 * _BATCH_CHARS
 _PROBE_BYTES = 1 << 16
 _DIGEST = np.dtype((np.void, DIGEST_BYTES))
 
@@ -140,7 +145,7 @@ def read_range_batch(task: RangeTask) -> RangeResult:
         return RangeResult(empty, none, range_lines, np.zeros(0, dtype=bool), none, empty.tokens,
                            0, stats.malformed, _shifted(stats, first))  # fmt: skip
     batch = worker.tokenize_batch(TextBatch([doc.text for doc in docs]))
-    if batch.key_parts is not None:  # the index processes get the keys; here only the first is read
+    if batch.index_shares is not None and batch.keys is not None:  # the index processes have the keys
         batch.keys = np.ascontiguousarray(batch.keys[:, :1])
     doc_lines = np.fromiter((doc.line for doc in docs), dtype=np.int64, count=len(docs))
     lines = doc_lines[batch.sources] - first if len(batch) else np.empty(0, dtype=np.int64)
@@ -177,6 +182,12 @@ def read_range_batch(task: RangeTask) -> RangeResult:
         examples,
         texts,
     )
+
+
+def _sample_text(texts: dict[int, str], lines: np.ndarray, path: str, before: int, row: int):
+    """A row's cleaned text with its input file and line, if the worker sent it (for the pair sample)."""
+    cleaned = texts.get(row)
+    return None if cleaned is None else (cleaned, path, before + int(lines[row]) + 1)
 
 
 def _shifted(stats: ReadStats, first: int) -> list[tuple[str, int, str]]:
@@ -236,22 +247,45 @@ class RangeFeed:
         self.open = {split: _OpenChunk(0) for split in SPLITS}
         self.users: dict[str, int] = {}  # spool file -> batch routing + chunks still to write it
         self.chunk_spools: dict[tuple[str, int], list[str]] = {}
-        self._lines_before = 0  # lines of its file before the range being routed
+        self.smallest_keys = np.empty(0, dtype=np.uint64)  # of the passing rows received so far
+        self.range_bytes = RANGE_BYTES * max(1, self.options.index_processes // 2)
 
     def _tasks(self) -> Iterator[RangeTask]:
         number = 0
         for path, fmt in zip(self.paths, self.formats, strict=True):
             self.stats.files += 1
-            for start, end in byte_ranges(path, os.path.getsize(path), RANGE_BYTES):
+            for start, end in byte_ranges(path, os.path.getsize(path), self.range_bytes):
                 spool = os.path.join(self.spool_dir, f"{number:08d}.u32")
                 number += 1
-                sample = self.selection.sample
-                bound = sample.bound if sample is not None else 0
-                yield RangeTask(path, fmt, start, end, self.read.text_field, self.read.preset, spool, bound,
-                                self.options.val_fraction)  # fmt: skip
+                yield RangeTask(path, fmt, start, end, self.read.text_field, self.read.preset, spool,
+                                self._sample_bound(), self.options.val_fraction)  # fmt: skip
+
+    def _sample_bound(self) -> int:
+        """A first band key above which no row of a range handed out now can join the pair sample.
+
+        The sample keeps the rows whose first key is among its `capacity` smallest distinct
+        first keys (near_dedup.py `PairSample`). The distinct first keys of the passing rows
+        received so far are those of the indexed ones among them (an exact duplicate has its
+        original's keys), so the sample's bound once they are decided is their `capacity`-th
+        smallest, and it only falls after: known here, without waiting for the decisions."""
+        sample = self.selection.sample
+        if sample is None:
+            return 0
+        return int(self.smallest_keys[-1]) if len(self.smallest_keys) >= sample.capacity else 1 << 64
+
+    def _note_keys(self, batch: TokenizedBatch) -> None:
+        sample = self.selection.sample
+        if sample is None or batch.keys is None or not len(batch.keys):
+            return
+        first = batch.keys[:, 0]
+        if len(self.smallest_keys) >= sample.capacity:
+            first = first[first < self.smallest_keys[-1]]
+        self.smallest_keys = np.unique(np.concatenate([self.smallest_keys, first]))[: sample.capacity]
 
     def chunks(self, executor: Executor) -> Iterator[SpooledChunk]:
-        window = 4 * self.options.workers + 4
+        # Ranges in flight: 4 per worker, as many bytes when they are larger, 2 per worker at least.
+        workers = self.options.workers
+        window = max(2 * workers + 2, (4 * workers + 4) * RANGE_BYTES // self.range_bytes)
         tasks = self._tasks()
         lines_in_file: dict[str, int] = {}
         pending: list[RangeTask] = []
@@ -261,14 +295,19 @@ class RangeFeed:
                 pending.append(task)
                 yield task
 
-        for result in ordered(executor, read_range_batch, tracked(), window):
-            task = pending.pop(0)
-            before = lines_in_file.get(task.path, 0)
-            lines_in_file[task.path] = before + result.range_lines
-            self._absorb(task, result, before)
-            self._lines_before = before
-            self.users[task.spool] = 1
-            yield from self._route(task, result)
+        def arrived() -> Iterator[tuple]:
+            for result in ordered(executor, read_range_batch, tracked(), window):
+                task = pending.pop(0)
+                before = lines_in_file.get(task.path, 0)
+                lines_in_file[task.path] = before + result.range_lines
+                self._absorb(task, result, before)
+                self._note_keys(result.batch)
+                self.users[task.spool] = 1
+                text = partial(_sample_text, result.texts, result.lines, task.path, before)
+                yield result.batch, text, False, (task, result)
+
+        for selected, (task, result) in self.selection.select_all(arrived()):
+            yield from self._route(task, result, selected)
             self._release(task.spool)
         for split in SPLITS:
             if self.open[split].size:
@@ -287,15 +326,8 @@ class RangeFeed:
         for reason, count in result.batch.drops.items():
             self.selection.cleaner.drops.add(reason, count)
 
-    def _route(self, task: RangeTask, result: RangeResult) -> Iterator[SpooledChunk]:
+    def _route(self, task: RangeTask, result: RangeResult, selected: Selected) -> Iterator[SpooledChunk]:
         batch = result.batch
-        texts, lines, before = result.texts, result.lines, self._lines_before
-
-        def text(row: int):
-            cleaned = texts.get(row)
-            return None if cleaned is None else (cleaned, task.path, before + int(lines[row]) + 1)
-
-        selected = self.selection.select(batch, text, deduped=False)
         kept = selected.indexed[selected.match < 0]
         if not len(kept):
             return

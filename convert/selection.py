@@ -18,20 +18,22 @@ tasks' stored rows through the same `Selection` and keeps the same documents.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from convert.cleaning import Cleaner
-from convert.near_dedup import KeyPartitions, NearDuplicates, PairSample, split_digests, split_keys
+from convert.index_processes import IndexProcesses, partition, pipelined
+from convert.near_dedup import NearDuplicates, PairSample
 from convert.options import ShardOptions
 from convert.quality import REASON_CODES, REASONS
 from convert.worker import DIGEST_BYTES, TokenizedBatch
 
 NEAR_DUPLICATE = "near_duplicate"
 _TOO_SHORT = REASON_CODES["too_short_chars"]
+_MAX_POSITIONS = (1 << 32) - 1  # positions are 32-bit in the band index
 
 
 class Doc(NamedTuple):
@@ -83,40 +85,135 @@ class Selected:
 
 class Selection:
     """The decisions of one conversion (module docstring); `decide_near=False` (a multi-machine
-    task) only counts positions and samples pairs, and leaves near duplicates to the merge."""
+    task) only counts positions and samples pairs, and leaves near duplicates to the merge.
+
+    The duplicate state lives in this process, or, with more than one `index_processes` (many
+    workers), in index processes (convert/index_processes.py) that decide several batches at
+    once while this process goes on: `select_all` gives the same decisions either way."""
 
     def __init__(self, options: ShardOptions, cleaner: Cleaner, *, decide_near: bool = True,
                  sample: PairSample | None = None) -> None:  # fmt: skip
         self.options, self.cleaner = options, cleaner
         cleaner.filtered_below = options.filters.min_chars or 0  # too short before duplicate
-        near = options.near_dedup
+        near = options.near_dedup if decide_near else None
         parts = options.index_processes
-        # With many workers the exact and near-duplicate state lives in index processes.
-        self.partitions = (
-            KeyPartitions(parts, near)
+        self.processes = (
+            IndexProcesses(parts, near)
             if decide_near and parts > 1 and (cleaner.dedup or near is not None)
             else None
         )
-        self.near = NearDuplicates(near, self.partitions) if near is not None and decide_near else None
-        self.sample = sample if sample is not None else (PairSample() if near is not None else None)
+        self.near = NearDuplicates(near) if near is not None and self.processes is None else None
+        self.near_in_processes = near is not None and self.processes is not None
+        self.sample = (
+            sample if sample is not None else (PairSample() if options.near_dedup is not None else None)
+        )
         self.dropped_tokens: dict[str, int] = {}
         self.positions = 0  # documents indexed so far (positions in the near-duplicate index)
 
+    @property
+    def index_bytes(self) -> int:
+        """The near-duplicate index's bytes (band index and sketches; known at `close` with
+        index processes)."""
+        if self.processes is not None:
+            return self.processes.nbytes
+        return self.near.nbytes if self.near is not None else 0
+
     def select(self, batch: TokenizedBatch, text: Callable[[int], str | None], *, deduped: bool) -> Selected:
-        """Decide a batch's rows in order. `text(row)` gives a row's cleaned text for the pair
-        sample (rarely called), or (text, input file, line), or None; `deduped`: exact duplicates were removed before the workers."""
-        check = self.cleaner.dedup and not deduped
-        # Every row at once: the exact-duplicate check (in order, counted as "duplicate"), then
-        # the filters' reasons among the first-seen rows, counted by reason with their tokens.
-        reasons = batch.reasons.astype(np.int64) if batch.reasons is not None else None
-        short = reasons == _TOO_SHORT if reasons is not None else None  # dropped as too short first
-        if check and self.partitions is not None:
-            fresh = self._first_seen_in_partitions(batch, short)
-        elif check:
-            fresh = self.cleaner.first_seen_all(batch.digests, short)
-        else:
-            fresh = np.ones(len(batch), dtype=bool)
-        if reasons is not None:
+        """One batch decided at once (`select_all`)."""
+        [(selected, _)] = self.select_all([(batch, text, deduped, None)])
+        return selected
+
+    def select_all(
+        self, items: Iterable[tuple[TokenizedBatch, Callable, bool, object]]
+    ) -> Iterator[tuple[Selected, object]]:
+        """Decide each batch's rows in order; yields (Selected, payload) per (batch, text, deduped,
+        payload) item, in input order. `text(row)` gives a row's cleaned text for the pair sample
+        (rarely called), or (text, input file, line), or None; `deduped`: exact duplicates were
+        removed before the workers."""
+        if self.processes is None:
+            for batch, text, deduped, payload in items:
+                yield self._select_here(batch, text, deduped), payload
+            return
+        yield from pipelined(self.processes, items, self._shares, self._decided, self._finished)
+
+    def _select_here(self, batch: TokenizedBatch, text, deduped: bool) -> Selected:
+        fresh = np.ones(len(batch), dtype=bool)
+        if self.cleaner.dedup and not deduped:
+            fresh = self.cleaner.first_seen_all(batch.digests, self._too_short(batch))
+        rows, filtered, first = self._decide(batch, fresh)
+        match, estimate = np.full(len(rows), -1, dtype=np.int64), None
+        if self.near is not None and batch.keys is not None and len(rows):
+            among_passing = self._among_passing(batch, rows)
+            match, estimate = self.near.add(batch.keys[among_passing], batch.sketches[among_passing])
+        return self._finish(batch, text, rows, filtered, first, match, estimate)
+
+    # --- through the index processes: `pipelined`'s three steps ---------------------------------
+
+    def _shares(self, item) -> list[bytes]:
+        batch, _, deduped, _ = item
+        if batch.index_shares is not None:  # split by the worker; not kept while the batch waits
+            shares, batch.index_shares = batch.index_shares, None
+            return shares
+        short = self._too_short(batch)
+        exact = self.cleaner.dedup and not deduped
+        rows = (np.flatnonzero(~short) if short is not None else np.arange(len(batch))) if exact else None
+        keys = batch.keys if self.near_in_processes else None
+        return partition(batch.digests if exact else None, rows, keys, self.processes.parts)
+
+    def _decided(self, item, duplicates: np.ndarray):
+        """The batch's exact duplicates are known: decide up to near duplicates; with them, the
+        mask of its indexed rows among the passing ones, their sketches appended for the processes."""
+        batch, _, deduped, _ = item
+        fresh = np.ones(len(batch), dtype=bool)
+        if self.cleaner.dedup and not deduped and len(duplicates):
+            fresh[duplicates] = False
+            self.cleaner.drops.add("duplicate", len(duplicates))
+        rows, filtered, first = self._decide(batch, fresh)
+        if not self.near_in_processes:
+            return (rows, filtered, first), None
+        passing = int(batch.passing().sum())
+        mask = np.zeros(passing, dtype=bool)
+        if len(rows):
+            among_passing = self._among_passing(batch, rows)
+            mask[among_passing] = True
+            self.processes.append_sketches(
+                batch.sketches if len(rows) == passing else batch.sketches[among_passing]
+            )
+        batch.sketches = None  # with the index processes now; not kept while the batch waits
+        return (rows, filtered, first), mask
+
+    def _finished(self, item, state, answers) -> tuple[Selected, object]:
+        """The batch's near duplicates are known (`answers`, one per index process, or None)."""
+        batch, text, _, payload = item
+        rows, filtered, first = state
+        match, estimate = np.full(len(rows), -1, dtype=np.int64), np.zeros(len(rows))
+        for answer in answers or ():  # the best of the processes' bests: highest estimate, then earliest
+            documents = answer.documents
+            if len(documents):
+                now, now_estimate = match[documents], estimate[documents]
+                better = (now < 0) | (answer.estimates > now_estimate)
+                better |= (answer.estimates == now_estimate) & (answer.matches < now)
+                match[documents[better]] = answer.matches[better]
+                estimate[documents[better]] = answer.estimates[better]
+        return self._finish(batch, text, rows, filtered, first, match, estimate), payload
+
+    # --- the steps ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _too_short(batch: TokenizedBatch) -> np.ndarray | None:
+        """Rows too short for --min-chars: dropped as such, even when they repeat an earlier row."""
+        return batch.reasons == _TOO_SHORT if batch.reasons is not None else None
+
+    @staticmethod
+    def _among_passing(batch: TokenizedBatch, rows: np.ndarray) -> np.ndarray:
+        """Keys and sketches are there for the passing rows only: each row's index among those."""
+        return rows if batch.reasons is None else (np.cumsum(batch.passing()) - 1)[rows]
+
+    def _decide(self, batch: TokenizedBatch, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """The first-seen rows' filter reasons counted (with their tokens); the rows that reach
+        near-dedup, the filtered rows, and the first one's position."""
+        if batch.reasons is not None:
+            reasons = batch.reasons.astype(np.int64)
             rows = np.flatnonzero(fresh & (reasons == 0))
             filtered = np.flatnonzero(fresh & (reasons != 0))
             codes = reasons[filtered]
@@ -128,56 +225,27 @@ class Selection:
             rows, filtered = np.flatnonzero(fresh), np.empty(0, dtype=np.int64)
         first = self.positions
         self.positions += len(rows)
-        match = np.full(len(rows), -1, dtype=np.int64)
-        if batch.keys is not None and len(rows):
-            # keys and sketches are there for passing rows only: their index among those
-            among_passing = (np.cumsum(batch.passing()) - 1)[rows]
-            sketches = batch.sketches[among_passing]
-            offered = self._offer(batch.keys[among_passing, 0], rows, first, text)
-            if self.near is not None:
-                if self.near.partitions is not None:
-                    parts = batch.key_parts or split_keys(batch.keys, self.partitions.parts)
-                    document_of = np.full(len(batch.keys), -1, dtype=np.int64)
-                    document_of[among_passing] = np.arange(len(rows))
-                    match, estimate = self.near.add(None, sketches, (parts, document_of))
-                else:
-                    match, estimate = self.near.add(batch.keys[among_passing], sketches)
-                near = np.flatnonzero(match >= 0)
-                if len(near):
-                    self._drop(NEAR_DUPLICATE, int(batch.lengths[rows[near]].sum()), len(near))
-                if self.sample is not None:  # only a document offered to the sample can be a member
-                    for i in near[offered[near]].tolist():
-                        self.sample.record(first + i, int(match[i]), float(estimate[i]))
-        return Selected(batch, rows, match, filtered, first)
+        if self.positions > _MAX_POSITIONS and (self.near is not None or self.near_in_processes):
+            raise OverflowError("more than 2**32 documents in one near-duplicate index")
+        return rows, filtered, first
 
-    def _first_seen_in_partitions(self, batch: TokenizedBatch, short: np.ndarray | None) -> np.ndarray:
-        parts = batch.digest_parts
-        if parts is None:
-            rows = np.flatnonzero(~short) if short is not None else np.arange(len(batch))
-            parts = split_digests(batch.digests, rows, self.partitions.parts)
-        fresh = self.partitions.first_seen(parts, len(batch))
-        duplicates = int(len(batch) - fresh.sum())
-        if duplicates:
-            self.cleaner.drops.add("duplicate", duplicates)
-        return fresh
+    def _finish(self, batch, text, rows, filtered, first, match, estimate) -> Selected:
+        """Near duplicates counted; the rows offered to the pair sample, its removed members recorded."""
+        if batch.keys is not None and len(rows):
+            if self.sample is not None:
+                first_keys = batch.keys[self._among_passing(batch, rows), 0]
+                self.sample.offer_all(first_keys, first + np.arange(len(rows)), lambda i: text(int(rows[i])))
+            near = np.flatnonzero(match >= 0)
+            if len(near):
+                self._drop(NEAR_DUPLICATE, int(batch.lengths[rows[near]].sum()), len(near))
+                if self.sample is not None:
+                    self.sample.record_all(first + near, match[near], estimate[near])
+        return Selected(batch, rows, match, filtered, first)
 
     def close(self) -> None:
         """Stop the index processes, if there are any."""
-        if self.partitions is not None:
-            self.partitions.close()
-
-    def _offer(self, first_keys: np.ndarray, rows: np.ndarray, first: int, text) -> np.ndarray:
-        """Offer the rows whose first key may join the pair sample; returns which were offered."""
-        if self.sample is None:
-            return np.zeros(len(rows), dtype=bool)
-        offered = first_keys <= np.uint64(min(self.sample.bound, (1 << 64) - 1))
-        for i in np.flatnonzero(offered).tolist():
-            cleaned = text(int(rows[i]))
-            if isinstance(cleaned, tuple):  # (text, input file, line)
-                self.sample.offer(int(first_keys[i]), first + i, cleaned[0], cleaned[1:])
-            elif cleaned is not None:
-                self.sample.offer(int(first_keys[i]), first + i, cleaned)
-        return offered
+        if self.processes is not None:
+            self.processes.close()
 
     def _drop(self, reason: str, tokens: int, count: int = 1) -> None:
         self.cleaner.drops.add(reason, count)

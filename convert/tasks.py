@@ -420,19 +420,18 @@ def merge_tasks(
     start = time.monotonic()
     total = sum(len(marker["pieces"]) for marker in markers)
 
+    def pieces() -> Iterator[tuple]:
+        for index, marker in enumerate(markers):
+            for piece in marker["pieces"]:
+                batch, first = load_piece(store, task_folder(index), piece["name"])
+                local = first + np.cumsum(batch.passing()) - 1
+                yield batch, lambda row, i=index, local=local: texts.get((i, int(local[row]))), False, None
+
     def documents(_executor) -> Iterator:
         with progress_bar(total, "piece", "merging", enabled=progress) as bar:
-            for index, marker in enumerate(markers):
-                for piece in marker["pieces"]:
-                    batch, first = load_piece(store, task_folder(index), piece["name"])
-                    local = first + np.cumsum(batch.passing()) - 1
-                    selected = selection.select(
-                        batch,
-                        lambda row, i=index, local=local: texts.get((i, int(local[row]))),
-                        deduped=False,
-                    )
-                    yield from selected.documents(conversion.options.val_fraction)
-                    bar.update()
+            for selected, _ in selection.select_all(pieces()):
+                yield from selected.documents(conversion.options.val_fraction)
+                bar.update()
 
     with closing(selection):
         conversion.run(documents, write_here=conversion.options.main_helps, cleaner=read.worker_cleaner())

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from convert.cleaning import Cleaner, DropCounts
+from convert.index_processes import partition
 from convert.minhash import signatures
-from convert.near_dedup import split_digests, split_keys
 from convert.options import ShardOptions
 from convert.packing import Packer, concat_documents, drop_short_documents
 from convert.quality import REASON_CODES, filter_reasons, utf32
@@ -26,6 +26,10 @@ from storage import Store, open_store
 
 DIGEST_BYTES = 16
 _TOO_SHORT = REASON_CODES["too_short_chars"]
+# Texts are filtered, signed and tokenized in runs of about this many characters, whatever the
+# batch (a range of several MB with many index processes): numpy's arrays for them (code points,
+# shingle hashes) then stay in the CPU's cache, which keeps a worker's time per document the same.
+SUB_BATCH_CHARS = 1 << 18
 
 
 @dataclass
@@ -87,8 +91,7 @@ class TokenizedBatch:
     keys: np.ndarray | None = None  # passing rows x bands, uint64
     sketches: np.ndarray | None = None  # passing rows x bins, uint8
     sources: np.ndarray | None = None  # index of each row's text in the batch sent (cleaned here)
-    key_parts: list | None = None  # the keys split for the main process's index processes
-    digest_parts: list | None = None  # the digests split for them (too-short rows left out)
+    index_shares: list[bytes] | None = None  # the digests and keys split for the index processes
 
     def __len__(self) -> int:
         return len(self.chars)
@@ -108,6 +111,41 @@ def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
         drops = _state.cleaner.drops.as_dict()
     options = _state.options
     texts = batch.texts
+    parts = [_filter_sign_tokenize(texts[lo:hi], options) for lo, hi in _spans(texts, SUB_BATCH_CHARS)]
+    chars, reasons, lengths, tokens = (np.concatenate([part[i] for part in parts]) for i in range(4))
+    keys = sketches = None
+    if options.near_dedup is not None:
+        keys, sketches = (np.concatenate([part[i] for part in parts]) for i in (4, 5))
+    shares = None
+    if options.index_processes > 1:
+        # The index processes de-duplicate all but the too-short rows (counted as such), unless
+        # the main process cleaned and de-duplicated the texts already.
+        exact = sources is not None
+        rows = np.flatnonzero(reasons != _TOO_SHORT) if exact else None
+        shares = partition(batch.digests if exact else None, rows, keys, options.index_processes)
+    all_pass = not reasons.any()
+    return TokenizedBatch(
+        batch.digests, chars, lengths, tokens, drops, None if all_pass else reasons, keys, sketches, sources,
+        shares,
+    )  # fmt: skip
+
+
+def _spans(texts: list[str], chars: int) -> list[tuple[int, int]]:
+    """(start, end) of consecutive runs of `texts` of about `chars` characters (one, if empty)."""
+    spans, start, size = [], 0, 0
+    for i, text in enumerate(texts):
+        size += len(text)
+        if size >= chars:
+            spans.append((start, i + 1))
+            start, size = i + 1, 0
+    if start < len(texts) or not spans:
+        spans.append((start, len(texts)))
+    return spans
+
+
+def _filter_sign_tokenize(texts: list[str], options: ShardOptions) -> tuple:
+    """(characters, filter reasons, token counts, the passing texts' tokens, band keys, sketches)
+    of some cleaned texts."""
     chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     codes = None
     if options.filters.needs_classes or options.near_dedup is not None:
@@ -125,16 +163,7 @@ def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
         if not all_pass:
             codes = codes[np.repeat(passing, chars)]
         keys, sketches = signatures(codes, chars[passing], options.near_dedup)
-    parts = options.index_processes
-    key_parts = split_keys(keys, parts) if keys is not None and parts > 1 else None
-    # The main process's index processes de-duplicate all but the too-short rows (counted as such).
-    digest_parts = (
-        split_digests(batch.digests, np.flatnonzero(reasons != _TOO_SHORT), parts) if parts > 1 else None
-    )
-    return TokenizedBatch(
-        batch.digests, chars, lengths, tokens, drops, None if all_pass else reasons, keys, sketches, sources,
-        key_parts, digest_parts,
-    )  # fmt: skip
+    return chars, reasons, lengths, tokens, keys, sketches
 
 
 @dataclass

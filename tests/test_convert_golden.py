@@ -121,3 +121,75 @@ def test_a_near_duplicate_index_split_over_processes_decides_alike(
     plain_split = convert(inputs, small_tokenizer, tmp_path / "plain", False, (2, False))
     assert digests(tmp_path / "plain") == record["cases"]["plain"]
     assert plain_split["dropped"]["duplicate"] == 26
+
+
+def test_index_processes_with_the_main_process_cleaning_match_the_record(
+    golden_inputs, small_tokenizer, tmp_path, monkeypatch
+):
+    """With a core to spare the main process cleans and de-duplicates the texts itself (the path
+    for inputs it reads): the index processes then decide near duplicates only."""
+    import dataclasses
+
+    import convert_golden
+
+    from convert import ranges
+
+    inputs, record = golden_inputs
+    plain = convert_golden.options
+    monkeypatch.setattr(
+        convert_golden, "options", lambda *a: dataclasses.replace(plain(*a), index_processes=3)
+    )
+    monkeypatch.setattr(ranges, "range_formats", lambda paths, read: None)
+    for label, near in (("plain", False), ("near_filters", True)):
+        convert(inputs, small_tokenizer, tmp_path / label, near, (1, True))
+        assert digests(tmp_path / label) == record["cases"][label], label
+
+
+def test_a_full_pair_sample_gets_every_text_it_keeps(golden_inputs, small_tokenizer, tmp_path, monkeypatch):
+    """A sample of 6 keys fills early: the workers then send only the texts under a bound the
+    main process sets from the keys it has received (not from its decisions, which trail them
+    through the index processes), and the report is the one the main process's own reading gives."""
+    import dataclasses
+    import functools
+
+    import convert_golden
+
+    from convert import near_dedup, ranges, selection
+    from convert.index_processes import DEPTH
+
+    inputs, _ = golden_inputs
+    monkeypatch.setattr(selection, "PairSample", functools.partial(near_dedup.PairSample, keys=6))
+    monkeypatch.setattr(ranges, "RANGE_BYTES", 700)
+    plain = convert_golden.options
+    monkeypatch.setattr(
+        convert_golden, "options", lambda *a: dataclasses.replace(plain(*a), index_processes=2)
+    )
+    bounds, bound = [], ranges.RangeFeed._sample_bound
+    monkeypatch.setattr(
+        ranges.RangeFeed, "_sample_bound", lambda self: bounds.append(bound(self)) or bounds[-1]
+    )
+    ranged = convert(inputs, small_tokenizer, tmp_path / "ranged", True, (3, False))
+    # Every text goes back only for the ranges handed out before the first keys came back (the
+    # window of ranges in flight, then a few ranges of one document each), not until the first
+    # decisions (the window and the index processes' pipeline, DEPTH messages deep, twice).
+    assert len(bounds) > 100 and sum(b >= 1 << 64 for b in bounds) < 4 * 3 + 4 + DEPTH
+    monkeypatch.setattr(ranges, "range_formats", lambda paths, read: None)
+    whole = convert(inputs, small_tokenizer, tmp_path / "whole", True, (2, False))
+    report = (tmp_path / "ranged/near_duplicates.json").read_bytes()
+    assert report == (tmp_path / "whole/near_duplicates.json").read_bytes()
+    assert ranged["near_dedup"]["pairs_in_report"] == whole["near_dedup"]["pairs_in_report"] > 0
+    _check_places(json.loads(report))
+
+
+@pytest.mark.parametrize(("label", "near"), [("plain", False), ("near_filters", True)])
+def test_a_worker_signing_and_tokenizing_in_sub_batches_matches_the_record(
+    golden_inputs, small_tokenizer, tmp_path, monkeypatch, label, near
+):
+    """Large ranges are filtered, signed and tokenized in runs of texts (worker.SUB_BATCH_CHARS):
+    runs of a few documents here, the same bytes."""
+    from convert import worker
+
+    inputs, record = golden_inputs
+    monkeypatch.setattr(worker, "SUB_BATCH_CHARS", 3000)
+    convert(inputs, small_tokenizer, tmp_path / "out", near, (2, False))
+    assert digests(tmp_path / "out") == record["cases"][label]

@@ -195,3 +195,84 @@ def test_the_threshold_is_a_jaccard_of_5_grams_not_a_share_of_edited_characters(
     block = [d[: len(d) // 2] + d[len(d) // 2 : len(d) // 2 + len(d) // 20][::-1] + d[len(d) // 2 + len(d) // 20 :]
              for d in docs]  # fmt: skip
     assert removed(block) >= 0.95
+
+
+class SequentialSample:
+    """The pair sample's rule, one offer at a time: keys beyond the `keys` smallest distinct ones
+    seen cannot join, a new smaller key evicts the largest, `per_key` documents per key."""
+
+    def __init__(self, keys: int, per_key: int) -> None:
+        self.capacity, self.per_key = keys, per_key
+        self.members: dict[int, list[tuple[int, str]]] = {}
+        self.removed: dict[int, tuple[int, float]] = {}
+
+    def offer(self, key: int, position: int, text: str) -> None:
+        if key in self.members:
+            if len(self.members[key]) < self.per_key:
+                self.members[key].append((position, text))
+            return
+        if len(self.members) >= self.capacity:
+            largest = max(self.members)
+            if key >= largest:
+                return
+            for gone, _ in self.members.pop(largest):
+                self.removed.pop(gone, None)
+        self.members[key] = [(position, text)]
+
+    def record(self, position: int, match: int, estimate: float) -> None:
+        if any(position == p for members in self.members.values() for p, _ in members):
+            self.removed[position] = (match, estimate)
+
+
+def test_the_pair_sample_decides_a_batch_at_once_as_one_offer_after_another():
+    """`offer_all` (numpy, a batch at a time) against the rule applied document by document:
+    repeated keys, keys that join and leave within a batch, texts that are not there (not offered)."""
+    rng = np.random.default_rng(3)
+    batched, reference = PairSample(keys=16, per_key=3), SequentialSample(16, 3)
+    position = 0
+    for size in rng.integers(0, 120, size=60).tolist():
+        keys = rng.integers(0, 400, size=size).astype(np.uint64) * np.uint64(1 << 40)
+        positions = position + np.arange(size)
+        texts = [None if rng.random() < 0.1 else f"doc {position + i}" for i in range(size)]
+        batched.offer_all(keys, positions, lambda i, texts=texts: texts[i])
+        for i in range(size):
+            if texts[i] is not None:
+                reference.offer(int(keys[i]), position + i, texts[i])
+        for i in rng.choice(size, size=size // 4, replace=False).tolist() if size else []:
+            batched.record_all(np.array([position + i]), np.array([position + i - 1]), np.array([0.9]))
+            reference.record(position + i, position + i - 1, 0.9)
+        position += size
+        assert batched.members == reference.members
+        assert batched.removed == reference.removed
+    assert batched.bound == max(reference.members) < 400 << 40
+
+
+def test_a_large_band_index_finds_what_a_dictionary_finds():
+    """Levels large enough for a directory over the keys' top bits, keys sharing their top bits
+    and keys stored many times: every hit and count as a plain dictionary of the entries has."""
+    from convert.near_dedup import BandIndex
+
+    rng = np.random.default_rng(4)
+    index, stored = BandIndex(), {}
+    position = 0
+    for size in (150_000, 40_000, 9_000, 70_000, 2_000, 300):
+        keys = rng.integers(0, 1 << 63, size=size, dtype=np.uint64) | np.uint64(1 << 63)
+        keys[::5] = keys[1::5]  # the same key twice
+        keys[::97] = np.uint64(0xFFFF_0000_0000_0000)  # one key very often; and its top-bit neighbours
+        keys[1::97] = np.uint64(0xFFFF_0000_0000_0001)
+        positions = np.arange(position, position + size, dtype=np.uint32)
+        index.insert(keys, positions)
+        for key, pos in zip(keys.tolist(), positions.tolist(), strict=True):
+            stored.setdefault(key, []).append(pos)
+        position += size
+    assert any(level.directory is not None for level in index.levels) and len(index.levels) > 2
+    queries = np.sort(np.concatenate([rng.choice(np.fromiter(stored, np.uint64), 5000),
+                                      rng.integers(0, 1 << 64, size=5000, dtype=np.uint64)]))  # fmt: skip
+    counts, query, found = index.lookup(queries)
+    assert counts.tolist() == [len(stored.get(q, ())) for q in queries.tolist()]
+    hits: dict[int, list[int]] = {}
+    for q, pos in zip(query.tolist(), found.tolist(), strict=True):
+        hits.setdefault(q, []).append(pos)
+    assert {q: sorted(p) for q, p in hits.items()} == {
+        i: sorted(stored[q]) for i, q in enumerate(queries.tolist()) if q in stored
+    }
