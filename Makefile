@@ -46,7 +46,7 @@ $(DEMO)/sft/train.jsonl: | install-demo
 	$(PY) -m convert demo-sft --out $(DEMO)/sft
 
 $(DEMO)/sft/shards/train/index.json: $(DEMO)/sft/train.jsonl $(DEMO)/tokenizer.model
-	$(PY) -m convert sft $< --tokenizer $(DEMO)/tokenizer.model --seq-len 256 --min-prompt-chars 1 \
+	$(PY) -m convert sft $< --tokenizer $(DEMO)/tokenizer.model --seq-len 256 --min-prompt-chars 1 --max-prompt-chars 0 \
 		--min-answer-chars 1 --val-fraction 0.05 --drop-truncated --out $(DEMO)/sft/shards --overwrite --no-progress
 
 demo-sft: $(DEMO)/sft/shards/train/index.json

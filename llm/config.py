@@ -100,6 +100,9 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1  # 2-D weights only (matrices, embeddings); norms are not decayed
+    # Peak rate of the token embedding matrix, on the same schedule; null: optimizer.lr. A small
+    # model on little data learns its embeddings faster at a far higher rate (recipes/demo.yaml).
+    embedding_lr: float | None = None
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # OmegaConf 2.3 hands tuple fields over as lists
@@ -492,6 +495,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"optimizer.betas must be a list of 2 values, got {list(cfg.optimizer.betas)}")
     if not 0 < cfg.optimizer.lr:
         raise ConfigError(f"optimizer.lr must be positive, got {cfg.optimizer.lr}")
+    if cfg.optimizer.embedding_lr is not None and not 0 < cfg.optimizer.embedding_lr:
+        raise ConfigError(
+            f"optimizer.embedding_lr={cfg.optimizer.embedding_lr} must be positive, or null (optimizer.lr)"
+        )
     _check_small_numbers(cfg)
     if cfg.scheduler.min_lr > cfg.optimizer.lr:
         raise ConfigError(f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}")

@@ -19,21 +19,35 @@ if TYPE_CHECKING:
     from composer.optim import ComposerScheduler
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Matrices and embeddings (ndim >= 2) decay; norm gains (1-D) do not, as in baby-llama2."""
-    decay, no_decay = [], []
-    for param in model.parameters():  # de-duplicates tied weights
-        if param.requires_grad:
+def param_groups(model: nn.Module, weight_decay: float, embedding_lr: float | None = None) -> list[dict]:
+    """Matrices and embeddings (ndim >= 2) decay; norm gains (1-D) do not, as in baby-llama2.
+
+    With `embedding_lr`, the token embedding matrix (``tok_embeddings.weight``, which is also the
+    output projection when the two are tied) gets a group of its own with that peak rate; the
+    schedule scales every group's rate by the same factor, so it warms up and decays alike.
+    """
+    decay, no_decay, embedding = [], [], []
+    for name, param in model.named_parameters():  # de-duplicates tied weights
+        if not param.requires_grad:
+            continue
+        if embedding_lr is not None and name.endswith("tok_embeddings.weight"):
+            embedding.append(param)
+        else:
             (decay if param.ndim >= 2 else no_decay).append(param)
-    return [
+    groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if embedding_lr is not None:
+        if not embedding:
+            raise ConfigError("optimizer.embedding_lr is set but the model has no tok_embeddings.weight")
+        groups.append({"params": embedding, "weight_decay": weight_decay, "lr": embedding_lr})
+    return groups
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
+        param_groups(model, cfg.weight_decay, cfg.embedding_lr),
         lr=cfg.lr,
         betas=tuple(cfg.betas),
         eps=cfg.eps,

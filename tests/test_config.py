@@ -239,6 +239,7 @@ def test_a_tokenizer_path_that_is_a_folder_names_the_model_file_inside(recipe, t
     [
         ("callbacks.speed_window=0", "callbacks.speed_window=0 must be at least 1"),
         ("optimizer.weight_decay=-1", "optimizer.weight_decay=-1.0 must be 0 (off) or more"),
+        ("optimizer.embedding_lr=0", "optimizer.embedding_lr=0.0 must be positive, or null (optimizer.lr)"),
         ("training.log_interval=0", "training.log_interval=0 must be at least 1"),
         ("training.log_interval=-1", "training.log_interval=-1 must be at least 1"),
         ("training.grad_clip_norm=-1", "training.grad_clip_norm=-1.0 must be 0 (no clipping) or positive"),
@@ -258,5 +259,10 @@ def test_values_composer_would_crash_on_or_misuse_are_refused_in_one_line_with_e
     assert err.count("\n") == 1 and err.startswith("error: ") and named in err
     load_config(
         recipe,
-        ["training.eval_subset_num_batches=-1", "training.grad_clip_norm=0", "optimizer.weight_decay=0"],
+        [
+            "training.eval_subset_num_batches=-1",
+            "training.grad_clip_norm=0",
+            "optimizer.weight_decay=0",
+            "optimizer.embedding_lr=null",
+        ],
     )

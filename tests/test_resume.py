@@ -150,3 +150,20 @@ def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp
     assert "recipe's new value applies" in by_key["training.max_duration"]
     assert "RNG state in the checkpoint" in by_key["seed"]
     assert warn_recipe_changes(json.loads(json.dumps(saved)), saved) == []
+
+
+def test_setting_or_unsetting_embedding_lr_since_the_checkpoint_is_refused_in_one_line(tmp_path):
+    """It adds or removes an optimizer parameter group: the saved optimizer state cannot load."""
+    from llm.checkpoint.resume import refuse_optimizer_group_change
+
+    plain = _cfg(tmp_path).to_dict()
+    own = _cfg(tmp_path, "optimizer.embedding_lr=0.1").to_dict()
+    with pytest.raises(
+        ConfigError,
+        match=r"embedding_lr is 0.1 but the checkpoint was trained with null.*resume with optimizer.embedding_lr=null",
+    ):
+        refuse_optimizer_group_change(plain, own)
+    with pytest.raises(ConfigError, match=r"resume with optimizer.embedding_lr=0.1, or start a new run"):
+        refuse_optimizer_group_change(own, plain)
+    refuse_optimizer_group_change(own, _cfg(tmp_path, "optimizer.embedding_lr=0.2").to_dict())  # ignored
+    refuse_optimizer_group_change({"optimizer": {"lr": 3e-3}}, plain)  # saved before the key existed

@@ -78,4 +78,8 @@ def test_the_demo_sft_fine_tunes_on_reviews_of_every_length_that_fits():
     makefile = (RECIPES.parent / "Makefile").read_text()
     lines = makefile.splitlines()
     at = next(i for i, line in enumerate(lines) if "-m convert sft" in line)
-    assert "--drop-truncated" in lines[at] + lines[at + 1], "reviews that do not fit are dropped, not cut"
+    command = lines[at] + lines[at + 1]
+    assert "--drop-truncated" in command, "reviews that do not fit are dropped, not cut"
+    # convert sft's default --max-prompt-chars (256) would drop every review over ~240 characters
+    # before the tokens are counted: the demo lifts it and lets --drop-truncated decide.
+    assert "--max-prompt-chars 0" in command

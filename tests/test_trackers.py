@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 from resume_support import (
@@ -162,7 +163,7 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
         ]
         # The run holds at batch 3 while the server goes away, and at 12 until it has said so.
         proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, pause_at=(3, 12))
-        try:
+        with _killed_if_left(proc):
             wait_for_batch(record, 3, proc)
             server.stop()
             release(record, 3)
@@ -171,11 +172,7 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
             server.start()  # same port, same database
             release(record, 12)
             proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        output = proc.tag_log.read_text()
-        assert proc.returncode == 0, output[-4000:]
+        output = _output_of_clean_exit(proc)
         warnings = [line for line in output.splitlines() if line.startswith("[mlflow] WARNING cannot reach")]
         assert len(warnings) == 1, output[-4000:]
         assert "training goes on" in warnings[0]
@@ -185,6 +182,24 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
         assert server.steps(found.info.run_id, "loss/train/total") == list(range(40))
     finally:
         server.stop()
+
+
+@contextmanager
+def _killed_if_left(proc, proxy=None):
+    """The run is killed (and the proxy cut) if the block ends with it still running."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proxy is not None:
+            proxy.cut()
+
+
+def _output_of_clean_exit(proc) -> str:
+    output = proc.tag_log.read_text()
+    assert proc.returncode == 0, output[-4000:]
+    return output
 
 
 def _wait_until(ready, proc, what: str, timeout: float = 120) -> None:
@@ -215,7 +230,7 @@ def test_points_the_server_stored_without_answering_are_sent_again_and_the_run_c
     ]
     short = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
     proc, record, _ = start(recipe, "lost", cwd=tmp_path, overrides=overrides, pause_at=(3, 12), env=short)
-    try:
+    with _killed_if_left(proc, proxy):
         wait_for_batch(record, 3, proc)
         (run,) = mlflow_server.runs("lost-answer")
         proxy.set("hang")  # no answers: steps 3-12 wait in the outbox
@@ -231,12 +246,7 @@ def test_points_the_server_stored_without_answering_are_sent_again_and_the_run_c
         proxy.set("pass")
         release(record, 12)
         proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proxy.cut()
-    output = proc.tag_log.read_text()
-    assert proc.returncode == 0, output[-4000:]
+    output = _output_of_clean_exit(proc)
     caught_up = re.search(r"the (\d+) metric points that waited were sent \(caught up\)", output)
     assert caught_up and int(caught_up[1]) > 100, output[-4000:]  # one resend of over 100 points
     assert "did not answer" not in output and "refused" not in output, output[-4000:]
@@ -258,7 +268,7 @@ def test_points_a_frozen_server_may_have_are_not_counted_as_not_sent(tmp_path, s
     overrides = [*_tracked(proxy.endpoint, "frozen"), "loggers.mlflow.close_timeout=2"]
     short = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
     proc, record, _ = start(recipe, "frozen", cwd=tmp_path, overrides=overrides, pause_at=(3, 8), env=short)
-    try:
+    with _killed_if_left(proc, proxy):
         wait_for_batch(record, 3, proc)
         (run,) = mlflow_server.runs("frozen")
         proxy.set("slow", delay=3600)  # frozen to the end: requests arrive, answers never come back
@@ -272,12 +282,7 @@ def test_points_a_frozen_server_may_have_are_not_counted_as_not_sent(tmp_path, s
         )
         release(record, 8)
         proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proxy.cut()
-    output = proc.tag_log.read_text()
-    assert proc.returncode == 0, output[-4000:]
+    output = _output_of_clean_exit(proc)
     (end,) = [line for line in output.splitlines() if "did not answer within 2 s at the end" in line]
     # Every point went out in a request that got no answer: none is said to be not sent.
     assert "the record files were not sent" in end and "params were not sent" not in end, end

@@ -153,3 +153,45 @@ def test_batch_that_does_not_divide_over_ranks_is_refused(tmp_path, train_data):
     assert cfg.check_world_size(2) == 4
     with pytest.raises(ConfigError, match="not divisible by world size 4"):
         cfg.check_world_size(4)
+
+
+class GroupRates(Callback):
+    """Each optimizer group's rate and parameter names after every step."""
+
+    def __init__(self):
+        self.rates: list[list[float]] = []
+
+    def batch_end(self, state, logger):
+        self.rates.append([g["lr"] for g in state.optimizers[0].param_groups])
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_embedding_lr_gives_the_token_embeddings_their_own_rate_on_the_same_schedule(
+    tmp_path, train_data, tied
+):
+    from llm.trainer import build_trainer
+
+    recipe = write_recipe(tmp_path / "r.yaml", train_data)
+    cfg = load(
+        recipe,
+        f"model.tie_embeddings={str(tied).lower()}",
+        "optimizer.embedding_lr=0.05",
+        "training.max_duration=6ba",
+        "scheduler.warmup=2ba",
+        "data.eval=[]",
+    )
+    recorder = GroupRates()
+    trainer = build_trainer(cfg, extra_callbacks=[recorder])
+    names = {id(p): n for n, p in trainer.state.model.named_parameters()}
+    groups = trainer.state.optimizers[0].param_groups
+    assert [names[id(p)] for p in groups[2]["params"]] == ["model.tok_embeddings.weight"]
+    others = {names[id(p)] for g in groups[:2] for p in g["params"]}
+    assert ("model.output.weight" in others) is not tied  # tied: the one matrix takes embedding_lr
+    assert groups[2]["weight_decay"] == groups[0]["weight_decay"] == cfg.optimizer.weight_decay
+    trainer.fit()
+    trainer.close()
+    assert len(recorder.rates) == 6
+    for decay, no_decay, embedding in recorder.rates:
+        assert decay == no_decay
+        assert embedding == pytest.approx(decay * 0.05 / cfg.optimizer.lr, rel=1e-9)
+    assert recorder.rates[1][2] > recorder.rates[-1][2] > 0  # warmed up, then decayed

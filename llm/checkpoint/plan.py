@@ -36,6 +36,7 @@ from llm.checkpoint.resume import (
     announce,
     check_load_path_allowed,
     choose_resume_point,
+    refuse_optimizer_group_change,
     remove_stale_composer_copy,
     stop_if_complete,
     warn_recipe_changes,
@@ -159,6 +160,9 @@ def _starting_point(
     if rank == 0:
         announce(cfg, point, world_size)
     stop_if_complete(cfg, point)
+    loads_optimizer = point.source == "autoresume" or (point.source == "load_path" and not point.weights_only)
+    if point.checkpoint is not None and point.checkpoint.recipe and loads_optimizer:
+        refuse_optimizer_group_change(point.checkpoint.recipe, cfg.to_dict(redact=True))
     if point.checkpoint is not None and point.checkpoint.recipe and rank == 0:
         warn_recipe_changes(point.checkpoint.recipe, cfg.to_dict(redact=True))
     if records is not None and rank == 0 and point.source != "load_path":

@@ -304,11 +304,30 @@ def announce(cfg: TrainConfig, point: ResumePoint, world_size: int) -> None:
 
 # What a resumed run takes from where; see docs/resume.md. Keys not listed come from the recipe.
 FROM_CHECKPOINT = {
-    "optimizer.": "the optimizer state in the checkpoint (lr, betas, eps, weight_decay) is used; the new value is ignored",
+    "optimizer.": "the optimizer state in the checkpoint (lr, embedding_lr, betas, eps, weight_decay) is used; "
+    "the new value is ignored",
     "seed": "the RNG state in the checkpoint is used; the new seed has no effect",
     "model.": "the model shape must match the checkpoint; loading will fail if it does not",
 }
 NOT_COMPARED = ("checkpoint.", "run_dir", "loggers.", "data.cache_root")
+
+
+def refuse_optimizer_group_change(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """ConfigError if `optimizer.embedding_lr` was set or unset since the checkpoint.
+
+    Setting it adds a parameter group, and an optimizer state of another group layout cannot be
+    loaded; a changed value (both set) is only ignored, as for every optimizer key.
+    """
+    before = saved.get("optimizer", {}).get("embedding_lr")
+    after = current.get("optimizer", {}).get("embedding_lr")
+    if (before is None) != (after is None):
+        before, after = ("null" if v is None else v for v in (before, after))
+        raise ConfigError(
+            f"optimizer.embedding_lr is {after} but the checkpoint was trained with {before}: the "
+            "optimizer state has another set of parameter groups and cannot be resumed; resume with "
+            f"optimizer.embedding_lr={before}, or start a new run from the "
+            "checkpoint's weights (checkpoint.load_path=<it> checkpoint.load_weights_only=true)"
+        )
 
 
 def warn_recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
