@@ -1,16 +1,18 @@
 """The conversion's main process on its own: how many workers it can feed (part of `make bench-convert`).
 
 Each setting (plain, exact de-duplication, --near-dedup --filters; the duplicate state in the
-main process, as with few workers, or in 8 index processes, as with 64) is converted with 1
-worker while every worker result is recorded (pickled), then replayed with no workers at all:
+main process, as with few workers, or in the index processes 64 workers get: 8 for exact
+duplicates, 16 with near duplicates) is converted with 1 worker while every worker result is
+recorded (pickled), then replayed with no workers at all:
 each task handed out is pickled (the sending) and answered at once with its recorded result,
 unpickled (the receiving). The index processes are real in the replay, so with them the main
 process sends as fast as it can and they decide several batches at once when they fall behind,
 as they would with many workers.
 
 Corpora (bench/convert.py `build_corpus`, copies that are neither exact nor near duplicates):
-each setting takes a corpus and its first half on its own (with 8 index processes ranges are 4
-times larger, so those settings take a corpus twice as large and see as many ranges). Figures
+each setting takes a corpus and its first half on its own (with P index processes ranges are P/2
+times larger, so those settings take a corpus twice as large: as many ranges with 8, half as
+many with 16). Figures
 are CPU seconds of one process, not wall time, so a loaded machine changes them less: the main
 process's time inside the worker pool's block (the per-batch work: receiving, deciding, routing,
 cutting chunks, handing out parts; not the start, the tail part or the output's small files),
@@ -51,7 +53,7 @@ SETTINGS = {
     "exact de-duplication, in the main process (up to 8 workers)": ({}, {}),
     "exact de-duplication, 8 index processes (64 workers)": ({}, {"partitions": 8}),
     "--near-dedup --filters, in the main process (up to 4 workers)": ({}, {"near": True}),
-    "--near-dedup --filters, 8 index processes (64 workers)": ({}, {"near": True, "partitions": 8}),
+    "--near-dedup --filters, 16 index processes (64 workers)": ({}, {"near": True, "partitions": 16}),
 }
 TARGET = 64
 
@@ -288,11 +290,11 @@ def report(costs: dict[str, Figures], title: str = "") -> None:
                 f"    its {f.partitions} index processes: the busiest {f.index_us:.2f} us per document: they keep "
                 f"up with {f.index_feeds:.0f} workers"
             )
-    many = {label: f for label, f in costs.items() if f.partitions == 8 or label.startswith("plain")}
+    many = {label: f for label, f in costs.items() if f.partitions > 1 or label.startswith("plain")}
     worst = min(many, key=lambda label: min(many[label].feeds, many[label].index_feeds or many[label].feeds))
     f = many[worst]
     print(
-        f"  with {TARGET} workers (8 index processes) the ordered selection feeds at most "
+        f"  with {TARGET} workers (their index processes) the ordered selection feeds at most "
         f"{min(f.feeds, f.index_feeds or f.feeds):.0f} workers ({worst}; target >= {TARGET})"
     )
 
@@ -300,12 +302,12 @@ def report(costs: dict[str, Figures], title: str = "") -> None:
 def measure_all(
     corpora: list[Path], tokenizer: str, out: Path, seq_len: int, rounds: int
 ) -> dict[str, Figures]:
-    """Every setting; `corpora`: C, 2C and 4C copies of the same text. With 8 index processes a
-    range is 4 times larger (convert/ranges.py), so those settings take the two larger corpora
-    and see as many ranges as the others."""
+    """Every setting; `corpora`: C, 2C and 4C copies of the same text. With P index processes a
+    range is P/2 times larger (convert/ranges.py), so those settings take the two larger corpora
+    (as many ranges as the others with 8, half as many with 16)."""
     costs = {}
     for setting, (_, changes) in SETTINGS.items():
-        pair = corpora[1:] if changes.get("partitions", 1) == 8 else corpora[:2]
+        pair = corpora[1:] if changes.get("partitions", 1) > 1 else corpora[:2]
         half, full = measure(pair, tokenizer, out, seq_len, setting, rounds)
         costs[setting] = figures(half, full)
     # A worker does the same work whether the duplicate state is in the main process or in index

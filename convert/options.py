@@ -140,7 +140,10 @@ def lsh_parameters(threshold: float, bins: int, recall: float = 0.99) -> tuple[i
     return best
 
 
-WORKERS_PER_INDEX = 8  # workers one near-duplicate index process keeps up with (`make bench-convert`)
+WORKERS_PER_INDEX = 8  # workers one exact-duplicate index process is given (`make bench-convert`)
+# With near-duplicate removal: 8 index processes kept up with 36-67 workers, 16 with about 70
+# (bench-convert's ordered-selection line), so one per 4 workers: 16 for 64.
+NEAR_WORKERS_PER_INDEX = 4
 NEAR_IN_MAIN = 4  # workers the main process keeps up with when it decides near duplicates itself
 
 
@@ -172,13 +175,14 @@ class ShardOptions:
         return self.workers < available_cpus()
 
     def auto_index_processes(self) -> int:
-        """One index process per WORKERS_PER_INDEX workers; with near-duplicate removal, at
-        least two from NEAR_IN_MAIN + 1 workers: the main process deciding near duplicates
-        itself keeps up with about that many (`make bench-convert`)."""
-        processes = math.ceil(self.workers / WORKERS_PER_INDEX)
-        if self.near_dedup is not None and self.workers > NEAR_IN_MAIN:
-            processes = max(processes, 2)
-        return processes
+        """One index process per WORKERS_PER_INDEX workers; with near-duplicate removal one per
+        NEAR_WORKERS_PER_INDEX, and at least two from NEAR_IN_MAIN + 1 workers: the main process
+        deciding near duplicates itself keeps up with about that many (`make bench-convert`)."""
+        if self.near_dedup is None:
+            return math.ceil(self.workers / WORKERS_PER_INDEX)
+        if self.workers <= NEAR_IN_MAIN:
+            return 1
+        return max(2, math.ceil(self.workers / NEAR_WORKERS_PER_INDEX))
 
     @property
     def size_limit(self) -> int:

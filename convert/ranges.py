@@ -54,7 +54,7 @@ from shards.meta import SPLITS
 
 # Bytes of a range: ~ as many characters of Chinese UTF-8 as a text batch holds, times half the
 # index processes. The main process's work per range is mostly fixed (a message to and from each
-# index process, a few numpy calls), so with more workers (and index processes, one per 8) the
+# index process, a few numpy calls), so with more workers (and so more index processes) the
 # ranges grow with them (`RangeFeed.range_bytes`).
 RANGE_BYTES = 3 * _BATCH_CHARS
 _PROBE_BYTES = 1 << 16

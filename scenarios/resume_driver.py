@@ -12,7 +12,8 @@ complete run it saves the full model weights to $LLM_TEST_WEIGHTS. Optional, for
 $LLM_TEST_LOADED_WEIGHTS gets the full weights at fit start (after a checkpoint was loaded), and
 $LLM_TEST_STOP_WEIGHTS the full weights at the end of a run stopped before max_duration.
 $LLM_TEST_SAVE_STALL=<seconds> makes each checkpoint file's writing stall once, after its first
-bytes, so that a test can signal the process in the middle of torch.save.
+bytes, so that a test can signal the process in the middle of torch.save: the driver touches
+`$LLM_TEST_RECORD.stalling` as the stall begins.
 $LLM_TEST_UPLOAD_HOLD=<batch> holds the storing of that batch's checkpoint files (in the
 background upload thread, before the storage layer's upload starts): the driver touches
 `$LLM_TEST_RECORD.uploading.<batch>` and waits for `$LLM_TEST_RECORD.go.upload.<batch>`, so that a
@@ -162,14 +163,15 @@ class _StallingFile:
     """A checkpoint file being written that stalls once, in its second write: inside torch.save's
     zip records, where an exception leaves its writer unable to close the file."""
 
-    def __init__(self, file, seconds: float):
-        self._file, self._seconds, self._writes = file, seconds, 0
+    def __init__(self, file, seconds: float, marker: Path):
+        self._file, self._seconds, self._writes, self._marker = file, seconds, 0, marker
 
     def write(self, data):
         written = self._file.write(data)
         self._writes += 1
         if self._writes == 2:
             self._file.flush()
+            self._marker.touch()
             time.sleep(self._seconds)
         return written
 
@@ -183,7 +185,7 @@ class _StallingFile:
         return self._file.__exit__(*exc)
 
 
-def _stall_checkpoint_writes(seconds: float) -> None:
+def _stall_checkpoint_writes(seconds: float, record: str) -> None:
     """Composer opens each checkpoint file with the `open` of its checkpoint module: wrap it."""
     import builtins
 
@@ -191,7 +193,11 @@ def _stall_checkpoint_writes(seconds: float) -> None:
 
     def stalling_open(file, mode="r", *args, **kwargs):
         opened = builtins.open(file, mode, *args, **kwargs)
-        return _StallingFile(opened, seconds) if "w" in mode and str(file).endswith(".pt") else opened
+        return (
+            _StallingFile(opened, seconds, Path(f"{record}.stalling"))
+            if "w" in mode and str(file).endswith(".pt")
+            else opened
+        )
 
     composer_checkpoint.open = stalling_open
 
@@ -232,7 +238,7 @@ def main() -> int:
     if os.environ.get("LLM_TEST_UPLOAD_HOLD"):
         _hold_uploads(int(os.environ["LLM_TEST_UPLOAD_HOLD"]), os.environ["LLM_TEST_RECORD"])
     if os.environ.get("LLM_TEST_SAVE_STALL"):
-        _stall_checkpoint_writes(float(os.environ["LLM_TEST_SAVE_STALL"]))
+        _stall_checkpoint_writes(float(os.environ["LLM_TEST_SAVE_STALL"]), os.environ["LLM_TEST_RECORD"])
     return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])
 
 

@@ -121,3 +121,22 @@ def test_a_dead_index_process_stops_the_run_with_a_clear_error():
     with pytest.raises(RuntimeError, match="index process died"):
         list(selection.select_all(items))
     selection.close()
+
+
+@pytest.mark.parametrize(
+    ("workers", "near", "processes"),
+    [
+        (1, False, 1),
+        (8, False, 1),
+        (9, False, 2),
+        (64, False, 8),
+        (4, True, 1),
+        (5, True, 2),
+        (9, True, 3),
+        (64, True, 16),
+    ],
+)
+def test_index_processes_grow_with_the_workers_faster_with_near_dedup(workers, near, processes):
+    """bench-convert: 8 near-duplicate index processes kept up with fewer than 64 workers, 16 with more."""
+    options = ShardOptions(workers=workers, near_dedup=NearDedupOptions() if near else None)
+    assert options.auto_index_processes() == processes
