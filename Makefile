@@ -63,7 +63,8 @@ lint: install
 
 # pytest-xdist workers, each given whole test files, so a module's shared scenario runs once.
 # Three on a 2-core machine: much of the suite waits (on servers, timeouts, process start-up), and
-# on this machine three workers ran the suite in 574 s against two workers' 754 s.
+# on this machine three workers ran the suite in 574 s against two workers' 754 s (and 612 s
+# against four workers' 698 s, with later tests).
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
