@@ -156,7 +156,7 @@ def test_batch_that_does_not_divide_over_ranks_is_refused(tmp_path, train_data):
 
 
 class GroupRates(Callback):
-    """Each optimizer group's rate and parameter names after every step."""
+    """Each optimizer group's rate after every step."""
 
     def __init__(self):
         self.rates: list[list[float]] = []
