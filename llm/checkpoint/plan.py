@@ -160,11 +160,13 @@ def _starting_point(
     if rank == 0:
         announce(cfg, point, world_size)
     stop_if_complete(cfg, point)
-    loads_optimizer = point.source == "autoresume" or (point.source == "load_path" and not point.weights_only)
-    if point.checkpoint is not None and point.checkpoint.recipe and loads_optimizer:
-        refuse_optimizer_group_change(point.checkpoint.recipe, cfg.to_dict(redact=True))
-    if point.checkpoint is not None and point.checkpoint.recipe and rank == 0:
-        warn_recipe_changes(point.checkpoint.recipe, cfg.to_dict(redact=True))
+    saved = point.checkpoint.recipe if point.checkpoint is not None else None
+    if saved:
+        current = cfg.to_dict(redact=True)
+        if point.source == "autoresume" or (point.source == "load_path" and not point.weights_only):
+            refuse_optimizer_group_change(saved, current)  # the optimizer state is loaded
+        if rank == 0:
+            warn_recipe_changes(saved, current)
     if records is not None and rank == 0 and point.source != "load_path":
         records.restore(point.batch or 0)  # metrics, samples ... continue from the resume point
     return point
