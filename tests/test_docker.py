@@ -110,9 +110,10 @@ def test_dependencies_install_before_the_code_is_copied_and_the_code_installs_wi
     assert len(installs) == 2, f"two pip installs (the pinned stack, then the project), found {len(installs)}"
     stack, project = installs
     assert "-r /tmp/pinned.txt" in steps[stack][1] and "tomllib" in steps[stack][1]
+    assert "-c constraints.txt" in steps[stack][1], "the stack is held at the versions the suite passed with"
     copied_before = [a.split()[:-1] for k, a in steps[:stack] if k == "COPY"]
-    assert copied_before == [["pyproject.toml"]], (
-        f"only pyproject.toml before the stack, found {copied_before}"
+    assert copied_before == [["pyproject.toml", "constraints.txt"]], (
+        f"only pyproject.toml and constraints.txt before the stack, found {copied_before}"
     )
 
     words = shlex.split(steps[project][1].split("&&")[0])
@@ -243,3 +244,40 @@ def test_slurm_script_is_valid_bash_and_uses_the_launchers_flags():
     used -= {"--kill"}  # srun's own flag
     assert {"--nproc", "--world_size", "--node_rank", "--master_addr", "--master_port"} <= used
     assert used <= known, f"composer has no {used - known}"
+
+
+# --- constraints.txt: the versions the suite passed with --------------------------------------
+
+
+def _name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0]).lower()
+
+
+def constraints() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith((" ", "#")):
+            name, version = line.split("==")
+            pins[_name(name)] = version.strip()
+    return pins
+
+
+def test_constraints_agree_with_every_exact_pin_in_pyproject():
+    project = pyproject()["project"]
+    requirements = project["dependencies"] + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
+    exact = {_name(r): r.split("==")[1] for r in requirements if "==" in r}
+    pins = constraints()
+    assert {"torch", "mosaicml", "mosaicml-streaming", "mlflow"} <= exact.keys()
+    assert {name: pins.get(name) for name in exact} == exact, "run `make lock` after changing pyproject.toml"
+
+
+def test_the_suite_runs_with_the_constrained_versions():
+    """`make install` honoured constraints.txt: every pinned package present has its pinned version."""
+    from importlib.metadata import distributions
+
+    pins = constraints()
+    installed = {_name(d.metadata["Name"]): d.version for d in distributions()}
+    assert installed["torch"].split("+")[0] == pins["torch"]
+    assert {n: v for n, v in installed.items() if n in pins and pins[n] != v} == {}
