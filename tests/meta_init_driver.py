@@ -26,7 +26,11 @@ SEED = 1234
 # ~51 M parameters (205 MB in fp32) in 16 blocks: big enough that a full copy per rank would
 # stand out against the Python + torch baseline, small enough for two CPU ranks in seconds.
 CFG = ModelConfig(vocab_size=1024, dim=512, n_layers=16, n_heads=8, max_seq_len=64, tie_embeddings=True)
-WARMUP_CFG = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=8, tie_embeddings=True)
+# The warm-up model is checked too: 97 vocabulary rows over 2 ranks make uneven shards, and it
+# has grouped-query attention (one key/value head for two query heads).
+WARMUP_CFG = ModelConfig(
+    vocab_size=97, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, max_seq_len=8, tie_embeddings=True
+)
 
 
 def build_sharded_model(
@@ -62,12 +66,32 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
 
 
+def mismatched(gathered: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> list[str]:
+    return sorted(k for k in reference if k not in gathered or not torch.equal(gathered[k], reference[k]))
+
+
+def fix_mmap_threshold() -> None:
+    """glibc's mmap threshold held at 128 KiB (what MALLOC_MMAP_THRESHOLD_=131072 does at start).
+
+    glibc otherwise raises the threshold as large blocks are freed, and whether a freed full
+    parameter then stays in a heap arena (counted as resident) depends on timing: under load that
+    added ~55 MiB to one rank's peak in 5 of 7 runs; fixed, 101 MiB every time. Set here rather
+    than in the environment so that it also holds for a rank forked by the suite's fork server.
+    """
+    import ctypes
+
+    m_mmap_threshold = -3
+    if ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, 128 * 1024) != 1:
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
+
+
 def main(out: str) -> None:
+    fix_mmap_threshold()
     dist.init_process_group("gloo")  # ranks and addresses from the composer launcher's environment
     torch.set_num_threads(1)
     # Warm up on a tiny model first: imports and FSDP's first-use set-up cost a constant ~100 MB
     # of resident memory that has nothing to do with the model's size.
-    build_sharded_model(WARMUP_CFG, SEED, device="cpu")
+    warmup = full_state_dict(build_sharded_model(WARMUP_CFG, SEED, device="cpu"))
     before = resident_bytes("VmRSS")
     reset_peak()
     model = build_sharded_model(CFG, SEED, device="cpu")
@@ -78,13 +102,13 @@ def main(out: str) -> None:
     gathered = full_state_dict(model)
     if dist.get_rank() == 0:
         reference = Transformer(CFG, seed=SEED).state_dict()
-        mismatched = sorted(
-            k for k in reference if k not in gathered or not torch.equal(gathered[k], reference[k])
-        )
+        warmup_reference = Transformer(WARMUP_CFG, seed=SEED).state_dict()
         report = {
             "world_size": dist.get_world_size(),
             "keys_equal": sorted(gathered) == sorted(reference),
-            "mismatched": mismatched,
+            "mismatched": mismatched(gathered, reference),
+            "warmup_keys_equal": sorted(warmup) == sorted(warmup_reference),
+            "warmup_mismatched": mismatched(warmup, warmup_reference),
             "num_params": sum(t.numel() for t in reference.values()),
             "ranks": growths,
         }

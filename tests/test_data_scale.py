@@ -130,7 +130,10 @@ def test_a_bounded_cache_streams_an_epoch_and_a_resume_several_times_its_size_in
         first, state = read_epoch(bounded, stop_after=half)
         rest, _ = read_epoch(bounded, state=state)  # a resume: a new dataset from the saved state
     assert first + rest == unlimited  # same samples, same order
-    assert watch.samples > 20 and 0 < watch.peak <= limit
+    # Streaming makes room for one download at a time: a second thread's download (the iterator's,
+    # when the prefetch has not reached that shard) can be on disk before the first is accounted
+    # for, so the cache may pass the limit by one shard while both are in flight.
+    assert watch.samples > 20 and 0 < watch.peak <= limit + largest_shard(small_shards)
     assert not list(cache.rglob("*.mds.zstd"))  # compressed files are not kept once decompressed
 
 
