@@ -80,7 +80,9 @@ lint: install
 # on this machine three workers ran the suite in 574 s against two workers' 754 s (and 612 s
 # against four workers' 698 s, with later tests).
 TEST_WORKERS ?= 3
-XDIST := -n $(TEST_WORKERS) --dist loadfile
+# --no-loadscope-reorder keeps tests/conftest.py's order (longest files first); pytest-xdist's
+# default sorts files by their number of tests, which put the one-test 68 s gpu-check smoke last.
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: lint
 	$(PY) -m pytest tests $(XDIST) --durations=30 $(PYTEST_ARGS)

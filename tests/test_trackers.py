@@ -144,43 +144,41 @@ def test_a_run_stopped_by_sigterm_and_resumed_continues_the_same_tracker_runs(
 
 
 @pytest.mark.slow
-def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards):
+def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards, mlflow_server):
+    """The server goes away (connections refused, as from a killed server) and comes back."""
     from resume_support import release, start, wait_for_batch, wait_for_line
 
-    server = MLflowServer(tmp_path / "server").start()
-    try:
-        recipe = write_recipe(
-            tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache"
-        )
-        # A long close_timeout: on a loaded machine the server may come back after the last step;
-        # the run's end then waits for it and sends what waited. Shorter than the wait below, so a
-        # run that never catches up ends by itself and its log shows why.
-        overrides = [
-            *_tracked(server.uri, "outage"),
-            "training.max_duration=40ba",
-            "loggers.mlflow.close_timeout=120",
-        ]
-        # The run holds at batch 3 while the server goes away, and at 12 until it has said so.
-        proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, pause_at=(3, 12))
-        with _killed_if_left(proc):
-            wait_for_batch(record, 3, proc)
-            server.stop()
-            release(record, 3)
-            wait_for_batch(record, 12, proc)
-            wait_for_line(proc.tag_log, "[mlflow] WARNING cannot reach", proc)
-            server.start()  # same port, same database
-            release(record, 12)
-            proc.wait(timeout=300)
-        output = _output_of_clean_exit(proc)
-        warnings = [line for line in output.splitlines() if line.startswith("[mlflow] WARNING cannot reach")]
-        assert len(warnings) == 1, output[-4000:]
-        assert "training goes on" in warnings[0]
-        assert "caught up" in output
-        (found,) = server.runs("outage")
-        assert found.info.status == "FINISHED"
-        assert server.steps(found.info.run_id, "loss/train/total") == list(range(40))
-    finally:
-        server.stop()
+    from scenarios.proxy import Proxy
+
+    proxy = Proxy(mlflow_server.port)
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    # A long close_timeout: on a loaded machine the server may come back after the last step; the
+    # run's end then waits for it and sends what waited. Shorter than the wait below, so a run that
+    # never catches up ends by itself and its log shows why.
+    overrides = [
+        *_tracked(proxy.endpoint, "outage"),
+        "training.max_duration=40ba",
+        "loggers.mlflow.close_timeout=120",
+    ]
+    # The run holds at batch 3 while the server goes away, and at 12 until it has said so.
+    proc, record, _ = start(recipe, "outage", cwd=tmp_path, overrides=overrides, pause_at=(3, 12))
+    with _killed_if_left(proc, proxy):
+        wait_for_batch(record, 3, proc)
+        proxy.down()
+        release(record, 3)
+        wait_for_batch(record, 12, proc)
+        wait_for_line(proc.tag_log, "[mlflow] WARNING cannot reach", proc)
+        proxy.up()  # same port, same server and database
+        release(record, 12)
+        proc.wait(timeout=300)
+    output = _output_of_clean_exit(proc)
+    warnings = [line for line in output.splitlines() if line.startswith("[mlflow] WARNING cannot reach")]
+    assert len(warnings) == 1, output[-4000:]
+    assert "training goes on" in warnings[0]
+    assert "caught up" in output
+    (found,) = mlflow_server.runs("outage")
+    assert found.info.status == "FINISHED"
+    assert mlflow_server.steps(found.info.run_id, "loss/train/total") == list(range(40))
 
 
 @contextmanager
