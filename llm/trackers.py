@@ -22,7 +22,9 @@ returns the Composer logger destinations:
   too. At the end the thread sends what is left within `close_timeout` seconds, uploads the record
   files (loss plot, samples, metrics, config, task results) as artifacts and closes the run
   (FINISHED, KILLED when the run stopped on a signal, FAILED on an error); if the server is still
-  away it says how many points of which steps were not sent (metrics.jsonl has them all).
+  away it says how many points of which steps were not sent (metrics.jsonl has them all), and if it
+  answers but refuses (HTTP 401, 403, 404, 5xx: an expired token, a permission, a deleted run),
+  that answer, which such points wait on like an outage.
   A request the server refuses (HTTP 400) is not an outage and is not retried as it was: it is
   sent again in halves, down to single points, and a point refused alone is dropped and counted
   in one line at the end. This matters after an outage: a request whose answer was lost (it timed
@@ -234,6 +236,7 @@ class MLflowTracker(MLFlowLogger):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._down_since: float | None = None  # monotonic time of the first failure of an outage
+        self._last_failure: Exception | None = None  # the latest failed send's error (the end names it)
         self._lost = 0  # points dropped past _MAX_WAITING_POINTS
         self._refused: list[int] = []  # steps of the points the server refused alone (dropped)
         self._refusal = ""  # the server's reason for the first of them
@@ -365,6 +368,7 @@ class MLflowTracker(MLFlowLogger):
                     self._sent_params.update(params)
                 metrics, params = [], []
         except Exception as err:
+            self._last_failure = err
             if _reason(err) == "timed out":  # the request went out; its answer did not come
                 with self._lock:
                     self._unanswered = max(self._unanswered, len(metrics))
@@ -440,10 +444,15 @@ class MLflowTracker(MLFlowLogger):
         if self._down_since is not None:
             return
         self._down_since = time.monotonic()
-        reason = _reason(err)
+        reason, status = _reason(err), _http_status(err)
+        problem = (
+            f"cannot reach {self.tracking_uri} ({reason})"
+            if status is None
+            else f"{self.tracking_uri} refuses the requests (HTTP {status}: {reason})"
+        )
         _say(
-            f"[mlflow] WARNING cannot reach {self.tracking_uri} ({reason}); training goes on, metrics "
-            f"wait and are sent when it answers (retrying every {self.settings.flush_interval:g} s)"
+            f"[mlflow] WARNING {problem}; training goes on, metrics wait and are sent when it "
+            f"answers (retrying every {self.settings.flush_interval:g} s)"
         )
 
     # --- the end ------------------------------------------------------------------------------
@@ -519,9 +528,18 @@ class MLflowTracker(MLFlowLogger):
             if unanswered or params_no_answer
             else ""
         )
+        status = _http_status(self._last_failure)
+        if status is None:
+            failed = f"did not answer within {self.settings.close_timeout:g} s at the end"
+        else:  # it answers, but refuses (a token that expired, a permission, a run deleted...)
+            reason = _reason(self._last_failure)
+            failed = (
+                f"refused the requests until {self.settings.close_timeout:g} s after the end "
+                f"(HTTP {status}: {reason})"
+            )
         _say(
-            f"[mlflow] WARNING {self.tracking_uri} did not answer within {self.settings.close_timeout:g} s "
-            f"at the end: {not_sent}{maybe}; {self.record_dir / METRICS} has every logged step"
+            f"[mlflow] WARNING {self.tracking_uri} {failed}: {not_sent}{maybe}; "
+            f"{self.record_dir / METRICS} has every logged step"
         )
 
 
@@ -537,6 +555,20 @@ def _reason(err: Exception) -> str:
         if marker in text:
             return short
     return text.splitlines()[0][:160] if text else type(err).__name__
+
+
+def _http_status(err: Exception | None) -> int | None:
+    """The HTTP status the server answered with, or None when no answer came (refused connection,
+    timeout). MLflow raises RestException for its own JSON errors and MlflowException naming the
+    code for other answers (a proxy's 403 page)."""
+    from mlflow.exceptions import MlflowException, RestException
+
+    if isinstance(err, RestException):
+        return err.get_http_status_code()
+    if isinstance(err, MlflowException):
+        found = re.search(r"failed with error code (\d{3}) != 200", str(err))
+        return int(found[1]) if found else None
+    return None
 
 
 def _refused(err: Exception) -> bool:

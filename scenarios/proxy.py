@@ -7,7 +7,7 @@ proxy of the storage-fault tests, the outage scenarios and the checkpoint benchm
 Modes, switchable while clients are connected (`set`):
   "pass"   forward both ways;
   "error"  answer each request with `503 Slow Down` (S3's throttling reply) and close, `errors`
-           times, then pass again;
+           times, then pass again (`status=`: another answer, e.g. 403, with a plain-text body);
   "slow"   hold each answer chunk `delay` seconds, then forward it;
   "hang"   accept and read requests, never answer (a frozen server: the process is alive, its
            sockets are open, nothing comes back); a connection that hung stays hung.
@@ -32,6 +32,14 @@ _503 = (
     b"Content-Length: 103\r\n\r\n"
     b"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>SlowDown</Code><Message>busy</Message></Error>\n"
 )
+
+
+def _answer(status: int) -> bytes:
+    body = f"answered {status} by the test proxy\n".encode()
+    head = f"HTTP/1.1 {status} Proxy Answer\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    return head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
 _METHODS = (b"GET", b"PUT", b"POST", b"HEAD", b"DELETE")
 CHUNK = 1 << 16
 
@@ -73,11 +81,12 @@ class Proxy:
 
     # --- control -------------------------------------------------------------------------------
 
-    def set(self, mode: str, *, errors: int = 0, delay: float = 0.0) -> Proxy:
+    def set(self, mode: str, *, errors: int = 0, delay: float = 0.0, status: int = 503) -> Proxy:
         if mode not in ("pass", "error", "slow", "hang"):
             raise ValueError(f"unknown proxy mode {mode!r}")
         with self._lock:
             self.mode, self.errors, self.delay, self.requests = mode, errors, delay, 0
+            self.answer = _503 if status == 503 else _answer(status)
         return self
 
     def freeze(self) -> None:
@@ -135,7 +144,7 @@ class Proxy:
                             if self.errors <= 0:
                                 self.mode = "pass"
                 if mode == "error":
-                    client.sendall(_503)
+                    client.sendall(self.answer)
                     return
                 if mode == "hang":
                     while client.recv(CHUNK):  # read and drop; the answer never comes

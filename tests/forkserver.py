@@ -142,6 +142,7 @@ def _child(request: dict, fds: list[int], base_path: list[str]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # TMPDIR read again, as a new interpreter would
     if request["kind"] == "launcher":
         _serve_ranks(base_path)
     _run(request["kind"], request["argv"], base_path)

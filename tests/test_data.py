@@ -9,10 +9,10 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from train_fixtures import REPO, load, train_data, train_py, write_recipe  # noqa: F401
@@ -187,7 +187,7 @@ dataset = build_dataset(cfg, "train", 8)
 dataset[0]
 # Die like a run whose container or process group is killed: the multiprocessing resource
 # tracker dies too, so nobody unlinks the dataset's shared memory.
-assert os.getpgid(0) == os.getpid(), "run me with start_new_session=True"
+assert os.getpgid(0) == os.getpid(), "run me in a session of my own"
 os.killpg(os.getpgid(0), signal.SIGKILL)
 """
 
@@ -201,16 +201,17 @@ def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_da
     from llm.trainer import train
 
     recipe = write_recipe(tmp_path / "r.yaml", train_data)
-    script = _CRASH.format(tests=str(REPO / "tests"), recipe=str(recipe))
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASH.format(tests=str(REPO / "tests"), recipe=str(recipe)))
     crashed_tmp, restart_tmp = tmp_path / "tmp-crashed", tmp_path / "tmp-restart"
     crashed_tmp.mkdir(), restart_tmp.mkdir()
-    # A session of its own, so that killing its process group cannot reach pytest; and a /tmp of
-    # its own, as in a container that shares the host's /dev/shm (docker --ipc=host).
+    # A session of its own (a fork-served process has one), so that killing its process group
+    # cannot reach pytest; and a /tmp of its own, as in a container that shares the host's /dev/shm
+    # (docker --ipc=host).
     env = {**os.environ, "TMPDIR": str(crashed_tmp)}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-        start_new_session=True,
-    )  # fmt: skip
+    proc = forkserver.run(
+        [sys.executable, script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
 
     # The restarted container: same /dev/shm, fresh /tmp.

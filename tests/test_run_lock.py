@@ -169,27 +169,30 @@ def test_a_torn_lease_file_is_taken_over(store):
     lock.release()
 
 
-def _race(root: str, ready, go, results) -> None:
+def _race(root: str, ready, go, results, done) -> None:
     store = open_store(root)
     ready.wait()
     go.wait()
     try:
         RunLock(store, f"racer-{os.getpid()}", LockTiming(heartbeat_s=60)).acquire()
         results.put("won")
-        time.sleep(1.0)  # hold it while the others look
+        # Hold it until every racer has looked: a fixed second was too short under load (a racer
+        # whose first request came later found the lock released and won too).
+        done.wait(timeout=120)
     except RunLockHeld:
         results.put("refused")
 
 
 def test_of_processes_starting_at_once_exactly_one_takes_the_lock(store):
     ctx = multiprocessing.get_context("spawn")  # fresh S3 clients, as separate runs would have
-    ready, go, results = ctx.Barrier(5), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(store.root, ready, go, results)) for _ in range(4)]
+    ready, go, done, results = ctx.Barrier(5), ctx.Event(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(store.root, ready, go, results, done)) for _ in range(4)]
     for proc in procs:
         proc.start()
     ready.wait()
     go.set()
     outcomes = sorted(results.get(timeout=60) for _ in procs)
+    done.set()
     for proc in procs:
         proc.join(timeout=30)
     assert outcomes == ["refused", "refused", "refused", "won"]

@@ -181,6 +181,51 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards, 
     assert mlflow_server.steps(found.info.run_id, "loss/train/total") == list(range(40))
 
 
+def test_a_server_that_answers_but_refuses_to_the_end_is_named_so(
+    tmp_path, mlflow_server, monkeypatch, capsys
+):
+    """A server may come back refusing (an expired token: 401/403, a deleted run: 404): the points
+    wait as in an outage, and the lines say what it answered instead of "did not answer". The
+    tracker itself, in this process, against the real server behind the proxy."""
+    from llm.config import MLflowConfig
+    from llm.trackers import MLflowTracker, TrackerIds
+    from scenarios.proxy import Proxy
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    proxy = Proxy(mlflow_server.port)
+    settings = MLflowConfig(
+        enabled=True,
+        tracking_uri=proxy.endpoint,
+        experiment_name="refusing",
+        flush_interval=0.2,
+        close_timeout=1,
+    )
+    tracker = MLflowTracker(
+        settings, "refusing", tmp_path, TrackerIds(tmp_path / "trackers.json"), {"seed": 1}
+    )
+    try:
+        tracker._start_mlflow_run(None)
+        tracker.log_metrics({"loss/train/total": 5.0}, step=0)
+        (run,) = mlflow_server.runs("refusing")
+        deadline = time.monotonic() + 60
+        while mlflow_server.steps(run.info.run_id, "loss/train/total") != [0]:
+            assert time.monotonic() < deadline, "step 0 never reached the server"
+            time.sleep(0.2)
+        proxy.set("error", errors=10**9, status=403)
+        for step in range(1, 6):
+            tracker.log_metrics({"loss/train/total": 5.0 - step}, step=step)
+        tracker.post_close()
+    finally:
+        proxy.cut()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[mlflow] WARNING")]
+    assert len(lines) == 2, lines
+    assert "refuses the requests (HTTP 403" in lines[0] and "training goes on" in lines[0]
+    assert "refused the requests until 1 s after the end (HTTP 403" in lines[1], lines[1]
+    assert "5 metric points (steps 1-5)" in lines[1] and "did not answer" not in lines[1], lines[1]
+    assert mlflow_server.steps(run.info.run_id, "loss/train/total") == [0]
+
+
 @contextmanager
 def _killed_if_left(proc, proxy=None):
     """The run is killed (and the proxy cut) if the block ends with it still running."""
