@@ -566,8 +566,10 @@ def _http_status(err: Exception | None) -> int | None:
     if isinstance(err, RestException):
         return err.get_http_status_code()
     if isinstance(err, MlflowException):
-        found = re.search(r"failed with error code (\d{3}) != 200", str(err))
-        return int(found[1]) if found else None
+        # "failed with error code 403 != 200"; a 5xx, which the HTTP layer may retry, ends in
+        # urllib3's "too many 503 error responses".
+        found = re.search(r"failed with error code (\d{3}) != 200|too many (\d{3}) error responses", str(err))
+        return int(found[1] or found[2]) if found else None
     return None
 
 

@@ -181,10 +181,12 @@ def test_an_mlflow_server_that_goes_away_mid_run_is_caught_up(tmp_path, shards, 
     assert mlflow_server.steps(found.info.run_id, "loss/train/total") == list(range(40))
 
 
+@pytest.mark.parametrize("status", [403, 503])
 def test_a_server_that_answers_but_refuses_to_the_end_is_named_so(
-    tmp_path, mlflow_server, monkeypatch, capsys
+    tmp_path, mlflow_server, monkeypatch, capsys, status
 ):
-    """A server may come back refusing (an expired token: 401/403, a deleted run: 404): the points
+    """A server may come back refusing (an expired token: 401/403, a deleted run: 404, an overloaded
+    server: 503): the points
     wait as in an outage, and the lines say what it answered instead of "did not answer". The
     tracker itself, in this process, against the real server behind the proxy."""
     from llm.config import MLflowConfig
@@ -197,7 +199,7 @@ def test_a_server_that_answers_but_refuses_to_the_end_is_named_so(
     settings = MLflowConfig(
         enabled=True,
         tracking_uri=proxy.endpoint,
-        experiment_name="refusing",
+        experiment_name=f"refusing-{status}",
         flush_interval=0.2,
         close_timeout=1,
     )
@@ -207,12 +209,12 @@ def test_a_server_that_answers_but_refuses_to_the_end_is_named_so(
     try:
         tracker._start_mlflow_run(None)
         tracker.log_metrics({"loss/train/total": 5.0}, step=0)
-        (run,) = mlflow_server.runs("refusing")
+        (run,) = mlflow_server.runs(f"refusing-{status}")
         deadline = time.monotonic() + 60
         while mlflow_server.steps(run.info.run_id, "loss/train/total") != [0]:
             assert time.monotonic() < deadline, "step 0 never reached the server"
             time.sleep(0.2)
-        proxy.set("error", errors=10**9, status=403)
+        proxy.set("error", errors=10**9, status=status)
         for step in range(1, 6):
             tracker.log_metrics({"loss/train/total": 5.0 - step}, step=step)
         tracker.post_close()
@@ -220,8 +222,8 @@ def test_a_server_that_answers_but_refuses_to_the_end_is_named_so(
         proxy.cut()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[mlflow] WARNING")]
     assert len(lines) == 2, lines
-    assert "refuses the requests (HTTP 403" in lines[0] and "training goes on" in lines[0]
-    assert "refused the requests until 1 s after the end (HTTP 403" in lines[1], lines[1]
+    assert f"refuses the requests (HTTP {status}" in lines[0] and "training goes on" in lines[0], lines[0]
+    assert f"refused the requests until 1 s after the end (HTTP {status}" in lines[1], lines[1]
     assert "5 metric points (steps 1-5)" in lines[1] and "did not answer" not in lines[1], lines[1]
     assert mlflow_server.steps(run.info.run_id, "loss/train/total") == [0]
 
