@@ -187,8 +187,8 @@ def free_port() -> int:
 class Nodes:
     """`composer` launchers posing as `len(launchers)` nodes, handled like one process.
 
-    Each runs in its own /dev/shm with its own stream cache (`data.cache_root`), as on separate
-    machines; they share the file system (checkpoints, records), as nodes share S3 or NFS.
+    Each runs in its own /dev/shm and temp folder with its own stream cache (`data.cache_root`), as
+    on separate machines; they share the file system (checkpoints, records), as nodes share S3 or NFS.
     """
 
     def __init__(self, procs: list, log: Path):
@@ -243,6 +243,13 @@ def start_nodes(
             str(DRIVER), str(recipe), *overrides, f"data.cache_root={folder / f'cache-{tag}-node{node}'}",
         ]  # fmt: skip
         env_node = driver_env(record, weights, sleep, env, pause_at)
+        # Its own temp folder too: streaming picks its shared-memory prefix by scanning /dev/shm
+        # and its file locks in the temp folder, and each rank scans for itself. A shared /tmp let
+        # another process's new lock land between the two ranks' scans: they picked different
+        # prefixes and the run failed at start ("prefix=1425 was not registered by local leader").
+        node_tmp = folder / f"tmp-{tag}-node{node}"
+        node_tmp.mkdir(exist_ok=True)
+        env_node["TMPDIR"] = str(node_tmp)
         procs.append(_spawn(cmd, folder / f"{tag}.log.node{node}", cwd=cwd, env=env_node))
     return Nodes(procs, folder / f"{tag}.log"), record, weights
 
