@@ -14,6 +14,18 @@ from pathlib import Path
 # model 0.2 s on 1 thread, 1.8 s on 2 threads with the other core busy). Set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Each pytest-xdist worker, and every process its tests start, gets a temp folder of its own.
+# mosaicml-streaming picks a dataset's shared-memory prefix by scanning for the first number with
+# neither a live /dev/shm entry nor a file lock in the temp folder (the locks are never removed:
+# thousands piled up in /tmp here). With one shared /tmp every worker's next dataset aims at the
+# same number, and two built at the same moment collide (FileExistsError on `/001620_locals`, or
+# two ranks of one run that disagree); with a folder per worker their numbers run apart.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import tempfile
+
+    os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"llm-tests-{os.environ['PYTEST_XDIST_WORKER']}-")
+    tempfile.tempdir = None
+
 import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -95,3 +107,11 @@ def pytest_collection_modifyitems(session, config, items):
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.path not in slow_files))  # stable
+
+
+def pytest_unconfigure(config):
+    """The worker's temp folder goes with it (its streaming file locks included)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and "llm-tests-" in os.environ.get("TMPDIR", ""):
+        import shutil
+
+        shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
