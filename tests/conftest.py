@@ -20,10 +20,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # thousands piled up in /tmp here). With one shared /tmp every worker's next dataset aims at the
 # same number, and two built at the same moment collide (FileExistsError on `/001620_locals`, or
 # two ranks of one run that disagree); with a folder per worker their numbers run apart.
+_WORKER_TMP = None
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import tempfile
 
-    os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"llm-tests-{os.environ['PYTEST_XDIST_WORKER']}-")
+    _WORKER_TMP = tempfile.mkdtemp(prefix=f"llm-tests-{os.environ['PYTEST_XDIST_WORKER']}-")
+    os.environ["TMPDIR"] = _WORKER_TMP
     tempfile.tempdir = None
 
 import pytest  # noqa: E402
@@ -111,7 +113,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_unconfigure(config):
     """The worker's temp folder goes with it (its streaming file locks included)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and "llm-tests-" in os.environ.get("TMPDIR", ""):
+    if _WORKER_TMP is not None:
         import shutil
 
-        shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
+        shutil.rmtree(_WORKER_TMP, ignore_errors=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import forkserver
@@ -36,7 +35,7 @@ def launched(tmp_path_factory, small_tokenizer, chinese_documents) -> tuple[Path
     torch.save(torch.tensor(ids[: 10 * 33]).view(10, 33), out / "samples.pt")
     task = str(out / "zh-demo")
     write_demo_tasks(task, questions=5)
-    launcher = str(Path(sys.executable).parent / "composer")
+    launcher = forkserver.COMPOSER
     result = forkserver.run(
         [launcher, "-n", "2", str(DRIVER), str(out), small_tokenizer, task],
         cwd=out,

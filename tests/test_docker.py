@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from llm.config import load_config
 
@@ -249,16 +251,14 @@ def test_slurm_script_is_valid_bash_and_uses_the_launchers_flags():
 # --- constraints.txt: the versions the suite passed with --------------------------------------
 
 
-def _name(requirement: str) -> str:
-    return re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0]).lower()
-
-
 def constraints() -> dict[str, str]:
+    """constraints.txt as {canonical name: version}."""
     pins = {}
     for line in (ROOT / "constraints.txt").read_text().splitlines():
         if line.strip() and not line.startswith((" ", "#")):
-            name, version = line.split("==")
-            pins[_name(name)] = version.strip()
+            requirement = Requirement(line)
+            (pin,) = requirement.specifier
+            pins[canonicalize_name(requirement.name)] = pin.version
     return pins
 
 
@@ -267,7 +267,12 @@ def test_constraints_agree_with_every_exact_pin_in_pyproject():
     requirements = project["dependencies"] + [
         r for extra in project["optional-dependencies"].values() for r in extra
     ]
-    exact = {_name(r): r.split("==")[1] for r in requirements if "==" in r}
+    exact = {
+        canonicalize_name(req.name): spec.version
+        for req in map(Requirement, requirements)
+        for spec in req.specifier
+        if spec.operator == "=="
+    }
     pins = constraints()
     assert {"torch", "mosaicml", "mosaicml-streaming", "mlflow"} <= exact.keys()
     assert {name: pins.get(name) for name in exact} == exact, "run `make lock` after changing pyproject.toml"
@@ -278,6 +283,6 @@ def test_the_suite_runs_with_the_constrained_versions():
     from importlib.metadata import distributions
 
     pins = constraints()
-    installed = {_name(d.metadata["Name"]): d.version for d in distributions()}
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
     assert installed["torch"].split("+")[0] == pins["torch"]
     assert {n: v for n, v in installed.items() if n in pins and pins[n] != v} == {}

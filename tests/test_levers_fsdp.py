@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import forkserver
@@ -20,9 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("policies")
-    composer = str(Path(sys.executable).parent / "composer")
     result = forkserver.run(
-        [composer, "-n", "2", str(ROOT / "tests" / "levers_fsdp_driver.py"), str(out)],
+        [forkserver.COMPOSER, "-n", "2", str(ROOT / "tests" / "levers_fsdp_driver.py"), str(out)],
         cwd=out,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,

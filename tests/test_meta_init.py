@@ -20,10 +20,6 @@ SMALL = ModelConfig(vocab_size=96, dim=32, n_layers=2, n_heads=4, max_seq_len=16
 MIB = 1024**2
 
 
-def composer_launcher() -> str:
-    return str(Path(sys.executable).parent / "composer")
-
-
 def test_meta_build_allocates_no_parameter_storage():
     model = build_meta_model(SMALL, seed=3)
     assert all(p.is_meta for p in model.parameters())
@@ -79,7 +75,7 @@ def test_fsdp2_over_two_ranks_equals_single_process_init_and_stays_below_model_s
     # may be forks of the suite's fork server.
     env = {**os.environ, "FSDP_VERSION": "2", "PYTHONPATH": str(ROOT)}
     result = forkserver.run(
-        [composer_launcher(), "-n", "2", str(ROOT / "tests" / "meta_init_driver.py"), str(out)],
+        [forkserver.COMPOSER, "-n", "2", str(ROOT / "tests" / "meta_init_driver.py"), str(out)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import forkserver
@@ -32,7 +31,7 @@ from train_fixtures import read_metrics, train_data, write_recipe  # noqa: F401 
 from scenarios.resume import PRIVATE_SHM, free_port, private_shm_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPOSER = str(Path(sys.executable).parent / "composer")
+COMPOSER = forkserver.COMPOSER
 STEPS = 16
 
 

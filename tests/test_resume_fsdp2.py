@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from resume_support import interrupt, load_weights, run, shards, write_recipe  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
-LAUNCH_2 = [str(Path(sys.executable).with_name("composer")), "-n", "2"]
+LAUNCH_2 = [forkserver.COMPOSER, "-n", "2"]
 FSDP = [
     "fsdp.enabled=true",
     "fsdp.version=2",

@@ -5,14 +5,12 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import forkserver
 import pytest
 from train_fixtures import REPO, read_metrics, train_data, write_recipe  # noqa: F401
 
-COMPOSER = str(Path(sys.executable).parent / "composer")
+COMPOSER = forkserver.COMPOSER
 
 
 @pytest.mark.slow
