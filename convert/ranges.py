@@ -28,7 +28,7 @@ convert/scratch.py), and
 hold the tokens of the batches in flight and of the open train chunk: bounded by the window of
 batches and the chunk size. Decisions depend only on the sequence of documents, so the kept
 documents, the chunks, their fingerprints and the parts are those of the main-process path, for
-any range size and worker count (tests/test_convert_golden.py compares the bytes).
+any range size and worker count (tests/convert/test_convert_golden.py compares the bytes).
 """
 
 from __future__ import annotations

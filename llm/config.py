@@ -400,7 +400,7 @@ def parse_duration(
     """A Composer time string as (amount, unit): "1000ba" -> (1000, "ba"); ConfigError otherwise.
 
     The one reader of durations (validation, schedule, resume): the whole-number subset of
-    Composer's `Time.from_timestring` (tests/test_config.py checks they agree). Not Time itself:
+    Composer's `Time.from_timestring` (tests/llm/test_config.py checks they agree). Not Time itself:
     `composer.core.time` imports all of Composer (3 s on top of torch here), and recipes are
     validated on paths that never train (`llm inspect`).
     """

@@ -1,6 +1,6 @@
 """Score the same exported model on the same task with lm-evaluation-harness and with `llm.eval`.
 
-Shared by the agreement test (tests/test_eval_lm_harness.py) and `make bench-eval`, which prints the
+Shared by the agreement test (tests/llm/eval/test_eval_lm_harness.py) and `make bench-eval`, which prints the
 figures. lm-eval (`pip install 'lm-eval[hf]'`) reads the `llm export` folder with its Hugging Face
 backend and a YAML task written here for each subject: the same CSV files, the same prompt (the
 description, the first `shots` dev examples joined by a blank line, the question), the same

@@ -23,7 +23,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("resume_driver.py")
 # How a training process is started: `subprocess.Popen`, or a stand-in with its interface (the test
-# suite's fork server, tests/forkserver.py, which skips the interpreter's start-up).
+# suite's fork server, tests/support/forkserver.py, which skips the interpreter's start-up).
 SPAWN = subprocess.Popen
 SEQ_LEN = 32
 VOCAB = 256

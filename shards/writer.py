@@ -1,6 +1,6 @@
 """MDS shards of token samples, written to a local folder or an S3 prefix.
 
-This writes the bytes that mosaicml-streaming 0.13's `MDSWriter` writes (tests/test_shard_writer.py
+This writes the bytes that mosaicml-streaming 0.13's `MDSWriter` writes (tests/shards/test_shard_writer.py
 compares shard files and index entries) without importing streaming, about 10 s of import
 per process that every worker would pay, and a sample at a time where this packs whole shards
 with numpy:

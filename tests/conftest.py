@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from pathlib import Path
 
 # One compute thread per process, for the tests and every process they start. The suite runs
@@ -30,9 +29,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+from tests.support.s3server import S3Server, apply_env, restore_env  # noqa: E402
 
-from s3server import S3Server, apply_env, restore_env  # noqa: E402
+# Fixtures shared across folders, each module a pytest plugin: a test names a fixture as an
+# argument and never imports it.
+pytest_plugins = [
+    "tests.support.convert",  # small_tokenizer, small_corpus, small_corpus_docs
+    "tests.support.train",  # train_data
+    "tests.support.sft",  # review_pairs, sft_shards
+    "tests.support.trackers",  # mlflow_server
+    "tests.support.resume",  # shards, reference: the resume harness's, module-scoped
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _bucket_counter = itertools.count()
@@ -65,16 +72,12 @@ def chinese_documents() -> list[str]:
     return peoples_daily_documents()
 
 
-from convert_fixtures import small_corpus, small_corpus_docs, small_tokenizer  # noqa: E402, F401
-
-
 @pytest.fixture(scope="session", autouse=True)
 def fork_server():
     """Training processes of the resume harness are forks of one process that has imported torch and
-    Composer (tests/forkserver.py): each skips about 8 s of start-up. LLM_TEST_NO_FORKSERVER=1 turns it off."""
-    import forkserver
-
+    Composer (tests/support/forkserver.py): each skips about 8 s of start-up. LLM_TEST_NO_FORKSERVER=1 turns it off."""
     from scenarios import resume
+    from tests.support import forkserver
 
     resume.SPAWN = forkserver.popen
     if os.environ.get("LLM_TEST_NO_FORKSERVER") != "1":

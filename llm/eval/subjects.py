@@ -2,7 +2,7 @@
 
 The stock prompts name the subject in Chinese ("以下是关于农学的单项选择题..."); a task folder's
 subject_mapping.json or task.json "subjects" overrides these. Checked against lm-eval 0.4.13's
-stock task definitions by tests/test_eval_stock_protocol.py.
+stock task definitions by tests/llm/eval/test_eval_stock_protocol.py.
 """
 
 CEVAL_SUBJECTS = {

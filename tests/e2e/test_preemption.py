@@ -1,0 +1,86 @@
+"""Save on SIGTERM/SIGINT: stop after the current batch on every rank, store a checkpoint, exit 143/130."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.resume import (
+    MAX_BATCHES,
+    assert_continues,
+    assert_same_weights,
+    interrupt,
+    kill_group,
+    run,
+    start,
+    wait_for_batch,
+    write_recipe,
+)
+
+pytestmark = pytest.mark.slow  # every test here starts training processes
+
+
+def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_identically(
+    tmp_path, shards, reference
+):
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=5, sig=signal.SIGTERM)
+
+    assert first.returncode == 143, first.output[-4000:]
+    assert "[resume] starting run 'rs' from scratch" in first.output
+    stop = first.batches()[-1]["batch"]
+    assert 5 <= stop < MAX_BATCHES
+    assert f"[preemption] SIGTERM: checkpoint at batch {stop} stored" in first.output
+    assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["batch"] == stop
+    assert first.seconds < 30, f"exit took {first.seconds:.1f} s after SIGTERM; launchers kill at 30 s"
+
+    second = run(recipe, "second", cwd=tmp_path)
+    assert second.returncode == 0, second.output[-4000:]
+    assert f"[resume] resuming run 'rs' from the checkpoint at batch {stop}" in second.output
+    assert_continues(reference, first, second, stop)
+    assert_same_weights(reference.weights, second.weights)
+
+
+def test_sigint_stops_with_exit_code_130_after_saving(tmp_path, shards):
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=2, sig=signal.SIGINT)
+
+    assert first.returncode == 130, first.output[-4000:]
+    stop = first.batches()[-1]["batch"]
+    assert f"[preemption] SIGINT: checkpoint at batch {stop} stored" in first.output
+    manifest = tmp_path / "ckpt" / "manifests" / f"ba{stop:010d}-rank00000.json"
+    assert json.loads(manifest.read_text())["batch"] == stop
+
+
+def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_partial_file(tmp_path, shards):
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    # Each checkpoint file stalls for 120 s after its first bytes: the second signal lands mid-save.
+    proc, record, _ = start(recipe, "first", cwd=tmp_path, pause_at=2, env={"LLM_TEST_SAVE_STALL": "120"})
+    try:
+        wait_for_batch(record, 2, proc)  # before the first periodic save (batch 4)
+        os.killpg(proc.pid, signal.SIGTERM)
+        stalling = Path(f"{record}.stalling")
+        deadline = time.monotonic() + 60
+        while not stalling.exists():  # inside torch.save (a signal before it could stall the clean-up)
+            assert time.monotonic() < deadline and proc.poll() is None, proc.tag_log.read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        proc.wait(timeout=180)
+        seconds = time.monotonic() - sent
+    finally:
+        kill_group(proc)
+    # At once, not after the stalled write: closing the Trainer and streaming's threads is all
+    # that is left (seconds; the bound leaves room for a loaded machine).
+    assert seconds < 60, f"exit took {seconds:.1f} s after the second SIGTERM"
+    output = proc.tag_log.read_text()
+    assert proc.returncode == 143, output[-3000:]
+    assert "Traceback" not in output and "unexpected pos" not in output, output[-3000:]
+    assert "[preemption] second SIGTERM: stopped at once at batch" in output
+    leftovers = [p.name for p in (tmp_path / "ckpt").iterdir()]
+    assert not [name for name in leftovers if name.startswith("ep")], leftovers  # the partial .pt is gone

@@ -1,0 +1,165 @@
+"""Autoresume from a local save_folder: SIGKILL + rerun continues bit-identically; safety; recipe changes.
+
+One local scenario, run once for the module (`killed`): a run with its records on is SIGKILLed at
+batch 7, the same command resumes it from the checkpoint at 4 and finishes, is started again (trains
+nothing), and again with a longer max_duration. The tests assert on what each step left.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from llm.config import load_config
+from llm.errors import ConfigError
+from tests.support.resume import (
+    MAX_BATCHES,
+    RECORDS,
+    SAVE_EVERY,
+    Run,
+    assert_continues,
+    assert_same_records,
+    assert_same_weights,
+    interrupt,
+    run,
+    write_recipe,
+)
+from tests.support.train import read_metrics
+
+
+@dataclass
+class Killed:
+    folder: Path
+    first: Run  # SIGKILLed after batch 7
+    steps_after_kill: list[int]  # metrics.jsonl's steps then
+    second: Run  # the same command: resumes at 4, finishes
+    records_after_resume: list[dict]
+    manifests_after_resume: list[str]
+    again: Run  # the finished run started again
+    longer: Run  # and again with training.max_duration=14ba
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, shards) -> Killed:
+    folder = tmp_path_factory.mktemp("killed")
+    recipe = write_recipe(folder / "recipe.yaml", shards, str(folder / "ckpt"), cache=folder / "cache")
+    metrics = folder / "runs" / "rs" / "metrics.jsonl"
+    first = interrupt(recipe, "first", cwd=folder, at_batch=7, sig=signal.SIGKILL, overrides=RECORDS)
+    steps = [r["step"] for r in read_metrics(metrics)]
+    second = run(recipe, "second", cwd=folder, overrides=RECORDS)
+    assert second.returncode == 0, second.output[-4000:]
+    records = read_metrics(metrics)
+    manifests = sorted(p.name for p in (folder / "ckpt" / "manifests").iterdir())
+    again = run(recipe, "again", cwd=folder, overrides=RECORDS)
+    longer = run(recipe, "longer", cwd=folder, overrides=[*RECORDS, "training.max_duration=14ba"])
+    return Killed(folder, first, steps, second, records, manifests, again, longer)
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_resumes_from_the_last_periodic_checkpoint_bit_identically(killed, reference):
+    first, second = killed.first, killed.second
+    assert first.returncode == -signal.SIGKILL
+    assert first.batches()[-1]["batch"] < 2 * SAVE_EVERY
+    assert f"[resume] resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in second.output
+    assert_continues(reference, first, second, SAVE_EVERY)
+    assert_same_weights(reference.weights, second.weights)
+    # num_to_keep=2 counts checkpoints of both processes, not only the last one's.
+    assert killed.manifests_after_resume == [
+        f"ba{b:010d}-rank00000.json" for b in (2 * SAVE_EVERY, MAX_BATCHES)
+    ]
+
+
+@pytest.mark.slow
+def test_a_resume_on_the_same_machine_cuts_the_lines_past_the_checkpoint(killed, reference):
+    assert killed.steps_after_kill == [3, 6]  # 6 is past the checkpoint at 4
+    records = killed.records_after_resume
+    assert_same_records(records, read_metrics(reference.record.parent / "runs" / "rs" / "metrics.jsonl"))
+    assert len(records) == len({r["step"] for r in records}) == MAX_BATCHES // 3
+
+
+@pytest.mark.slow
+def test_a_finished_run_started_again_trains_nothing_more(killed):
+    again = killed.again
+    assert again.returncode == 0, again.output[-4000:]
+    assert f"run 'rs' already finished: its checkpoint at batch {MAX_BATCHES} reached" in again.output
+    assert again.batches() == []
+
+
+@pytest.mark.slow
+def test_a_longer_max_duration_on_resume_trains_on_and_warns(killed):
+    longer = killed.longer
+    assert longer.returncode == 0, longer.output[-4000:]
+    assert "training.max_duration: '12ba' -> '14ba'" in longer.output
+    assert [b["batch"] for b in longer.batches()] == [13, 14]
+
+
+def _cfg(tmp_path, *overrides):
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", tmp_path / "shards", str(tmp_path / "ckpt"), cache=tmp_path / "cache"
+    )
+    return load_config(recipe, list(overrides))
+
+
+def test_load_path_outside_save_folder_needs_the_untrusted_flag(tmp_path):
+    from llm.checkpoint.resume import check_load_path_allowed
+
+    outside = tmp_path / "elsewhere" / "ep0-ba4-rank0.pt"
+    with pytest.raises(ConfigError, match="allow_untrusted_load_path=true"):
+        check_load_path_allowed(_cfg(tmp_path, f"checkpoint.load_path={outside}"))
+    with pytest.raises(ConfigError, match="outside checkpoint.save_folder"):
+        check_load_path_allowed(_cfg(tmp_path, f"checkpoint.load_path={tmp_path}/ckpt/../x.pt"))
+    with pytest.raises(ConfigError):
+        cfg = _cfg(
+            tmp_path, "checkpoint.save_folder=s3://bkt/run", "checkpoint.load_path=s3://bkt/runner/a.pt"
+        )
+        check_load_path_allowed(cfg)
+    check_load_path_allowed(_cfg(tmp_path, f"checkpoint.load_path={tmp_path}/ckpt/ep0-ba4-rank0.pt"))
+    check_load_path_allowed(
+        _cfg(tmp_path, f"checkpoint.load_path={outside}", "checkpoint.allow_untrusted_load_path=true")
+    )
+
+
+def test_untrusted_load_path_is_refused_by_train_py_with_exit_code_2(tmp_path, shards, capsys):
+    import train
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+    assert train.main([str(recipe), f"checkpoint.load_path={tmp_path}/other.pt"]) == 2
+    err = capsys.readouterr().err
+    assert "allow_untrusted_load_path=true" in err
+    assert err.count("\n") == 1, err  # one line, no traceback
+
+
+def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp_path):
+    from llm.checkpoint.resume import warn_recipe_changes
+
+    saved = _cfg(tmp_path).to_dict()
+    changed = _cfg(tmp_path, "optimizer.lr=0.5", "training.max_duration=20ba", "seed=3", "run_dir=/x")
+    messages = warn_recipe_changes(json.loads(json.dumps(saved)), changed.to_dict())
+    assert len(messages) == 3, messages
+    by_key = {m.split(": ")[1]: m for m in messages}
+    assert "checkpoint" in by_key["optimizer.lr"] and "ignored" in by_key["optimizer.lr"]
+    assert "'12ba' -> '20ba'" in by_key["training.max_duration"]
+    assert "recipe's new value applies" in by_key["training.max_duration"]
+    assert "RNG state in the checkpoint" in by_key["seed"]
+    assert warn_recipe_changes(json.loads(json.dumps(saved)), saved) == []
+
+
+def test_setting_or_unsetting_embedding_lr_since_the_checkpoint_is_refused_in_one_line(tmp_path):
+    """It adds or removes an optimizer parameter group: the saved optimizer state cannot load."""
+    from llm.checkpoint.resume import refuse_optimizer_group_change
+
+    plain = _cfg(tmp_path).to_dict()
+    own = _cfg(tmp_path, "optimizer.embedding_lr=0.1").to_dict()
+    with pytest.raises(
+        ConfigError,
+        match=r"embedding_lr is 0.1 but the checkpoint was trained with null.*resume with optimizer.embedding_lr=null",
+    ):
+        refuse_optimizer_group_change(plain, own)
+    with pytest.raises(ConfigError, match=r"resume with optimizer.embedding_lr=0.1, or start a new run"):
+        refuse_optimizer_group_change(own, plain)
+    refuse_optimizer_group_change(own, _cfg(tmp_path, "optimizer.embedding_lr=0.2").to_dict())  # ignored
+    refuse_optimizer_group_change({"optimizer": {"lr": 3e-3}}, plain)  # saved before the key existed

@@ -1,0 +1,183 @@
+"""Background checkpoint uploads on s3:// (loopback moto server behind the fault proxy): training
+goes on while a save is stored, a crash mid-upload leaves the previous checkpoint as the resume
+point, a failed upload ends the run at the next save with the one-line storage error, and the same
+command then finishes bit-identically.
+
+One scenario, run once for the module (`uploads`), three processes of the same command:
+a: the upload of the checkpoint at batch 8 is held (scenarios/resume_driver.py,
+   LLM_TEST_UPLOAD_HOLD); training goes on to batch 10, where the process is SIGKILLed;
+b: resumes at 4; the upload of 8 is held again until the save at 12 says it waits for it, then
+   the proxy answers every request with 503 and the upload is let go: it fails, and the save at
+   12 ends the run with exit 1;
+c: the storage is back; resumes at 4 and finishes.
+d: another folder; the upload of the checkpoint at 4 is held for good, and SIGTERM after batch 6
+   finds it pending: the wait is bounded (`checkpoint.upload_wait_s=2`), one line says so.
+The tests assert on each step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+
+import pytest
+
+from scenarios.proxy import Proxy
+from tests.support.resume import (
+    MAX_BATCHES,
+    SAVE_EVERY,
+    Run,
+    assert_continues,
+    assert_same_weights,
+    finish,
+    release_upload,
+    run,
+    start,
+    upload_held,
+    wait_for_batch,
+    wait_for_file,
+    wait_for_line,
+    write_recipe,
+)
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
+
+HELD = 2 * SAVE_EVERY  # the checkpoint whose upload is held: 8
+FAST_FAILURE = {"LLM_S3_MAX_ATTEMPTS": "2", "LLM_S3_READ_TIMEOUT": "2", "LLM_S3_CONNECT_TIMEOUT": "2"}
+
+
+@dataclass
+class Uploads:
+    save: str
+    a: Run
+    a_reached_while_held: int  # the batch a had recorded while its upload of 8 was still held
+    a_manifests: list[str]  # what the bucket held when a was killed
+    a_latest: int
+    b: Run
+    b_waited: bool  # b's save at 12 said it waits for the upload of 8
+    c: Run
+    c_manifests: list[str]
+    d: Run
+
+
+@pytest.fixture(scope="module")
+def uploads(tmp_path_factory, shards, s3_server) -> Uploads:
+    root = tmp_path_factory.mktemp("background-uploads")
+    bucket = s3_server.create_bucket("background-uploads")
+    save = f"s3://{bucket}/runs/rs"
+    proxy = Proxy(s3_server.port)
+    env = {"S3_ENDPOINT_URL": proxy.endpoint, **FAST_FAILURE}
+    recipe = write_recipe(root / "recipe.yaml", shards, save, cache=root / "cache")
+    hold = {**env, "LLM_TEST_UPLOAD_HOLD": str(HELD)}
+
+    def manifests() -> list[str]:
+        return [k.rsplit("/", 1)[1] for k in s3_server.keys(bucket, "runs/rs/manifests/")]
+
+    def latest() -> int:
+        body = s3_server.client().get_object(Bucket=bucket, Key="runs/rs/latest.json")["Body"].read()
+        return json.loads(body)["batch"]
+
+    # a: SIGKILL while the upload of 8 is held, two batches later.
+    proc, record, weights = start(recipe, "a", cwd=root, env=hold, pause_at=HELD + 2)
+    wait_for_file(upload_held(record, HELD), proc)
+    wait_for_batch(record, HELD + 2, proc)
+    reached = [b["batch"] for b in Run(0, "", record, weights, 0).batches()][-1]
+    a_manifests, a_latest = manifests(), latest()
+    os.killpg(proc.pid, signal.SIGKILL)
+    a = finish(proc, record, weights, 0.0)
+
+    # b: the held upload of 8 fails once the save at 12 waits for it.
+    proc, record, weights = start(recipe, "b", cwd=root, env=hold)
+    wait_for_file(upload_held(record, HELD), proc)
+    wait_for_line(proc.tag_log, f"waits for the upload of batch {HELD}", proc)
+    proxy.set("error", errors=10_000)
+    release_upload(record, HELD)
+    b = finish(proc, record, weights, 0.0)
+    proxy.set("pass")
+
+    c = run(recipe, "c", cwd=root, env=env)
+    c_manifests = manifests()
+
+    # d: SIGTERM while an upload hangs; the wait for it is bounded.
+    other = write_recipe(root / "d.yaml", shards, f"s3://{bucket}/runs/d", cache=root / "cache-d")
+    bounded = {**env, "LLM_TEST_UPLOAD_HOLD": str(SAVE_EVERY)}
+    proc, record, weights = start(
+        other, "d", cwd=root, env=bounded, pause_at=6, overrides=["checkpoint.upload_wait_s=2"]
+    )
+    wait_for_file(upload_held(record, SAVE_EVERY), proc)
+    wait_for_batch(record, 6, proc)
+    proc.send_signal(signal.SIGTERM)
+    d = finish(proc, record, weights, 0.0)
+    proxy.cut()
+    return Uploads(
+        save, a, reached, a_manifests, a_latest, b, f"waits for the upload of batch {HELD}" in b.output,
+        c, c_manifests, d,
+    )  # fmt: skip
+
+
+def test_training_goes_on_while_a_checkpoint_is_uploaded(uploads):
+    assert uploads.a_reached_while_held == HELD + 2  # two steps trained with the upload of 8 held
+
+
+def test_a_checkpoint_in_flight_is_not_complete_and_latest_stays_on_the_previous_one(uploads):
+    assert uploads.a.returncode == -signal.SIGKILL
+    assert uploads.a_manifests == [f"ba{SAVE_EVERY:010d}-rank00000.json"]  # no manifest for 8 yet
+    assert uploads.a_latest == SAVE_EVERY
+
+
+def test_sigkill_during_a_background_upload_resumes_from_the_previous_checkpoint_bit_identically(
+    uploads, reference
+):
+    assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in uploads.b.output
+    assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in uploads.c.output
+    assert_continues(reference, uploads.a, uploads.c, SAVE_EVERY)
+    assert_same_weights(reference.weights, uploads.c.weights)
+
+
+def test_the_next_save_waits_for_the_upload_in_flight_and_says_so(uploads):
+    assert uploads.b_waited
+
+
+def test_a_failed_background_upload_ends_the_run_at_the_next_save_with_one_storage_line(uploads):
+    b = uploads.b
+    assert b.returncode == 1, b.output[-4000:]
+    errors = [line for line in b.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, b.output[-4000:]
+    assert errors[0].startswith(f"error: could not store checkpoint {uploads.save} (batch {HELD}):")
+    assert "rerun the same command" in errors[0]
+    assert "Traceback" not in b.output
+    assert [row["batch"] for row in b.batches()][-1] == MAX_BATCHES  # it failed at the save at 12
+
+
+def test_the_same_command_then_finishes_and_only_complete_checkpoints_are_kept(uploads):
+    assert uploads.c.returncode == 0, uploads.c.output[-4000:]
+    # num_to_keep 2: the run's last two complete checkpoints; nothing of the failed or killed saves
+    assert uploads.c_manifests == [f"ba{b:010d}-rank00000.json" for b in (2 * SAVE_EVERY, MAX_BATCHES)]
+
+
+def test_a_restart_prints_where_its_time_went_phase_by_phase(uploads):
+    lines = [x for x in uploads.c.output.splitlines() if x.startswith("[restart]")]
+    assert len(lines) == 1, uploads.c.output[-3000:]
+    line = lines[0]
+    assert line.startswith(f"[restart] resumed at batch {SAVE_EVERY}, first step ")
+    for phase in (
+        "imports",
+        "checkpoint",
+        "data and model",
+        "Trainer and load",
+        "loader resume",
+        "first step",
+    ):
+        assert f"{phase} " in line.split(": ", 1)[1]
+    assert "1 file(s)" in line and "MB downloaded at" in line  # the monolithic checkpoint from S3
+
+
+def test_sigterm_waits_for_a_pending_upload_at_most_the_bound_and_says_so_in_one_line(uploads):
+    d = uploads.d
+    assert d.returncode == 1, d.output[-4000:]
+    errors = [line for line in d.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"(batch {SAVE_EVERY})" in errors[0], d.output[-4000:]
+    assert "did not finish within 2 s (checkpoint.upload_wait_s)" in errors[0]
+    assert "Traceback" not in d.output

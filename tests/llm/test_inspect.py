@@ -1,0 +1,126 @@
+"""The dry run: sizes, FLOPs and the memory plan without allocating the model."""
+
+from __future__ import annotations
+
+from llm.commands import main as llm_main
+from tests.support.train import REPO, train_py
+
+
+def test_7b_dry_run_prints_sizes_and_fits_8_x_80gb(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "7,000,559,616" in out
+    # Hand calculation: 6 * (non-embedding 6,476,271,616 + output 64,000 * 4096) + 12 * 32 * 4096 * 4096
+    flops = 6 * (6_476_271_616 + 64_000 * 4096) + 12 * 32 * 4096 * 4096
+    assert f"{flops:.4g}" in out
+    assert "2,097,152" in out  # tokens per optimizer step: 512 x 4096
+    assert "64 samples = 16 micro-batch(es) of 4 x 4096 tokens" in out
+    assert "=> this recipe fits on 8 x 80 GB GPUs" in out
+
+
+def test_7b_does_not_fit_one_gpu(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "1"]) == 0
+    assert "=> this recipe does NOT fit on 1 x 80 GB GPUs" in capsys.readouterr().out
+
+
+def test_train_py_dry_run_builds_tiny_on_meta(capsys):
+    code = train_py(str(REPO / "recipes/tiny.yaml"), "--dry-run", "--gpus", "1")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "58,479,616" in out and "16,384" in out  # 32 x 512 tokens per step
+
+
+def test_dry_run_reports_bad_overrides_in_one_line(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "model.dimm=8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "model.dimm" in err and "did you mean 'dim'" in err
+
+
+def test_llm_inspect_prints_what_the_typed_library_function_returns(capsys):
+    from llm.config import load_config
+    from llm.memory_plan import describe_run
+
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "4", "--gpu-gb", "141"]) == 0
+    expected = describe_run(load_config(REPO / "recipes/7b.yaml"), gpus=4, gpu_gb=141.0)
+    assert capsys.readouterr().out == expected + "\n"
+    assert "on 4 x 141 GB GPUs" in expected
+
+
+def test_7b_dry_run_shows_the_fsdp2_plan_and_the_cost_at_40_and_50_percent_mfu(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Sharding: FSDP2 full shard over 64 GPU(s); bf16 compute, fp32 master weights and gradient "
+        "reduction, activation checkpointing selective, 1 block in 2 full, compile off"
+    ) in out
+    # Hand calculation: ceil(1.2e12 / 2,097,152) steps of 2,097,152 tokens at the FLOPs per token above.
+    steps = -(-1_200_000_000_000 // 2_097_152)
+    flops = steps * 2_097_152 * (6 * (6_476_271_616 + 64_000 * 4096) + 12 * 32 * 4096 * 4096)
+    for mfu, why in [(0.40, "anchors: llm-foundry"), (0.50, "our target")]:
+        seconds = flops / (64 * 989.5e12 * mfu)
+        row = next(line for line in out.splitlines() if line.startswith(f"  at {100 * mfu:.1f}% MFU"))
+        assert f"{seconds * 64 / 3600:,.0f} GPU-hours" in row and why in row, row
+        assert f"wall {seconds / 86400:.1f} days" in " ".join(row.split()), row
+    assert "on 64 x H100 (989.5 TFLOP/s dense bf16 each)" in out
+
+
+def test_hsdp_dry_run_shards_within_a_replica_group_and_a_measured_mfu_replaces_the_anchors(capsys):
+    args = [str(REPO / "recipes/7b.yaml"), "fsdp.replicate=8", "--gpus", "64", "--gpu-type", "H200"]
+    assert llm_main(["inspect", *args, "--mfu", "0.45"]) == 0
+    hsdp = capsys.readouterr().out
+    assert "Sharding: FSDP2 HSDP, 8 replica groups (fsdp.replicate) x 8-way shards over 64 GPUs" in hsdp
+    assert "on 64 x H200" in hsdp and "(measured)" in hsdp and "our target" not in hsdp
+    # Memory per GPU is that of plain FSDP over one group's 8 GPUs: the weights are sharded 8 ways.
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "8"]) == 0
+    fsdp8 = capsys.readouterr().out
+    memory = [line for line in fsdp8.splitlines() if line.startswith("  weights (fp32 master, sharded)")]
+    assert memory and memory[0] in hsdp.splitlines()
+
+
+def test_dry_run_cost_options_are_checked_in_one_line(capsys):
+    for args, message in [
+        (["--mfu", "1.5"], "--mfu must be a fraction in (0, 1]"),
+        (["--gpu-type", "B200"], "--gpu-type 'B200' is not one of H100, H200"),
+        (["fsdp.replicate=3", "--gpus", "8"], "fsdp.replicate=3 does not divide 8 GPUs"),
+    ]:
+        code = train_py(str(REPO / "recipes/7b.yaml"), *args, "--dry-run")
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert message in err
+
+
+def test_7b_dry_run_prints_what_a_checkpoint_costs_on_8_and_64_gpus(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml")]) == 0
+    out = capsys.readouterr().out
+    # 12 bytes x 7,000,559,616 parameters over 8 sharded writers on one node
+    assert "Checkpoints: 84.0 GB each (8 writing rank(s)), 10.50 GB per rank, 84.0 GB per node" in out
+    assert "write 42.0 s at 2GB/s per node" in out and "store 67.2 s at 1.25GB/s per node" in out
+    assert "30 s: does NOT fit, 120 s: fits" in out
+    assert "save_interval >= 136ba with background uploads" in out and "suggested 200ba" in out
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "1.31 GB per rank, 10.5 GB per node" in out and "30 s: fits, 120 s: fits" in out
+
+
+def test_the_7b_save_interval_keeps_the_stall_under_one_percent_with_background_uploads(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("recipe's"))
+    assert line.split()[1] == "200ba"
+    assert float(line.split("stall ")[1].split("%")[0]) < 1.0
+
+
+def test_a_faster_upload_option_changes_the_save_time(capsys):
+    args = [str(REPO / "recipes/7b.yaml"), "--upload-bandwidth", "100Gbit/s", "--disk-bandwidth", "8GiB/s"]
+    assert llm_main(["inspect", *args]) == 0
+    out = capsys.readouterr().out
+    assert "store 6.7 s at 100Gbit/s per node" in out and "30 s: fits" in out
+    assert train_py(*args, "--dry-run") == 0
+    assert "store 6.7 s at 100Gbit/s per node" in capsys.readouterr().out
+
+
+def test_a_bandwidth_that_is_not_a_size_per_second_is_one_line_and_exit_2(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--upload-bandwidth", "fast"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--upload-bandwidth='fast' is not a size per second" in err
+    assert train_py(str(REPO / "recipes/7b.yaml"), "--dry-run", "--disk-bandwidth", "2GB") == 2
+    assert "--disk-bandwidth='2GB' is not a size per second" in capsys.readouterr().err

@@ -1,0 +1,47 @@
+"""Activation-checkpointing policies under FSDP2 on 2 ranks (gloo): the losses and gradients of no
+checkpointing. One two-rank launch (tests/support/drivers/levers_fsdp_driver.py) computes every policy; the tests
+assert on it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.support import forkserver, paths
+from tests.support.drivers.levers_fsdp_driver import SMALL
+
+pytestmark = pytest.mark.slow  # starts two processes
+ROOT = paths.REPO
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("policies")
+    result = forkserver.run(
+        [forkserver.COMPOSER, "-n", "2", str(paths.DRIVERS / "levers_fsdp_driver.py"), str(out)],
+        cwd=out,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("policy", ["full/0", "selective/0", "selective/2"])
+def test_each_policy_trains_like_no_checkpointing_under_fsdp2(two_ranks, policy):
+    for rank in two_ranks:
+        assert rank[policy]["wrapped"] == SMALL.n_layers
+        assert rank[policy]["losses"] == pytest.approx(rank["none/0"]["losses"], abs=1e-6)
+        assert rank[policy]["grads"].keys() == rank["none/0"]["grads"].keys()
+        for name, grad in rank["none/0"]["grads"].items():
+            assert rank[policy]["grads"][name] == pytest.approx(grad, abs=1e-6), name
+
+
+def test_the_ranks_saw_different_data_and_agree_on_the_gradients(two_ranks):
+    first, second = two_ranks
+    assert first["none/0"]["losses"] != second["none/0"]["losses"]  # each rank its own batch
+    assert first["none/0"]["grads"] == second["none/0"]["grads"]  # all-reduced: one gradient

@@ -1,0 +1,110 @@
+"""Loss plots from the records (never from checkpoints) and `llm plot`, comparing two real runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llm.callbacks.generation import first_and_last_samples
+from llm.commands import main as llm_main
+from llm.plots import load_run, run_figure
+from tests.support.train import load, read_metrics, write_recipe
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, train_data):
+    """Two real 8-step runs that differ in their learning rate, with checkpoints."""
+    from llm.trainer import train
+
+    root = tmp_path_factory.mktemp("two-runs")
+    runs = []
+    for name, lr in (("slow", 1e-3), ("fast", 6e-3)):
+        recipe = write_recipe(
+            root / name / "r.yaml",
+            train_data,
+            run_name=name,
+            run_dir=root / name / "run",
+            optimizer={"lr": lr},
+            training={
+                "global_batch_size": 8,
+                "device_microbatch_size": 8,
+                "max_duration": "8ba",
+                "eval_interval": "4ba",
+                "eval_subset_num_batches": 2,
+                "log_interval": 2,
+            },
+            checkpoint={"save_folder": str(root / name / "ckpt"), "save_interval": "8ba"},
+            callbacks={"generate": {"enabled": False}, "speed_window": 2},
+        )
+        train(load(recipe))
+        runs.append(root / name / "run")
+    return runs
+
+
+def test_the_loss_plot_is_drawn_from_the_records_against_tokens_with_the_rate_below(two_runs, train_data):
+    run_dir = two_runs[0]
+    assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    curves = load_run(str(run_dir))
+    fig = run_figure(curves)
+    loss_ax, lr_ax = fig.axes
+    tokens = [r["tokens"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert list(loss_ax.lines[0].get_xdata()) == tokens == [s * 8 * train_data.seq_len for s in (2, 4, 6, 8)]
+    assert lr_ax.get_xlabel() == "tokens" and lr_ax.get_ylabel() == "learning rate" and lr_ax.lines
+    assert [line.get_label() for line in loss_ax.lines] == ["train", "train (smoothed)", "eval"]
+    # Nothing of the curves travels in the checkpoint: the callbacks' state holds no loss history.
+    (ckpt,) = (run_dir.parent / "ckpt").glob("ep*-ba8-rank0.pt")
+    callbacks = torch.load(ckpt, map_location="cpu", weights_only=False)["state"]["callbacks"]
+    assert "LossPlot" in callbacks and not callbacks["LossPlot"], callbacks["LossPlot"]
+
+
+def test_llm_plot_compares_two_runs_in_one_figure_and_a_table(two_runs, tmp_path, capsys):
+    out = tmp_path / "compare.png"
+    code = llm_main(["plot", *map(str, two_runs), "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 10_000
+    header, slow, fast = stdout.splitlines()[:3]
+    assert header.split()[:3] == ["run", "steps", "tokens"] and "tokens/s" in header
+    for line, name in ((slow, "slow"), (fast, "fast")):
+        metrics = read_metrics(two_runs[0 if name == "slow" else 1] / "metrics.jsonl")
+        cells = line.split()
+        assert cells[0] == name and cells[1] == "8" and cells[2] == f"{metrics[-1]['tokens']:,}"
+        assert float(cells[3]) == pytest.approx(metrics[-1]["loss"], abs=1e-4)
+        assert float(cells[4]) == pytest.approx(
+            next(r for r in metrics[::-1] if "eval_loss" in r)["eval_loss"], abs=1e-4
+        )
+        assert float(cells[5].replace(",", "")) > 0
+    assert float(fast.split()[3]) < float(slow.split()[3])  # the higher rate learned faster here
+    assert f"wrote {out}" in stdout
+
+
+def test_llm_plot_on_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
+    assert llm_main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path} is not a run" in err, err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_the_first_and_the_last_samples_are_put_side_by_side(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    rows = [
+        {"step": 200, "prompt": "中国", "text": "1 2 3 4"},
+        {"step": 200, "prompt": "北京", "text": "的的的"},
+        {"step": 400, "prompt": "中国", "text": "人民 的 生活"},
+        {"step": 600, "prompt": "中国", "text": "经济\n发展"},
+        {"step": 600, "prompt": "北京", "text": "市 政府"},
+    ]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    assert first_and_last_samples(path).splitlines() == [
+        "samples, first generation (step 200) and last (step 600):",
+        "  中国",
+        "    step 200 | 1 2 3 4",
+        "    step 600 | 经济 发展",
+        "  北京",
+        "    step 200 | 的的的",
+        "    step 600 | 市 政府",
+    ]
+    path.write_text(json.dumps(rows[0], ensure_ascii=False) + "\n")
+    assert first_and_last_samples(path) == ""  # one generation: nothing to compare

@@ -1,0 +1,67 @@
+"""Run under `composer -n 2`: every activation-checkpointing policy under FSDP2, same weights and data.
+
+    composer -n 2 tests/support/drivers/levers_fsdp_driver.py OUT_FOLDER
+
+Each rank writes OUT_FOLDER/rank<r>.json: per policy, the losses of two plain SGD steps, the full
+gradients of a third step and how many blocks the policy wrapped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from llm.model import ModelConfig, Transformer  # noqa: E402
+from llm.parallelism import apply_activation_checkpointing  # noqa: E402
+
+POLICIES = [("none", 0), ("full", 0), ("selective", 0), ("selective", 2)]
+SMALL = ModelConfig(vocab_size=128, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=32)
+WRAPPER = "._checkpoint_wrapped_module"
+
+
+def _loss(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def main(out: str) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")  # ranks and addresses from the composer launcher's environment
+    rank = dist.get_rank()
+    results = {}
+    for policy, every in POLICIES:
+        model = Transformer(SMALL, seed=3)
+        wrapped = apply_activation_checkpointing(model, policy, every) if policy != "none" else 0
+        for block in model.layers:
+            fully_shard(block)
+        fully_shard(model)
+        tokens = torch.randint(0, SMALL.vocab_size, (2, 17), generator=torch.Generator().manual_seed(rank))
+        losses = []
+        for _ in range(2):  # the second step runs on weights the first one updated
+            loss = _loss(model, tokens)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+            losses.append(loss.item())
+        _loss(model, tokens).backward()
+        grads = {
+            n.replace(WRAPPER, ""): p.grad.full_tensor().flatten().tolist()
+            for n, p in model.named_parameters()
+        }
+        results[f"{policy}/{every}"] = {"losses": losses, "grads": grads, "wrapped": wrapped}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
