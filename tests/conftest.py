@@ -34,8 +34,8 @@ from tests.support.s3server import S3Server, apply_env, restore_env  # noqa: E40
 # Fixtures shared across folders, each module a pytest plugin: a test names a fixture as an
 # argument and never imports it.
 pytest_plugins = [
-    "tests.support.convert",  # small_tokenizer, small_corpus, small_corpus_docs
-    "tests.support.train",  # train_data
+    "tests.support.conversion",  # small_tokenizer, small_corpus, small_corpus_docs
+    "tests.support.training",  # train_data
     "tests.support.sft",  # review_pairs, sft_shards
     "tests.support.trackers",  # mlflow_server
     "tests.support.resume",  # shards, reference: the resume harness's, module-scoped

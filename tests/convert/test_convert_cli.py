@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import sentencepiece as spm
 
-from tests.support.convert import REPO_ROOT, local_samples, run_convert
+from tests.support.conversion import REPO_ROOT, local_samples, run_convert
 from tests.support.corpus import write_jsonl
 
 

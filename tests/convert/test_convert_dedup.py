@@ -20,7 +20,7 @@ from convert.errors import ConvertError
 from convert.jobs import ReadOptions, TaskSpec, convert_corpus, merge_tasks
 from convert.options import NearDedupOptions, QualityFilters, ShardOptions
 from convert.tasks import assign_files
-from tests.support.convert import REPO_ROOT, local_samples
+from tests.support.conversion import REPO_ROOT, local_samples
 from tests.support.corpus import edited_copy, write_jsonl
 
 SEQ = 64

@@ -24,7 +24,7 @@ from convert.options import ShardOptions
 from convert.worker import TokenizedBatch
 from shards.errors import ShardsError
 from shards.meta import FORMAT_NAME, FORMAT_VERSION
-from tests.support.convert import REPO_ROOT, local_samples, sorted_rows
+from tests.support.conversion import REPO_ROOT, local_samples, sorted_rows
 
 SEQ = 64
 FORMAT_KEYS = {
@@ -89,7 +89,7 @@ def test_samples_across_parts_are_what_format_md_says(reference, small_corpus_do
     chunk order; so in index order a document cut at a part's end runs into the next chunk."""
     import zstd
 
-    from tests.support.convert import _decode_shard
+    from tests.support.conversion import _decode_shard
 
     out, _ = reference
     folder = out / "train"

@@ -8,7 +8,7 @@ import pytest
 from convert.jobs import convert_corpus
 from convert.options import ShardOptions
 from shards.errors import ShardsError
-from tests.support.convert import local_samples
+from tests.support.conversion import local_samples
 
 pytestmark = pytest.mark.s3
 

@@ -12,7 +12,7 @@ from convert.errors import ConvertError
 from convert.tokenizer import train_tokenizer
 from shards.errors import ShardsError
 from shards.tokenizer import Tokenizer, TokenizerInfo
-from tests.support.convert import run_convert
+from tests.support.conversion import run_convert
 
 
 def test_training_is_deterministic_and_atomic(tmp_path, chinese_documents):

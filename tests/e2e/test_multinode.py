@@ -28,7 +28,7 @@ import pytest
 
 from scenarios.resume import PRIVATE_SHM, free_port, private_shm_problem
 from tests.support import forkserver, paths
-from tests.support.train import read_metrics, write_recipe
+from tests.support.training import read_metrics, write_recipe
 
 ROOT = paths.REPO
 COMPOSER = forkserver.COMPOSER

@@ -28,7 +28,7 @@ from tests.support.resume import (
     run,
     write_recipe,
 )
-from tests.support.train import read_metrics
+from tests.support.training import read_metrics
 
 
 @dataclass

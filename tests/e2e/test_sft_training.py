@@ -16,7 +16,7 @@ from llm.errors import ConfigError
 from llm.weights.read import read_weights
 from shards.chat_template import ChatTemplate
 from tests.support.sft import SFT_SEQ_LEN
-from tests.support.train import load, read_metrics, recipe_dict
+from tests.support.training import load, read_metrics, recipe_dict
 
 PROMPT = "评论：房间很干净，服务也很热情。 这条评论是正面还是负面？"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llm.commands import main as llm_main
-from tests.support.train import REPO, train_py
+from tests.support.training import REPO, train_py
 
 
 def test_7b_dry_run_prints_sizes_and_fits_8_x_80gb(capsys):

@@ -10,7 +10,7 @@ import torch
 from llm.callbacks.generation import first_and_last_samples
 from llm.commands import main as llm_main
 from llm.plots import load_run, run_figure
-from tests.support.train import load, read_metrics, write_recipe
+from tests.support.training import load, read_metrics, write_recipe
 
 
 @pytest.fixture(scope="module")

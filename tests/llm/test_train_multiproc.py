@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tests.support import forkserver
-from tests.support.train import REPO, read_metrics, write_recipe
+from tests.support.training import REPO, read_metrics, write_recipe
 
 COMPOSER = forkserver.COMPOSER
 

@@ -11,7 +11,7 @@ from composer.core import Callback
 
 from llm.errors import ConfigError
 from tests.support.config import lr_at
-from tests.support.train import load, read_metrics, train_py, write_recipe
+from tests.support.training import load, read_metrics, train_py, write_recipe
 
 
 def test_loss_falls_and_run_files_are_written(tmp_path, train_data, capsys):

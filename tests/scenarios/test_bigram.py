@@ -10,7 +10,7 @@ import numpy as np
 
 from scenarios.bigram import bigram_loss
 from tests.support import forkserver
-from tests.support.train import REPO
+from tests.support.training import REPO
 
 
 def test_the_bigram_loss_is_the_witten_bell_formula():

@@ -67,7 +67,7 @@ def write_corpus(root: Path, docs: list[str]) -> list[str]:
 def train(root: Path, docs: list[str]) -> str:
     from convert.tokenizer import train_tokenizer
 
-    path = root / "golden.model"  # as the tests' `small_tokenizer` (tests/support/convert.py)
+    path = root / "golden.model"  # as the tests' `small_tokenizer` (tests/support/conversion.py)
     train_tokenizer(docs[:600], vocab_size=2000, out=str(path), character_coverage=0.98)
     return str(path)
 

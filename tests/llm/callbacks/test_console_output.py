@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import forkserver
-from tests.support.train import REPO, write_recipe
+from tests.support.training import REPO, write_recipe
 
 CONTROL = ("\r", "\x1b[")  # a bar's carriage return, cursor moves and clears
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.support import forkserver
 import pytest
 import torch
-from tests.support.train import REPO, load, train_py, write_recipe
+from tests.support.training import REPO, load, train_py, write_recipe
 
 from llm.data import build_dataloader, build_dataset, check_streams, stream_local
 from llm.errors import ConfigError
@@ -152,7 +152,7 @@ def _upload(s3_server, bucket: str, folder: Path, prefix: str) -> str:
 
 @pytest.mark.s3
 def test_trains_from_s3_and_checks_s3_metadata(tmp_path, train_data, s3_server, s3_bucket):
-    from tests.support.train import read_metrics
+    from tests.support.training import read_metrics
 
     from llm.trainer import train
 
@@ -179,7 +179,7 @@ def test_trains_from_s3_and_checks_s3_metadata(tmp_path, train_data, s3_server, 
 _CRASH = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
-from tests.support.train import load
+from tests.support.training import load
 from llm.data import build_dataset
 cfg = load({recipe!r})
 dataset = build_dataset(cfg, "train", 8)

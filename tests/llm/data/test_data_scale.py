@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.support import forkserver
 import pytest
-from tests.support.train import REPO, load, write_recipe
+from tests.support.training import REPO, load, write_recipe
 
 from llm.data import build_dataset, check_streams, stream_local
 from llm.errors import ConfigError

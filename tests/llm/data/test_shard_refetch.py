@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.support.train import load, write_recipe
+from tests.support.training import load, write_recipe
 
 from llm.data import CorruptShard, build_dataset, stream_local
 

@@ -16,7 +16,7 @@ from llm.composer_model import LanguageModel
 from llm.errors import ConfigError
 from llm.model import ModelConfig
 from llm.plots import load_run
-from tests.support.train import load, read_metrics, write_recipe
+from tests.support.training import load, read_metrics, write_recipe
 
 
 @pytest.fixture(scope="module")

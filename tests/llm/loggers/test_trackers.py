@@ -14,8 +14,8 @@ import pytest
 from llm.errors import ConfigError
 from tests.support.resume import MAX_BATCHES, interrupt, run, write_recipe
 from tests.support.trackers import MLflowServer, wandb_history
-from tests.support.train import load, read_metrics
-from tests.support.train import write_recipe as write_train_recipe
+from tests.support.training import load, read_metrics
+from tests.support.training import write_recipe as write_train_recipe
 
 
 @pytest.mark.slow  # an MLflow server and W&B's service process
