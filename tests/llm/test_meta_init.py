@@ -67,7 +67,7 @@ def test_fsdp2_over_two_ranks_equals_single_process_init_and_stays_below_model_s
 
     The gathered weights of it and of the warm-up model (uneven shards, grouped-query attention)
     equal an ordinary single-process init."""
-    from meta_init_driver import CFG
+    from tests.support.drivers.meta_init_driver import CFG
 
     out = tmp_path / "report.json"
     # The driver holds glibc's mmap threshold fixed itself (see fix_mmap_threshold), so the ranks

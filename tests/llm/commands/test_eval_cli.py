@@ -9,6 +9,7 @@ import torch
 
 from llm.commands import main as llm_main
 from llm.model import ModelConfig, Transformer
+from tests.support.tokens import merging_pair
 
 CFG = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=128, tie_embeddings=True)
 
@@ -121,8 +122,6 @@ def test_a_question_whose_option_merges_with_the_prompt_is_scored_counted_and_ma
 ):
     """Before: exit 2 naming the first such option. Now: scored over the merged tokens, counted, and
     every question carries its id (and, with --prompts, the prompt) for matching with other tools."""
-    from test_eval_scoring import merging_pair
-
     from shards.tokenizer import Tokenizer
 
     root, ckpt, _ = setup

@@ -10,6 +10,7 @@ from llm.eval.harness import load_tasks, prepare, run
 from llm.eval.results import QuestionResult, SubjectResult
 from llm.eval.scoring import Encoded, encode_question, score
 from llm.model import ModelConfig, Transformer
+from tests.support.tokens import merging_pair
 
 CFG = ModelConfig(vocab_size=300, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=40)
 
@@ -89,19 +90,6 @@ def test_token_split_moves_trailing_space_and_starts_with_eos(small_tokenizer):
     assert q.context == [tok.eos_id] + tok.encode("北京市")
     assert q.continuations[0] == tok.encode("北京市 经济")[len(tok.encode("北京市")) :]
     assert q.moved == 0 and not q.emptied
-
-
-def merging_pair(tok) -> tuple[str, str]:
-    """A prompt and a one-character option that SentencePiece encodes as ONE token with its end."""
-    for i in range(tok.vocab_size):
-        piece = tok.piece(i).lstrip("▁")
-        if len(piece) < 2 or not all("一" <= ch <= "鿿" for ch in piece):
-            continue
-        context, option = "。" + piece[:-1], piece[-1]
-        whole, alone = tok.encode(context + option), tok.encode(context)
-        if len(whole) <= len(alone) and whole[: len(alone)] != alone:
-            return context, option
-    raise AssertionError("the test tokenizer has no merging pair")
 
 
 def test_an_option_merging_with_the_prompts_last_token_is_scored_over_the_merged_tokens(small_tokenizer):
