@@ -59,7 +59,7 @@ def build_corpus(
     copy past the first joins the first half of every document to the second half of another
     instead, so that the copies are neither exact nor near duplicates (a Jaccard similarity of
     about 1/3 with each source), with the documents' lengths as they are."""
-    from convert.demo_corpus import write_demo_corpus
+    from convert.demo.corpus import write_demo_corpus
 
     base = root / "base.jsonl"
     write_demo_corpus(base, max_chars=chars)
@@ -77,7 +77,7 @@ def build_corpus(
 
 
 def cleaned_texts(corpus: Path) -> list[str]:
-    from convert.cleaning import Cleaner
+    from convert.filters.cleaning import Cleaner
 
     cleaner = Cleaner()
     lines = corpus.read_text(encoding="utf-8").splitlines()
@@ -91,7 +91,7 @@ def raw_encode_rate(texts: list[str], tokenizer: str, whole: bool = False) -> tu
     collector then walks the growing lists of token ids again and again)."""
     import sentencepiece as spm
 
-    from convert.conversion import _BATCH_CHARS
+    from convert.run.conversion import _BATCH_CHARS
 
     batches, batch, size = [], [], 0
     for text in texts:
@@ -173,7 +173,7 @@ def _write_peak(folder: str | None) -> None:
 @contextlib.contextmanager
 def measured_workers(folder: Path):
     """Conversions inside start workers whose peak RSS lands in `folder` (one file each)."""
-    import convert.conversion as conversion
+    import convert.run.conversion as conversion
 
     global _peaks_dir
     real = conversion.start_workers
@@ -210,8 +210,8 @@ def convert_rate(
     corpus: Path, tokenizer: str, out: Path, workers: int, seq_len: int, main_works: bool | None
 ) -> Run:
     """One conversion: end-to-end tokens/s (see the module docstring) and CPU seconds by process."""
-    from convert.jobs import convert_corpus
-    from convert.options import ShardOptions
+    from convert.run.jobs import convert_corpus
+    from convert.run.options import ShardOptions
 
     options = ShardOptions(
         seq_len=seq_len,
@@ -238,10 +238,10 @@ def convert_rate(
 
 def worker_startup_s(tokenizer: str, out: Path, workers: int) -> float:
     """Seconds to start `workers` worker processes and have each answer one task."""
-    from convert.cleaning import Cleaner
     from convert.executor import start_workers
-    from convert.options import ShardOptions
-    from convert.worker import init_worker
+    from convert.filters.cleaning import Cleaner
+    from convert.run.options import ShardOptions
+    from convert.run.worker import init_worker
     from shards.tokenizer import read_model_bytes
 
     setup = (ShardOptions(dtype="uint16"), str(out), read_model_bytes(tokenizer), Cleaner(dedup=False))
@@ -263,8 +263,8 @@ def best_and_spread(values: list[float]) -> str:
 def report(
     raw: list[float], encode_cpu: float, whole_cpu: float, runs: dict[str, list[Run]], startup: list[float]
 ) -> None:
-    from convert.conversion import _BATCH_CHARS
-    from convert.options import ShardOptions
+    from convert.run.conversion import _BATCH_CHARS
+    from convert.run.options import ShardOptions
 
     print(
         f"raw SentencePiece encode (1 thread, one call per {_BATCH_CHARS:,} characters, as a worker calls it): "
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from convert.tokenizer import train_tokenizer
+    from convert.tokens.tokenizer import train_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="bench-convert-") as tmp:
         root = Path(tmp)

@@ -125,7 +125,7 @@ def _patched(results: dict, record: bool):
     """Conversions inside record their worker results into `results`, or replay them (measuring
     this process's CPU time inside the pool's block); the index processes' CPU seconds, per
     process, are collected as each run closes them."""
-    import convert.conversion as conversion
+    import convert.run.conversion as conversion
 
     real = conversion.start_workers
     measured = _Measured()
@@ -152,7 +152,7 @@ def _patched(results: dict, record: bool):
 @contextlib.contextmanager
 def _index_cpu(into: list):
     try:
-        from convert.index_processes import IndexProcesses
+        from convert.dedup.index_processes import IndexProcesses
     except ImportError:  # the code before issue 21's pipelined index processes
         yield
         return
@@ -178,8 +178,8 @@ def measure(
     corpora: list[Path], tokenizer: str, out: Path, seq_len: int, setting: str, rounds: int, records: int = 1
 ) -> list[Replays]:
     """One setting on each corpus: `records` recorded runs, then `rounds` replays of each, in turn."""
-    from convert.jobs import convert_corpus
-    from convert.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
+    from convert.run.jobs import convert_corpus
+    from convert.run.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
 
     read_changes, shard_changes = SETTINGS[setting]
     near = shard_changes.get("near", False)
@@ -303,7 +303,7 @@ def measure_all(
     corpora: list[Path], tokenizer: str, out: Path, seq_len: int, rounds: int
 ) -> dict[str, Figures]:
     """Every setting; `corpora`: C, 2C and 4C copies of the same text. With P index processes a
-    range is P/2 times larger (convert/ranges.py), so those settings take the two larger corpora
+    range is P/2 times larger (convert/run/ranges.py), so those settings take the two larger corpora
     (as many ranges as the others with 8, half as many with 16)."""
     costs = {}
     for setting, (_, changes) in SETTINGS.items():

@@ -7,7 +7,7 @@ text), two sentences swapped in half of them, a reposting header added to half o
 inserted at a random later place. Printed side by side, in one run:
 
   * speed, documents/s per core (CPU time, one process): our near-dedup step (the workers'
-    signatures, `convert.minhash`, plus the main process's decisions, `convert.near_dedup`) and
+    signatures, `convert.dedup.minhash`, plus the main process's decisions, `convert.dedup.near_dedup`) and
     a plain datasketch MinHash-LSH with the same shingles and parameters (bins = permutations,
     bands, rows; `MinHash.bulk`, then query and insert per document in input order), the ratio
     (target >= 10); rensa's Rust MinHash fed with our shingle hashes, for the signatures alone
@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convert.cleaning import Cleaner
-from convert.demo_corpus import peoples_daily_documents, review_sentences
-from convert.minhash import shingle_hashes, shingle_set, signatures
-from convert.near_dedup import NearDuplicates
-from convert.options import NearDedupOptions
-from convert.quality import utf32
+from convert.dedup.minhash import shingle_hashes, shingle_set, signatures
+from convert.dedup.near_dedup import NearDuplicates
+from convert.demo.corpus import peoples_daily_documents, review_sentences
+from convert.filters.cleaning import Cleaner
+from convert.filters.quality import utf32
+from convert.run.options import NearDedupOptions
 
 HEADERS = ("转载自人民网", "来源:新华网", "本文转自人民日报海外版", "原标题:")
 
@@ -220,7 +220,7 @@ def precision_recall(removed: np.ndarray, truth: np.ndarray) -> tuple[float, flo
 
 
 def quality_on_planted(corpus: Corpus, matches: np.ndarray, ngram: int, threshold: float) -> list[str]:
-    from convert.minhash import jaccard
+    from convert.dedup.minhash import jaccard
 
     texts = corpus.texts
     planted = sorted(corpus.origin)
@@ -319,7 +319,7 @@ EDIT_KINDS = ("scattered substitutions", "scattered insertions", "one block repl
 def edit_table(options: NearDedupOptions, documents: int, seed: int) -> list[str]:
     """Markdown rows: per edit kind and share, the mean exact Jaccard of 5-grams between an article
     and its edited copy, and the share of copies the converter's decisions remove."""
-    from convert.minhash import jaccard
+    from convert.dedup.minhash import jaccard
 
     rng = random.Random(seed)
     cleaner = Cleaner()

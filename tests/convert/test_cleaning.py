@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from convert.cleaning import Cleaner, DropCounts
 from convert.errors import ConvertError
+from convert.filters.cleaning import Cleaner, DropCounts
 
 
 def test_nfkc_turns_full_width_forms_into_plain_ones(chinese_documents):
@@ -97,7 +97,7 @@ TRICKY = [
 def test_unicode_form_matches_unicodedata(chinese_documents, form):
     import unicodedata
 
-    from convert.cleaning import unicode_form
+    from convert.filters.cleaning import unicode_form
 
     for text in [*chinese_documents[:300], *TRICKY]:
         assert unicode_form(form, text) == unicodedata.normalize(form, text), text[:40]
@@ -115,7 +115,7 @@ def test_first_seen_all_decides_a_batch_as_first_seen_does_one_by_one():
 
     import numpy as np
 
-    from convert.cleaning import Cleaner, text_digest
+    from convert.filters.cleaning import Cleaner, text_digest
 
     rng = random.Random(3)
     texts = [str(rng.randrange(40)) for _ in range(300)]
@@ -131,7 +131,7 @@ def test_first_seen_all_decides_a_batch_as_first_seen_does_one_by_one():
 
 
 def test_digests_ending_in_zero_bytes_stay_distinct():
-    from convert.cleaning import Cleaner
+    from convert.filters.cleaning import Cleaner
 
     cleaner = Cleaner()
     zero, one, other = bytes(16), bytes(15) + b"\x01", bytes(14) + b"\x01\x00"

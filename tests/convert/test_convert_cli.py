@@ -95,7 +95,7 @@ def test_bad_option_is_one_line_error(tmp_path, small_corpus, small_tokenizer):
 
 def test_import_bin_matches_text_conversion(tmp_path, small_corpus_docs, small_tokenizer):
     """baby-llama2-chinese's layout (uint16 ids, EOS after each document) gives the text path's samples."""
-    from convert.cleaning import Cleaner
+    from convert.filters.cleaning import Cleaner
 
     docs = [t for t in (Cleaner().clean(d) for d in small_corpus_docs[:120]) if t]
     sp = spm.SentencePieceProcessor(model_file=small_tokenizer)

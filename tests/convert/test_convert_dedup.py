@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from convert.cleaning import Cleaner
 from convert.errors import ConvertError
-from convert.jobs import ReadOptions, TaskSpec, convert_corpus, merge_tasks
-from convert.options import NearDedupOptions, QualityFilters, ShardOptions
-from convert.tasks import assign_files
+from convert.filters.cleaning import Cleaner
+from convert.run.jobs import ReadOptions, TaskSpec, convert_corpus, merge_tasks
+from convert.run.options import NearDedupOptions, QualityFilters, ShardOptions
+from convert.run.tasks import assign_files
 from tests.support.conversion import REPO_ROOT, local_samples
 from tests.support.corpus import edited_copy, write_jsonl
 
@@ -141,10 +141,10 @@ def test_quality_filters_count_documents_and_tokens(
 
 def test_a_short_duplicate_is_counted_as_too_short_wherever_it_is_decided():
     """The first rule that drops a document counts it: too short (a filter) before duplicate."""
-    from convert.cleaning import text_digest
-    from convert.quality import REASON_CODES
-    from convert.selection import Selection
-    from convert.worker import TokenizedBatch
+    from convert.dedup.selection import Selection
+    from convert.filters.cleaning import text_digest
+    from convert.filters.quality import REASON_CODES
+    from convert.run.worker import TokenizedBatch
 
     short, long = "新年好", "中华人民共和国成立五十周年"
     opts = ShardOptions(filters=QualityFilters(min_chars=10))
@@ -258,7 +258,7 @@ def test_a_merge_refuses_missing_or_mismatched_tasks(tmp_path, planted, small_co
     with pytest.raises(ConvertError, match=r"task 2 differs from task 0 in seq_len \(128 vs 64\)"):
         merge_tasks(str(out), progress=False)
     other = tmp_path / "other.model"
-    from convert.tokenizer import train_tokenizer
+    from convert.tokens.tokenizer import train_tokenizer
 
     train_tokenizer(small_corpus_docs[:200], vocab_size=2200, out=str(other), character_coverage=0.98)
     convert_corpus(

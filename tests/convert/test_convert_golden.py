@@ -1,6 +1,6 @@
 """The converter's output, byte for byte, against a record written by the code before issue 21
 moved the per-document work out of the main process (tests/support/golden.py); and the workers'
-reading of byte ranges (convert/ranges.py) against the main process's reading."""
+reading of byte ranges (convert/run/ranges.py) against the main process's reading."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def golden_inputs(tmp_path_factory, chinese_documents, small_tokenizer) -> tuple
 
 
 def test_the_workers_read_these_inputs(golden_inputs):
-    from convert.options import ReadOptions
-    from convert.ranges import range_formats
+    from convert.run.options import ReadOptions
+    from convert.run.ranges import range_formats
 
     assert range_formats(golden_inputs[0], ReadOptions()) == ["jsonl", "jsonl"]
     assert range_formats(golden_inputs[0], ReadOptions(strict=True)) is None
@@ -51,7 +51,7 @@ def test_small_ranges_match_the_record_and_the_main_process_reading(
 ):
     """Ranges of ~700 bytes: many per file, chunks spanning several, a malformed line inside one;
     the summary (counts, malformed lines, near-duplicate pairs) equals the main process's reading."""
-    from convert import ranges
+    from convert.run import ranges
 
     inputs, record = golden_inputs
     monkeypatch.setattr(ranges, "RANGE_BYTES", 700)
@@ -70,7 +70,7 @@ def test_small_ranges_match_the_record_and_the_main_process_reading(
 
 def _check_places(report: dict) -> None:
     """Each document of the report is the record at its file and line."""
-    from convert.cleaning import Cleaner
+    from convert.filters.cleaning import Cleaner
 
     cleaner = Cleaner()
     lines = {}
@@ -88,11 +88,11 @@ def _check_places(report: dict) -> None:
 def test_a_near_duplicate_index_split_over_processes_decides_alike(
     golden_inputs, small_tokenizer, tmp_path, monkeypatch
 ):
-    """Three index processes, keys split by value (convert/near_dedup.py `KeyPartitions`): the same
+    """Three index processes, keys split by value (convert/dedup/near_dedup.py `KeyPartitions`): the same
     bytes, pairs and index size as the main process's one index; on the main process's reading too."""
     import dataclasses
 
-    from convert import ranges
+    from convert.run import ranges
     from tests.support import golden as convert_golden
 
     inputs, record = golden_inputs
@@ -130,7 +130,7 @@ def test_index_processes_with_the_main_process_cleaning_match_the_record(
     for inputs it reads): the index processes then decide near duplicates only."""
     import dataclasses
 
-    from convert import ranges
+    from convert.run import ranges
     from tests.support import golden as convert_golden
 
     inputs, record = golden_inputs
@@ -151,8 +151,9 @@ def test_a_full_pair_sample_gets_every_text_it_keeps(golden_inputs, small_tokeni
     import dataclasses
     import functools
 
-    from convert import near_dedup, ranges, selection
-    from convert.index_processes import DEPTH
+    from convert.dedup import near_dedup, selection
+    from convert.dedup.index_processes import DEPTH
+    from convert.run import ranges
     from tests.support import golden as convert_golden
 
     inputs, _ = golden_inputs
@@ -185,7 +186,7 @@ def test_a_worker_signing_and_tokenizing_in_sub_batches_matches_the_record(
 ):
     """Large ranges are filtered, signed and tokenized in runs of texts (worker.SUB_BATCH_CHARS):
     runs of a few documents here, the same bytes."""
-    from convert import worker
+    from convert.run import worker
 
     inputs, record = golden_inputs
     monkeypatch.setattr(worker, "SUB_BATCH_CHARS", 3000)

@@ -16,12 +16,12 @@ import psutil
 import pytest
 import sentencepiece as spm
 
-from convert.cleaning import Cleaner
-from convert.conversion import batch_documents, digest_of, split_of
 from convert.errors import ConvertError
-from convert.jobs import ReadOptions, convert_corpus
-from convert.options import ShardOptions
-from convert.worker import TokenizedBatch
+from convert.filters.cleaning import Cleaner
+from convert.run.conversion import batch_documents, digest_of, split_of
+from convert.run.jobs import ReadOptions, convert_corpus
+from convert.run.options import ShardOptions
+from convert.run.worker import TokenizedBatch
 from shards.errors import ShardsError
 from shards.meta import FORMAT_NAME, FORMAT_VERSION
 from tests.support.conversion import REPO_ROOT, local_samples, sorted_rows
@@ -233,7 +233,7 @@ def test_duplicates_dropped_globally(tmp_path, small_corpus_docs, small_tokenize
 def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_same_output(
     tmp_path, small_corpus_docs, small_tokenizer, monkeypatch
 ):
-    from convert import conversion
+    from convert.run import conversion
     from tests.support.corpus import write_jsonl
 
     # Small batches, so that some hold only duplicates or only empty documents.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convert.jobs import convert_corpus
-from convert.options import ShardOptions
+from convert.run.jobs import convert_corpus
+from convert.run.options import ShardOptions
 from shards.errors import ShardsError
 from tests.support.conversion import local_samples
 
@@ -80,8 +80,8 @@ def test_tasks_on_s3_merge_into_the_local_single_run(
     """Inputs sized and read on S3, task pieces and the merged shards written there."""
     from dataclasses import replace
 
-    from convert.jobs import TaskSpec, merge_tasks
-    from convert.options import NearDedupOptions
+    from convert.run.jobs import TaskSpec, merge_tasks
+    from convert.run.options import NearDedupOptions
     from tests.support.corpus import write_jsonl
 
     client = s3_server.client()

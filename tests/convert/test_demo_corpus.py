@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from convert import demo_corpus
-from convert.demo_corpus import (
+from convert.demo import corpus as demo_corpus
+from convert.demo.corpus import (
     group_articles,
     parse_tagged_line,
     peoples_daily_documents,

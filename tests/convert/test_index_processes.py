@@ -1,4 +1,4 @@
-"""The duplicate state split over index processes (convert/index_processes.py): the same
+"""The duplicate state split over index processes (convert/dedup/index_processes.py): the same
 decisions as one index in the main process, batches pipelined, whatever their size."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import signal
 import numpy as np
 import pytest
 
-from convert.cleaning import Cleaner
-from convert.near_dedup import PairSample
-from convert.options import NearDedupOptions, QualityFilters, ShardOptions
-from convert.quality import REASON_CODES
-from convert.selection import Selection
-from convert.worker import TokenizedBatch
+from convert.dedup.near_dedup import PairSample
+from convert.dedup.selection import Selection
+from convert.filters.cleaning import Cleaner
+from convert.filters.quality import REASON_CODES
+from convert.run.options import NearDedupOptions, QualityFilters, ShardOptions
+from convert.run.worker import TokenizedBatch
 
 pytestmark = pytest.mark.slow  # index processes
 

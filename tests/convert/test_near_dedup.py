@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convert.cleaning import Cleaner
+from convert.dedup.minhash import SIGNATURE_VERSION, estimate_jaccard, jaccard, signatures
+from convert.dedup.near_dedup import NearDuplicates, PairSample
 from convert.errors import ConvertError
-from convert.minhash import SIGNATURE_VERSION, estimate_jaccard, jaccard, signatures
-from convert.near_dedup import NearDuplicates, PairSample
-from convert.options import NearDedupOptions, lsh_parameters
-from convert.quality import utf32
+from convert.filters.cleaning import Cleaner
+from convert.filters.quality import utf32
+from convert.run.options import NearDedupOptions, lsh_parameters
 from tests.support.corpus import edited_copy
 
 OPTIONS = NearDedupOptions().resolve(5)
@@ -250,7 +250,7 @@ def test_the_pair_sample_decides_a_batch_at_once_as_one_offer_after_another():
 def test_a_large_band_index_finds_what_a_dictionary_finds():
     """Levels large enough for a directory over the keys' top bits, keys sharing their top bits
     and keys stored many times: every hit and count as a plain dictionary of the entries has."""
-    from convert.near_dedup import BandIndex
+    from convert.dedup.near_dedup import BandIndex
 
     rng = np.random.default_rng(4)
     index, stored = BandIndex(), {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convert.packing import Packer, concat_documents, drop_short_documents
+from convert.tokens.packing import Packer, concat_documents, drop_short_documents
 
 
 def test_documents_are_concatenated_in_order_with_their_lengths():

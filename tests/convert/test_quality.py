@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convert.cleaning import Cleaner
 from convert.errors import ConvertError
-from convert.options import QualityFilters
-from convert.quality import REASONS, filter_reasons, text_stats, utf32
+from convert.filters.cleaning import Cleaner
+from convert.filters.quality import REASONS, filter_reasons, text_stats, utf32
+from convert.run.options import QualityFilters
 
 
 def reasons_of(texts: list[str], filters: QualityFilters) -> list[str | None]:

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from convert import readers
 from convert.errors import ConvertError
-from convert.presets import PRESETS, get_preset
-from convert.readers import Document, ReadStats, read_documents
+from convert.reading import readers
+from convert.reading.presets import PRESETS, get_preset
+from convert.reading.readers import Document, ReadStats, read_documents
 from tests.support.corpus import PRESET_WRITERS, write_json_list, write_jsonl, write_txt, write_txt_blank
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from convert.errors import ConvertError
-from convert.readers import ReadStats, read_documents
-from convert.sources import expand_inputs, open_binary, refuse_output_among_inputs
+from convert.reading.readers import ReadStats, read_documents
+from convert.reading.sources import expand_inputs, open_binary, refuse_output_among_inputs
 from storage import StorageError, open_store
 from tests.support.conversion import run_convert
 from tests.support.corpus import write_json_list, write_jsonl, write_txt

@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from convert.errors import ConvertError
-from convert.tokenizer import train_tokenizer
+from convert.tokens.tokenizer import train_tokenizer
 from shards.errors import ShardsError
 from shards.tokenizer import Tokenizer, TokenizerInfo
 from tests.support.conversion import run_convert

@@ -51,7 +51,7 @@ def test_the_demo_scores_exact_labels_against_the_majority():
 
 
 def test_the_demo_sft_accuracy_is_printed_by_review_length():
-    from convert.demo_sft import prompt_for
+    from convert.demo.sft import prompt_for
     from scenarios.sft_demo import by_length, review_length
 
     prompts = [prompt_for("好" * n) for n in (10, 60, 150, 150, 300)]
@@ -70,7 +70,7 @@ def test_the_demo_sft_accuracy_is_printed_by_review_length():
 
 def test_the_demo_sft_fine_tunes_on_reviews_of_every_length_that_fits():
     """Issue 24: tuned only on reviews of up to 100 characters, the model answered 38% of the longer ones."""
-    from convert.demo_sft import labelled_pairs
+    from convert.demo.sft import labelled_pairs
 
     lengths = [len(review) for review, _ in labelled_pairs()]
     assert sum(101 <= n <= 200 for n in lengths) > 300 and sum(n > 200 for n in lengths) > 50

@@ -103,11 +103,11 @@ def test_the_layer_rule_finds_planted_violations():
         "shards.meta": {"storage.store", "convert.errors"},  # the format may not need the converter
         "shards.tokenizer": {"llm.errors"},
         "storage.s3": {"shards.errors"},
-        "convert.sft": {"shards.writer", "llm.data"},
+        "convert.sft.conversion": {"shards.writer", "llm.data"},
         "llm.data": {"shards.meta", "storage"},
     }
     assert layer_violations(planted) == [
-        ("convert.sft", "llm.data"),
+        ("convert.sft.conversion", "llm.data"),
         ("shards.meta", "convert.errors"),
         ("shards.tokenizer", "llm.errors"),
         ("storage.s3", "shards.errors"),
@@ -117,7 +117,7 @@ def test_the_layer_rule_finds_planted_violations():
 def test_layers_import_downwards_only():
     graph = import_graph()
     assert layer_violations(graph) == []
-    assert any(m.startswith("shards") for m in graph["convert.sft"])  # the rule sees the new layer
+    assert any(m.startswith("shards") for m in graph["convert.sft.conversion"])  # the rule sees the new layer
     assert any(m.startswith("shards") for m in graph["llm.data"])
     library = [
         n

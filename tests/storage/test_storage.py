@@ -17,7 +17,7 @@ import pytest
 
 import storage
 from convert.errors import ConvertError
-from convert.sources import expand_inputs
+from convert.reading.sources import expand_inputs
 from llm.checkpoint.resume import newest_usable_checkpoint
 from scenarios.proxy import Proxy
 from shards.meta import SplitMeta, read_meta

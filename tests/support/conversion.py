@@ -26,7 +26,7 @@ CORPUS_DOCS = 300
 @pytest.fixture(scope="session")
 def small_tokenizer(tmp_path_factory, chinese_documents) -> str:
     """Path of a 2000-piece BPE model trained once per session with the converter's settings."""
-    from convert.tokenizer import train_tokenizer
+    from convert.tokens.tokenizer import train_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer") / "small.model"
     # Coverage below the default: 2000 pieces cannot hold every character People's Daily uses.

@@ -66,7 +66,7 @@ CLOSURE = [
     "llm.trackers",
     "llm.commands",
     "convert.cli",
-    "convert.conversion",
+    "convert.run.conversion",
     "composer.cli.launcher",
 ]
 

@@ -65,7 +65,7 @@ def write_corpus(root: Path, docs: list[str]) -> list[str]:
 
 
 def train(root: Path, docs: list[str]) -> str:
-    from convert.tokenizer import train_tokenizer
+    from convert.tokens.tokenizer import train_tokenizer
 
     path = root / "golden.model"  # as the tests' `small_tokenizer` (tests/support/conversion.py)
     train_tokenizer(docs[:600], vocab_size=2000, out=str(path), character_coverage=0.98)
@@ -73,7 +73,7 @@ def train(root: Path, docs: list[str]) -> str:
 
 
 def options(near: bool, workers: int, main_works: bool):
-    from convert.options import NearDedupOptions, QualityFilters, ShardOptions
+    from convert.run.options import NearDedupOptions, QualityFilters, ShardOptions
 
     return ShardOptions(
         seq_len=SEQ_LEN, val_fraction=0.05, workers=workers, overwrite=True, progress=False,
@@ -94,13 +94,13 @@ def digests(out: Path) -> dict[str, str]:
 
 
 def convert(inputs: list[str], tokenizer: str, out: Path, near: bool, run: tuple[int, bool]) -> dict:
-    from convert.jobs import convert_corpus
+    from convert.run.jobs import convert_corpus
 
     return convert_corpus(inputs, tokenizer=tokenizer, out=str(out), options=options(near, *run))
 
 
 def main() -> int:
-    from convert.demo_corpus import peoples_daily_documents
+    from convert.demo.corpus import peoples_daily_documents
 
     docs = peoples_daily_documents()
     record: dict = {"cases": {}}

@@ -70,7 +70,7 @@ def examples_of(sample: dict[str, np.ndarray]) -> list[tuple[list[int], list[int
 @pytest.fixture(scope="session")
 def review_pairs() -> list[dict]:
     """Real prompt/answer pairs: the demo's labelled reviews (`python -m convert demo-sft`)."""
-    from convert.demo_sft import labelled_pairs, prompt_for
+    from convert.demo.sft import labelled_pairs, prompt_for
 
     # Short reviews (as before the demo task took longer ones): they fit the tests' 96-token samples.
     return [{"prompt": prompt_for(r), "answer": a} for r, a in labelled_pairs(max_chars=100)[:400]]

@@ -27,7 +27,7 @@ DRIVER = paths.DRIVERS / "callbacks_rank_driver.py"
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory, small_tokenizer, chinese_documents) -> tuple[Path, str]:
     """The launch's folder and the task folder it scored."""
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
     from shards.tokenizer import Tokenizer
 
     out = tmp_path_factory.mktemp("callbacks-fsdp")

@@ -16,7 +16,7 @@ CFG = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=12
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, small_tokenizer):
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
     from llm.weights.composer_layout import save_composer_weights
     from llm.weights.hf_export import export_hf
 
@@ -51,7 +51,7 @@ def test_an_export_and_its_checkpoint_score_alike_and_write_json(setup, small_to
 
 @pytest.mark.s3
 def test_a_checkpoint_and_a_task_on_s3(setup, small_tokenizer, s3_bucket, capsys):
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
     from storage import open_store
 
     root, ckpt, _ = setup

@@ -22,7 +22,7 @@ CFG = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=6
 
 @pytest.fixture(scope="module")
 def tokenizer_path(tmp_path_factory, chinese_documents) -> str:
-    from convert.tokenizer import train_tokenizer
+    from convert.tokens.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tok.model"
     train_tokenizer(chinese_documents[:60], vocab_size=VOCAB, out=str(out), character_coverage=0.98)

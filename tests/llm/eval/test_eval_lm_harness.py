@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, small_tokenizer):
     """A small model with perturbed norms, in the HF layout, and the demo task in both styles."""
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
 
     root = tmp_path_factory.mktemp("agree")
     hf = perturbed_export(root / "hf", small_tokenizer, max_seq_len=128, seed=7)

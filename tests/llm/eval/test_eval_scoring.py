@@ -56,7 +56,7 @@ def test_scores_equal_a_plain_forward_per_option(model, shared, batch_size):
 
 
 def test_shared_rows_and_option_rows_agree_on_real_tasks(model, tmp_path, small_tokenizer):
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
     from shards.tokenizer import Tokenizer
 
     write_demo_tasks(str(tmp_path / "cloze"), questions=6)

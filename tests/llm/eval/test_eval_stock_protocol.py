@@ -41,7 +41,7 @@ def spaced(row: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, small_tokenizer):
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
 
     root = tmp_path_factory.mktemp("stock")
     hf = perturbed_export(root / "hf", small_tokenizer, max_seq_len=512, seed=11)

@@ -88,7 +88,7 @@ def test_cmmlu_layout_capitalised_columns_and_unnamed_index(tmp_path):
 
 
 def test_a_task_on_s3_reads_like_a_local_one(s3_bucket, tmp_path):
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
 
     write_demo_tasks(f"s3://{s3_bucket}/tasks/zh-demo", questions=6)
     write_demo_tasks(str(tmp_path / "zh-demo"), questions=6)
@@ -99,8 +99,8 @@ def test_a_task_on_s3_reads_like_a_local_one(s3_bucket, tmp_path):
 
 
 def test_the_demo_task_is_real_text_and_the_same_every_time(tmp_path):
-    from convert.demo_corpus import peoples_daily_documents
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.corpus import peoples_daily_documents
+    from convert.demo.tasks import write_demo_tasks
 
     counts = write_demo_tasks(str(tmp_path / "a"), questions=20)
     write_demo_tasks(str(tmp_path / "b"), questions=20)

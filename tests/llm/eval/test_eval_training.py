@@ -21,7 +21,7 @@ from tests.support.training import load, read_metrics, write_recipe
 
 @pytest.fixture(scope="module")
 def demo_task(tmp_path_factory) -> str:
-    from convert.demo_tasks import write_demo_tasks
+    from convert.demo.tasks import write_demo_tasks
 
     out = tmp_path_factory.mktemp("tasks") / "zh-demo"
     write_demo_tasks(str(out), questions=4)

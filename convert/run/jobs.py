@@ -1,7 +1,7 @@
-"""A whole conversion as a function: text corpus -> shards (`convert.bin_import`: token files).
+"""A whole conversion as a function: text corpus -> shards (`convert.reading.bin_files`: token files).
 
 The CLI, the tests and the benchmarks call `convert_corpus`; with a `TaskSpec` it converts one
-task's share of a multi-machine conversion instead (convert/tasks.py, merged by `merge_tasks`).
+task's share of a multi-machine conversion instead (convert/run/tasks.py, merged by `merge_tasks`).
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from contextlib import closing
 
-from convert.cleaning import Cleaner
-from convert.conversion import Conversion, tokenize_in_workers
+from convert.dedup.selection import Selection
 from convert.errors import ConvertError
-from convert.options import ReadOptions, ShardOptions
-from convert.report import counted_texts, progress_bar
-from convert.selection import Selection
-from convert.tasks import TaskSpec, merge_tasks, run_task
+from convert.filters.cleaning import Cleaner
+from convert.run.conversion import Conversion, tokenize_in_workers
+from convert.run.options import ReadOptions, ShardOptions
+from convert.run.report import counted_texts, progress_bar
+from convert.run.tasks import TaskSpec, merge_tasks, run_task
 
 __all__ = ["ReadOptions", "TaskSpec", "check_read_options", "convert_corpus", "merge_tasks"]
 
@@ -32,9 +32,9 @@ def convert_corpus(
 ) -> dict:
     """Read, clean, filter, de-duplicate, tokenize, pack and write `inputs` to `out`; returns the
     summary. With `task`, only that task's share of the files, up to the selected rows."""
-    from convert.ranges import RangeFeed, process_spooled_chunk, range_formats, spool_folder
-    from convert.readers import ReadStats, check_read, read_documents
-    from convert.sources import expand_inputs, refuse_output_among_inputs
+    from convert.reading.readers import ReadStats, check_read, read_documents
+    from convert.reading.sources import expand_inputs, refuse_output_among_inputs
+    from convert.run.ranges import RangeFeed, process_spooled_chunk, range_formats, spool_folder
 
     refuse_output_among_inputs(inputs, out)  # else a rerun would read the shards' JSON as text
     check_read_options(read, options)
@@ -50,7 +50,7 @@ def convert_corpus(
     conversion.prepare_output()
     stats = ReadStats()
     start = time.monotonic()
-    if formats is not None:  # the workers read the files themselves (convert/ranges.py)
+    if formats is not None:  # the workers read the files themselves (convert/run/ranges.py)
         selection = Selection(conversion.options, cleaner)
         with (
             closing(selection),

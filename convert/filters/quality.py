@@ -1,6 +1,6 @@
 """Quality filters: per-document checks that drop a cleaned text, each counted by its own reason.
 
-Every filter is optional (`QualityFilters` in convert/options.py; `--filters` turns them all on
+Every filter is optional (`QualityFilters` in convert/run/options.py; `--filters` turns them all on
 at the defaults below) and looks at the cleaned text only, so a decision never depends on other
 documents, the worker count or the order. Reasons, in the order they are checked:
 
@@ -39,7 +39,7 @@ import unicodedata
 
 import numpy as np
 
-from convert.options import QualityFilters
+from convert.run.options import QualityFilters
 
 # Character classes (bit flags, one byte per BMP code point).
 CJK, SYMBOL, PUNCT, SPACE, NEWLINE = 1, 2, 4, 8, 16

@@ -17,7 +17,7 @@ Why the merge equals one machine: a task drops nothing that one machine would ke
 de-duplication removes a document only after an identical earlier one of the same task, which
 comes earlier in the whole input too; everything that depends on other tasks' documents (exact
 duplicates across tasks, every near-duplicate decision) is left to the merge, which makes it with
-the same code, in the same order, over the same digests and signatures (convert/selection.py;
+the same code, in the same order, over the same digests and signatures (convert/dedup/selection.py;
 its decisions do not depend on how rows are batched). So the kept documents, their order and
 tokens are those of a single run, and the same chunk and part steps turn them into the same
 samples, shards and index. The counts add up the same way: the tasks' own drops (empty texts,
@@ -42,15 +42,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from convert.conversion import Conversion, select_in_workers
+from convert.dedup.minhash import SIGNATURE_VERSION
+from convert.dedup.near_dedup import PairSample
+from convert.dedup.selection import Selected, Selection
 from convert.errors import ConvertError
 from convert.executor import start_workers
-from convert.minhash import SIGNATURE_VERSION
-from convert.near_dedup import PairSample
-from convert.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
-from convert.report import counted_texts, progress_bar
-from convert.selection import Selected, Selection
-from convert.worker import DIGEST_BYTES, TokenizedBatch, init_worker
+from convert.run.conversion import Conversion, select_in_workers
+from convert.run.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
+from convert.run.report import counted_texts, progress_bar
+from convert.run.worker import DIGEST_BYTES, TokenizedBatch, init_worker
 from shards.output import open_output, refuse_complete
 from shards.tokenizer import Tokenizer
 from storage import Store
@@ -160,8 +160,8 @@ def run_task(
     command: str = "",
 ) -> dict:  # fmt: skip
     """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json."""
-    from convert.readers import ReadStats, read_documents
-    from convert.sources import expand_inputs, input_sizes
+    from convert.reading.readers import ReadStats, read_documents
+    from convert.reading.sources import expand_inputs, input_sizes
 
     loaded = Tokenizer(tokenizer)
     model_bytes, info = loaded.model_bytes, loaded.info()

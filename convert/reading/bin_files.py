@@ -14,17 +14,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from convert.conversion import Conversion, Doc, digest_of, split_of
 from convert.errors import ConvertError
-from convert.options import ShardOptions
-from convert.report import progress_bar
+from convert.run.conversion import Conversion, Doc, digest_of, split_of
+from convert.run.options import ShardOptions
+from convert.run.report import progress_bar
 
 _BLOCK_BYTES = 16 << 20
 
 
 def bin_documents(path: str, *, eos_id: int, vocab_size: int) -> Iterator[np.ndarray]:
     """The documents of one .bin file, without their EOS; a last one without EOS is kept too."""
-    from convert.sources import open_binary
+    from convert.reading.sources import open_binary
 
     carry = np.empty(0, dtype=np.uint16)
     offset = 0
@@ -62,7 +62,7 @@ def import_bin(
     files: list[str], *, tokenizer: str, out: str, options: ShardOptions = ShardOptions(), command: str = ""
 ) -> dict:
     """Split .bin token files into documents and write them as shards; returns the summary."""
-    from convert.sources import expand_inputs
+    from convert.reading.sources import expand_inputs
 
     conversion = Conversion(tokenizer=tokenizer, out=out, options=options)
     info = conversion.tokenizer

@@ -3,7 +3,7 @@ and the main process's side of talking to them without waiting on each batch.
 
 With more workers than one process can decide for (`ShardOptions.index_processes`), the state is
 split by value over P index processes: the digests (exact duplicates) by their first 8 bytes
-modulo P, the LSH band keys (near duplicates, convert/near_dedup.py `candidates`) by key value
+modulo P, the LSH band keys (near duplicates, convert/dedup/near_dedup.py `candidates`) by key value
 modulo P. Every rule is decided digest by digest or key by key, in input order, so each process
 decides its share as the one index would, and the union of their answers is the one index's.
 
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convert.minhash import estimate_jaccard
-from convert.near_dedup import BandIndex, NearDuplicates, candidates, distinct_pairs
-from convert.options import NearDedupOptions
+from convert.dedup.minhash import estimate_jaccard
+from convert.dedup.near_dedup import BandIndex, NearDuplicates, candidates, distinct_pairs
+from convert.run.options import NearDedupOptions
 from convert.scratch import make_scratch
 
 DEPTH = 16  # messages to each index process that may wait for their answer

@@ -1,7 +1,7 @@
 """What a shard conversion is asked to do: `ShardOptions`, checked once and then passed, as it is,
 to the main process's steps and to every worker process. It holds the quality filters
-(`QualityFilters`, applied in convert/quality.py) and the near-duplicate settings
-(`NearDedupOptions`: signatures in convert/minhash.py, decisions in convert/near_dedup.py).
+(`QualityFilters`, applied in convert/filters/quality.py) and the near-duplicate settings
+(`NearDedupOptions`: signatures in convert/dedup/minhash.py, decisions in convert/dedup/near_dedup.py).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 
-from convert.cleaning import Cleaner
 from convert.errors import ConvertError
+from convert.filters.cleaning import Cleaner
 from shards.tokenizer import TokenizerInfo
 
 
@@ -37,7 +37,7 @@ class ReadOptions:
 
 @dataclass(frozen=True)
 class QualityFilters:
-    """Per-document quality filters (convert/quality.py); each is off at its default here.
+    """Per-document quality filters (convert/filters/quality.py); each is off at its default here.
 
     `--filters` turns every one on at `QualityFilters.recommended()`, values suited to Chinese
     web and encyclopedia text (measured in the README's conversion section).
@@ -86,7 +86,7 @@ class QualityFilters:
 
 @dataclass(frozen=True)
 class NearDedupOptions:
-    """MinHash-LSH near-duplicate removal (convert/minhash.py, convert/near_dedup.py).
+    """MinHash-LSH near-duplicate removal (convert/dedup/minhash.py, convert/dedup/near_dedup.py).
 
     A document goes when its estimated Jaccard similarity with an earlier document, over the
     sets of their character n-grams (`ngram` characters, no word splitting), is at least

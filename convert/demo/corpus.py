@@ -162,9 +162,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point: `python -m convert.demo_corpus --out PATH`."""
+    """Stand-alone entry point: `python -m convert.demo.corpus --out PATH`."""
     parser = argparse.ArgumentParser(
-        prog="python -m convert.demo_corpus", description=__doc__.splitlines()[0]
+        prog="python -m convert.demo.corpus", description=__doc__.splitlines()[0]
     )
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -46,12 +46,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from convert.cleaning import Cleaner, DropCounts, text_digest
+from convert.dedup.selection import in_val
 from convert.errors import ConvertError
-from convert.readers import AUTO, ReadStats, read_json_records
-from convert.report import progress_bar
-from convert.selection import in_val
-from convert.sources import expand_inputs, open_binary, refuse_output_among_inputs
+from convert.filters.cleaning import Cleaner, DropCounts, text_digest
+from convert.reading.readers import AUTO, ReadStats, read_json_records
+from convert.reading.sources import expand_inputs, open_binary, refuse_output_among_inputs
+from convert.run.report import progress_bar
 from shards.chat_template import DEFAULT_TEMPLATE, ChatTemplate, TemplateRenderer, read_template
 from shards.meta import SFT, SFT_COLUMNS, SPLITS, SplitMeta, now, write_meta
 from shards.output import open_output, prepare_output

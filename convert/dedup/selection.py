@@ -6,13 +6,13 @@ For every row of a `TokenizedBatch` (a cleaned text), in order:
      document, and left out of the exact-duplicate set (the first rule that drops it counts);
   1. exact duplicate: the same digest as an earlier document ("duplicate"), unless the main
      process already de-duplicated the texts before sending them;
-  2. another quality filter's reason, found by the worker (convert/quality.py);
-  3. near duplicate of an earlier document ("near_duplicate", convert/near_dedup.py);
+  2. another quality filter's reason, found by the worker (convert/filters/quality.py);
+  3. near duplicate of an earlier document ("near_duplicate", convert/dedup/near_dedup.py);
   4. otherwise kept, with its split.
 
 Each drop is counted by reason in `cleaner.drops`, and for the filters and near duplicates its
 tokens too (`dropped_tokens`). The decisions depend only on the sequence of rows, never on how
-they were cut into batches, so a merge of multi-machine tasks (convert/tasks.py) feeds the
+they were cut into batches, so a merge of multi-machine tasks (convert/run/tasks.py) feeds the
 tasks' stored rows through the same `Selection` and keeps the same documents.
 """
 
@@ -24,12 +24,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from convert.cleaning import Cleaner
-from convert.index_processes import IndexProcesses, partition, pipelined
-from convert.near_dedup import NearDuplicates, PairSample
-from convert.options import ShardOptions
-from convert.quality import REASON_CODES, REASONS
-from convert.worker import DIGEST_BYTES, TokenizedBatch
+from convert.dedup.index_processes import IndexProcesses, partition, pipelined
+from convert.dedup.near_dedup import NearDuplicates, PairSample
+from convert.filters.cleaning import Cleaner
+from convert.filters.quality import REASON_CODES, REASONS
+from convert.run.options import ShardOptions
+from convert.run.worker import DIGEST_BYTES, TokenizedBatch
 
 NEAR_DUPLICATE = "near_duplicate"
 _TOO_SHORT = REASON_CODES["too_short_chars"]
@@ -88,7 +88,7 @@ class Selection:
     task) only counts positions and samples pairs, and leaves near duplicates to the merge.
 
     The duplicate state lives in this process, or, with more than one `index_processes` (many
-    workers), in index processes (convert/index_processes.py) that decide several batches at
+    workers), in index processes (convert/dedup/index_processes.py) that decide several batches at
     once while this process goes on: `select_all` gives the same decisions either way."""
 
     def __init__(self, options: ShardOptions, cleaner: Cleaner, *, decide_near: bool = True,

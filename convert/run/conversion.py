@@ -4,15 +4,15 @@ select, split, chunk -> workers (pack, write a part) -> meta, summary, index.
 This module's loop, where the main process reads the documents and sends their texts, serves
 the inputs that cannot be cut into byte ranges (S3, gzip, JSON lists, txt-blank, --strict) and
 the multi-machine tasks; for local line files the workers read the inputs themselves
-(convert/ranges.py) and only compact records reach the main process. Both give the same bytes.
+(convert/run/ranges.py) and only compact records reach the main process. Both give the same bytes.
 
-    main process                                worker processes (N, `convert.worker`)
+    main process                                worker processes (N, `convert.run.worker`)
     read documents, cut into batches  --------> clean* and digest each text, quality filters,
                                                 MinHash signature (band keys, sketch), tokenize
                                       <-------- digests, filter reasons, signatures, lengths,
                                                 one token array per batch
     `Selection`, in input order: exact duplicates by digest, filter drops, near duplicates
-    (band lookups and sketch checks, convert/near_dedup.py)
+    (band lookups and sketch checks, convert/dedup/near_dedup.py)
     (* here instead, de-duplicating before tokenizing, and ** too, when there are more CPUs than workers)
     split by digest (train/val), cut each split into chunks (boundaries independent of N)
                                       --------> drop too-short documents, pack into seq_len rows,**
@@ -34,9 +34,9 @@ and names the chunk's fingerprint; a re-run after a kill reads and tokenizes the
 rebuild the de-duplication state and the chunks) but reuses the parts whose marker matches
 instead of writing them again. Memory is bounded by a few batches and chunks in flight, plus
 the de-duplication state (16-byte digests, and with near-dedup the index of
-convert/near_dedup.py), not the corpus.
+convert/dedup/near_dedup.py), not the corpus.
 
-A conversion can also be split over machines (convert/tasks.py): each task runs the same loop
+A conversion can also be split over machines (convert/run/tasks.py): each task runs the same loop
 over its share of the files up to the `Selection`, stores the selected rows, and the merge
 feeds them, in input order, through a `Selection` and the chunk/part steps here.
 """
@@ -54,14 +54,13 @@ from functools import partial
 import numpy as np
 import xxhash
 
-from convert.cleaning import Cleaner, text_digest
+from convert.dedup.selection import Doc, Selected, Selection, in_val
 from convert.errors import ConvertError
 from convert.executor import Executor, ordered, start_workers
-from convert.options import ShardOptions
-from convert.packing import TOKEN_DTYPE, Packer
-from convert.report import build_summary, print_summary
-from convert.selection import Doc, Selected, Selection, in_val
-from convert.worker import (
+from convert.filters.cleaning import Cleaner, text_digest
+from convert.run.options import ShardOptions
+from convert.run.report import build_summary, print_summary
+from convert.run.worker import (
     ChunkTokens,
     PartResult,
     TextBatch,
@@ -72,6 +71,7 @@ from convert.worker import (
     process_chunk,
     tokenize_batch,
 )
+from convert.tokens.packing import TOKEN_DTYPE, Packer
 from shards.meta import SPLITS, SplitMeta, now, write_meta
 from shards.output import open_output, prepare_output
 from shards.tokenizer import Tokenizer, TokenizerInfo
