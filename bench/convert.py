@@ -91,13 +91,13 @@ def raw_encode_rate(texts: list[str], tokenizer: str, whole: bool = False) -> tu
     collector then walks the growing lists of token ids again and again)."""
     import sentencepiece as spm
 
-    from convert.run.conversion import _BATCH_CHARS
+    from convert.run.conversion import BATCH_CHARS
 
     batches, batch, size = [], [], 0
     for text in texts:
         batch.append(text)
         size += len(text)
-        if size >= _BATCH_CHARS and not whole:
+        if size >= BATCH_CHARS and not whole:
             batches.append(batch)
             batch, size = [], 0
     batches.append(batch)
@@ -263,11 +263,11 @@ def best_and_spread(values: list[float]) -> str:
 def report(
     raw: list[float], encode_cpu: float, whole_cpu: float, runs: dict[str, list[Run]], startup: list[float]
 ) -> None:
-    from convert.run.conversion import _BATCH_CHARS
+    from convert.run.conversion import BATCH_CHARS
     from convert.run.options import ShardOptions
 
     print(
-        f"raw SentencePiece encode (1 thread, one call per {_BATCH_CHARS:,} characters, as a worker calls it): "
+        f"raw SentencePiece encode (1 thread, one call per {BATCH_CHARS:,} characters, as a worker calls it): "
         f"{best_and_spread(raw)} tokens/s, {encode_cpu:.2f} CPU s (one call over all the texts: {whole_cpu:.2f} "
         "CPU s, Python's garbage collector walking the growing lists of ids)"
     )
@@ -326,7 +326,7 @@ def report(
         )
     print(
         f"(peak memory is reset at each conversion's and each worker's start; a worker starts as a fork of "
-        f"the main process and counts the pages it shares with it; batches of {_BATCH_CHARS:,} characters, "
+        f"the main process and counts the pages it shares with it; batches of {BATCH_CHARS:,} characters, "
         f"chunks of {ShardOptions().chunk_chars:,} characters)"
     )
     print(f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}")

@@ -178,8 +178,11 @@ def measure(
     corpora: list[Path], tokenizer: str, out: Path, seq_len: int, setting: str, rounds: int, records: int = 1
 ) -> list[Replays]:
     """One setting on each corpus: `records` recorded runs, then `rounds` replays of each, in turn."""
+    from convert.dedup.options import NearDedupOptions
+    from convert.filters.quality import QualityFilters
+    from convert.reading.options import ReadOptions
     from convert.run.jobs import convert_corpus
-    from convert.run.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
+    from convert.run.options import ShardOptions
 
     read_changes, shard_changes = SETTINGS[setting]
     near = shard_changes.get("near", False)

@@ -40,10 +40,10 @@ import numpy as np
 
 from convert.dedup.minhash import shingle_hashes, shingle_set, signatures
 from convert.dedup.near_dedup import NearDuplicates
+from convert.dedup.options import NearDedupOptions
 from convert.demo.corpus import peoples_daily_documents, review_sentences
 from convert.filters.cleaning import Cleaner
 from convert.filters.quality import utf32
-from convert.run.options import NearDedupOptions
 
 HEADERS = ("转载自人民网", "来源:新华网", "本文转自人民日报海外版", "原标题:")
 

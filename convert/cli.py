@@ -246,10 +246,9 @@ def _add_demo_sft(commands) -> None:
 
 
 def run_tokenizer(args: argparse.Namespace) -> int:
-    from convert.filters.cleaning import Cleaner
-    from convert.reading.readers import ReadStats, read_documents
-    from convert.reading.sources import expand_inputs
-    from convert.tokens.tokenizer import train_tokenizer
+    from convert.filters import Cleaner
+    from convert.reading import ReadStats, expand_inputs, read_documents
+    from convert.tokens import train_tokenizer
 
     min_chars = args.min_chars if args.min_chars is not None else 1
     cleaner = Cleaner(normalization=args.normalization, min_chars=min_chars, dedup=not args.no_dedup)
@@ -278,7 +277,7 @@ def run_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _shard_options(args: argparse.Namespace):
-    from convert.run.options import ShardOptions, available_cpus
+    from convert.run import ShardOptions, available_cpus
 
     workers = args.workers if args.workers is not None else available_cpus()
     return ShardOptions(
@@ -294,7 +293,8 @@ def _command_line() -> str:
 
 def _selection(args: argparse.Namespace) -> dict:
     """The quality filters and near-duplicate settings of `shards`, as ShardOptions fields."""
-    from convert.run.options import NearDedupOptions, QualityFilters
+    from convert.dedup import NearDedupOptions
+    from convert.filters import QualityFilters
 
     near_flags = {"--shingle": args.shingle, "--minhash-bins": args.minhash_bins, "--lsh-bands": args.lsh_bands,
                   "--lsh-rows": args.lsh_rows}  # fmt: skip
@@ -326,7 +326,8 @@ def _selection(args: argparse.Namespace) -> dict:
 def run_shards(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from convert.run.jobs import ReadOptions, TaskSpec, convert_corpus
+    from convert.reading import ReadOptions
+    from convert.run import TaskSpec, convert_corpus
 
     read = ReadOptions(
         fmt=args.format, text_field=args.field, preset=args.preset, strict=args.strict,
@@ -342,8 +343,7 @@ def run_shards(args: argparse.Namespace) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from convert.run.jobs import merge_tasks
-    from convert.run.options import available_cpus
+    from convert.run import available_cpus, merge_tasks
 
     merge_tasks(
         args.out, workers=args.workers if args.workers is not None else available_cpus(),
@@ -353,7 +353,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_import_bin(args: argparse.Namespace) -> int:
-    from convert.reading.bin_files import import_bin
+    from convert.run import import_bin
 
     import_bin(
         args.inputs,
@@ -366,7 +366,7 @@ def run_import_bin(args: argparse.Namespace) -> int:
 
 
 def run_sft(args: argparse.Namespace) -> int:
-    from convert.sft.conversion import SftOptions, convert_sft, layout_for
+    from convert.sft import SftOptions, convert_sft, layout_for
 
     layout = layout_for(args.preset, args.format, args.prompt_field, args.answer_field, args.input_field)
     options = SftOptions(

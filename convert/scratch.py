@@ -1,9 +1,10 @@
 """Scratch folders of one conversion in the system temp folder, and the leftovers of killed runs.
 
-A run's spool files (convert/run/ranges.py) and the near-dedup sketch file (convert/dedup/near_dedup.py)
-live in `<tmp>/convert-<kind>-<pid>-<random>`, removed when the run ends. A run killed by SIGKILL
-cannot remove them; the next conversion on the machine removes every such folder whose process
-is gone, so the temp folder does not fill up with the spools of killed runs.
+A run's spool files (convert/run/ranges.py) and the index processes' sketch file
+(convert/dedup/index_processes.py) live in `<tmp>/convert-<kind>-<pid>-<random>`, removed when the
+run ends. A run killed by SIGKILL cannot remove them; the next conversion on the machine removes
+every such folder whose process is gone, so the temp folder does not fill up with the spools of
+killed runs.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ with numpy:
   sample      = uint32 size of each column's datum | the data (columns in name order)
   datum       = one byte (ndim << 2 | shape dtype code) | shape | values (little-endian)
 
-Pretraining shards have one column, `tokens`; SFT shards (`convert.sft.conversion`) add `loss_mask` and
+Pretraining shards have one column, `tokens`; SFT shards (`convert.sft`) add `loss_mask` and
 `segments`, each also `seq_len` values long, so every sample still has the same byte size.
   zip file    = the shard file compressed with zstd (level 3), named `shard.NNNNN.mds.zstd`
   index.json  = {"version": 2, "shards": [{samples, raw_data, zip_data, ...config}]}

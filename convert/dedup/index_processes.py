@@ -48,11 +48,12 @@ import numpy as np
 
 from convert.dedup.minhash import estimate_jaccard
 from convert.dedup.near_dedup import BandIndex, NearDuplicates, candidates, distinct_pairs
-from convert.run.options import NearDedupOptions
+from convert.dedup.options import NearDedupOptions
+from convert.records import DIGEST_BYTES
 from convert.scratch import make_scratch
 
 DEPTH = 16  # messages to each index process that may wait for their answer
-_DIGEST = np.dtype("S16")
+_DIGEST = np.dtype(f"S{DIGEST_BYTES}")
 
 
 # --- the messages -------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def _unpack_share(blob: memoryview) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     nd, nk = np.frombuffer(blob, dtype=np.int64, count=2).tolist()
     at = 16
     digests = np.frombuffer(blob, dtype=_DIGEST, count=nd, offset=at)
-    at += 16 * nd
+    at += DIGEST_BYTES * nd
     digest_rows = np.frombuffer(blob, dtype=np.int64, count=nd, offset=at)
     at += 8 * nd
     keys = np.frombuffer(blob, dtype=np.uint64, count=nk, offset=at)

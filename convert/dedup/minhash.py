@@ -39,7 +39,7 @@ import functools
 
 import numpy as np
 
-from convert.run.options import NearDedupOptions
+from convert.dedup.options import NearDedupOptions
 
 SIGNATURE_VERSION = 1  # bump when anything below changes the keys or sketches of a text
 _MASK64 = (1 << 64) - 1

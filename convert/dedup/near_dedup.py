@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from convert.dedup.minhash import estimate_jaccard, jaccard
-from convert.run.options import NearDedupOptions
+from convert.dedup.options import NearDedupOptions
 
 _BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
 _MAX_POSITIONS = (1 << 32) - 1

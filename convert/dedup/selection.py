@@ -19,68 +19,34 @@ tasks' stored rows through the same `Selection` and keeps the same documents.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Protocol
 
 import numpy as np
 
 from convert.dedup.index_processes import IndexProcesses, partition, pipelined
 from convert.dedup.near_dedup import NearDuplicates, PairSample
+from convert.dedup.options import NearDedupOptions
 from convert.filters.cleaning import Cleaner
-from convert.filters.quality import REASON_CODES, REASONS
-from convert.run.options import ShardOptions
-from convert.run.worker import DIGEST_BYTES, TokenizedBatch
+from convert.filters.quality import REASON_CODES, REASONS, QualityFilters
+from convert.records import Selected, TokenizedBatch
 
 NEAR_DUPLICATE = "near_duplicate"
 _TOO_SHORT = REASON_CODES["too_short_chars"]
 _MAX_POSITIONS = (1 << 32) - 1  # positions are 32-bit in the band index
 
 
-class Doc(NamedTuple):
-    """One kept document on its way into a chunk: its tokens end with EOS (BOS first if asked)."""
+class SelectionSettings(Protocol):
+    """What a `Selection` reads of a conversion's options: `convert.run.options.ShardOptions`,
+    resolved, has these fields (the run sits above this stage, so the fields are named here)."""
 
-    digest: bytes
-    size: int  # characters of cleaned text (token count for imported token files)
-    tokens: np.ndarray
-    split: str
+    @property
+    def filters(self) -> QualityFilters: ...
 
+    @property
+    def near_dedup(self) -> NearDedupOptions | None: ...
 
-def in_val(digests: bytes, val_fraction: float) -> np.ndarray:
-    """The split rule, for documents given by their concatenated digests: True for val.
-
-    A document is in val when its digest's upper 8 bytes, as a fraction of 2**64, are below
-    `val_fraction`: stable across runs, machines and worker counts.
-    """
-    upper = np.frombuffer(digests, dtype="<u8")[1::2]
-    return upper / 2.0**64 < val_fraction
-
-
-@dataclass
-class Selected:
-    """One batch's decisions: the rows that reached near-duplicate removal (`indexed`), which of
-    them are near-duplicates (`match` >= 0), and the filtered rows (first seen, not indexed)."""
-
-    batch: TokenizedBatch
-    indexed: np.ndarray  # row numbers, in order
-    match: np.ndarray  # per indexed row: position of its earlier near-duplicate, -1 for none
-    filtered: np.ndarray  # row numbers dropped by a quality filter (not exact duplicates)
-    first_position: int  # position (in the near-duplicate index) of the first indexed row
-
-    def documents(self, val_fraction: float) -> Iterator[Doc]:
-        """The kept documents, in order, with their split. A val document's tokens are a copy:
-        val chunks fill slowly, and a view would keep the whole batch's array in memory."""
-        batch = self.batch
-        passing = np.flatnonzero(batch.passing())
-        ends = np.cumsum(batch.lengths[passing])
-        start_of = dict(zip(passing.tolist(), (ends - batch.lengths[passing]).tolist(), strict=True))
-        kept = self.indexed[self.match < 0]
-        digests = [batch.digests[i * DIGEST_BYTES : (i + 1) * DIGEST_BYTES] for i in kept.tolist()]
-        is_val = in_val(b"".join(digests), val_fraction).tolist() if digests else []
-        lengths, chars = batch.lengths.tolist(), batch.chars.tolist()
-        for row, digest, val in zip(kept.tolist(), digests, is_val, strict=True):
-            start = start_of[row]
-            piece = batch.tokens[start : start + lengths[row]]
-            yield Doc(digest, chars[row], piece.copy() if val else piece, "val" if val else "train")
+    @property
+    def index_processes(self) -> int: ...
 
 
 class Selection:
@@ -91,9 +57,9 @@ class Selection:
     workers), in index processes (convert/dedup/index_processes.py) that decide several batches at
     once while this process goes on: `select_all` gives the same decisions either way."""
 
-    def __init__(self, options: ShardOptions, cleaner: Cleaner, *, decide_near: bool = True,
+    def __init__(self, options: SelectionSettings, cleaner: Cleaner, *, decide_near: bool = True,
                  sample: PairSample | None = None) -> None:  # fmt: skip
-        self.options, self.cleaner = options, cleaner
+        self.cleaner = cleaner
         cleaner.filtered_below = options.filters.min_chars or 0  # too short before duplicate
         near = options.near_dedup if decide_near else None
         parts = options.index_processes

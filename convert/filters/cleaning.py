@@ -28,9 +28,9 @@ import numpy as np
 import xxhash
 
 from convert.errors import ConvertError
+from convert.records import DIGEST_BYTES
 
 NORMALIZATIONS = ("NFKC", "NFC", "NFKD", "NFD", "none")
-DIGEST_BYTES = 16  # `text_digest`
 
 # ESC [ params intermediates final (CSI: colours, cursor moves), ESC ] ... BEL/ST (OSC: window
 # titles, links), ESC ( B style charset picks, any other two-character ESC sequence; then single

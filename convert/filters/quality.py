@@ -1,8 +1,8 @@
 """Quality filters: per-document checks that drop a cleaned text, each counted by its own reason.
 
-Every filter is optional (`QualityFilters` in convert/run/options.py; `--filters` turns them all on
-at the defaults below) and looks at the cleaned text only, so a decision never depends on other
-documents, the worker count or the order. Reasons, in the order they are checked:
+Every filter is optional (`QualityFilters`, below; `--filters` turns them all on at the defaults
+below) and looks at the cleaned text only, so a decision never depends on other documents, the
+worker count or the order. Reasons, in the order they are checked:
 
   too_short_chars      fewer than `min_chars` characters
   low_cjk              share of CJK ideographs among non-space characters under `min_cjk_share`
@@ -36,10 +36,61 @@ from __future__ import annotations
 
 import functools
 import unicodedata
+from dataclasses import dataclass
 
 import numpy as np
 
-from convert.run.options import QualityFilters
+from convert.errors import ConvertError
+
+
+@dataclass(frozen=True)
+class QualityFilters:
+    """Per-document quality filters (this module); each is off at its default here.
+
+    `--filters` turns every one on at `QualityFilters.recommended()`, values suited to Chinese
+    web and encyclopedia text (measured in the README's conversion section).
+    """
+
+    min_chars: int | None = None  # None: 1, or the shingle size when near-duplicates are removed
+    min_cjk_share: float = 0.0  # share of CJK ideographs among non-space characters
+    max_symbol_share: float = 1.0  # share of digits and symbols among non-space characters
+    max_dup_lines: float = 1.0  # share of characters in lines that repeat an earlier line
+    max_dup_paragraphs: float = 1.0  # the same for paragraphs (text between blank lines)
+    max_run_chars: int = 0  # longest stretch without punctuation or whitespace; 0: off
+
+    @classmethod
+    def recommended(cls) -> QualityFilters:
+        return cls(
+            min_chars=50, min_cjk_share=0.3, max_symbol_share=0.3, max_dup_lines=0.2, max_dup_paragraphs=0.2,
+            max_run_chars=100,
+        )  # fmt: skip
+
+    @property
+    def active(self) -> bool:
+        return (self.min_chars or 0) > 1 or self.needs_classes or self.checks_repetition
+
+    @property
+    def needs_classes(self) -> bool:
+        return self.min_cjk_share > 0 or self.max_symbol_share < 1 or self.max_run_chars > 0
+
+    @property
+    def checks_repetition(self) -> bool:
+        return self.max_dup_lines < 1 or self.max_dup_paragraphs < 1
+
+    def check(self) -> None:
+        if self.min_chars is not None and self.min_chars < 0:
+            raise ConvertError(f"--min-chars {self.min_chars} must be 0 or more")
+        for flag, value in (
+            ("--min-cjk-share", self.min_cjk_share),
+            ("--max-symbol-share", self.max_symbol_share),
+            ("--max-dup-lines", self.max_dup_lines),
+            ("--max-dup-paragraphs", self.max_dup_paragraphs),
+        ):
+            if not 0.0 <= value <= 1.0:
+                raise ConvertError(f"{flag} {value} must be a share in [0, 1]")
+        if self.max_run_chars < 0:
+            raise ConvertError(f"--max-run-chars {self.max_run_chars} must be 0 (off) or more")
+
 
 # Character classes (bit flags, one byte per BMP code point).
 CJK, SYMBOL, PUNCT, SPACE, NEWLINE = 1, 2, 4, 8, 16

@@ -12,7 +12,9 @@ A trailing `.gz` is decompressed on the fly and ignored when guessing.
 
 Memory stays bounded: text and JSON-lines files are read a line at a time, and JSON lists are
 decoded incrementally, one item at a time, so memory grows with the largest item, not the file
-(an item over 64 Mi characters is reported malformed).
+(an item over 64 Mi characters is reported malformed). A local line file (txt, jsonl) can also
+be cut at line ends into byte ranges that are read one by one, in any process (`byte_ranges`,
+`read_range`): the same documents, with the same line numbers.
 
 Bad input never stops a run silently or noisily: a line that is not valid UTF-8, not valid JSON,
 not an object, or lacks a string text field is counted in `ReadStats` with its file and line,
@@ -168,7 +170,7 @@ def read_json_records(
 ) -> Iterator[Document]:
     """The records of one JSON-list or JSON-lines file (`fmt`: json, jsonl or auto), each passed
     through `extract`, with the same streaming, line numbers and malformed-record counting as
-    documents (`convert.sft.conversion` reads prompt/answer pairs this way). `Document.text` holds what
+    documents (`convert.sft.pairs` reads prompt/answer pairs this way). `Document.text` holds what
     `extract` returned; a record it refuses is counted as malformed with its reason, or raises
     when `strict`.
     """
@@ -463,9 +465,11 @@ def _empty_corpus_error(paths: list[str], fmt: str, stats: ReadStats) -> Convert
     return ConvertError(message + "; check the files, --format and --text-field/--preset")
 
 
-# --- byte ranges (convert/run/ranges.py: workers read their own share of a file) ------------------
+# --- byte ranges: a line file cut at line ends (`byte_ranges`), each range read on its own ------
+# (`read_range`) by the worker it goes to (convert/run/ranges.py)
 
 RANGE_FORMATS = ("txt", "jsonl")  # a document never spans a line: any line boundary is a cut
+_PROBE_BYTES = 1 << 16
 
 
 def range_format(path: str, fmt: str, preset: str | None) -> str | None:
@@ -479,6 +483,30 @@ def range_format(path: str, fmt: str, preset: str | None) -> str | None:
     with open_binary(path) as stream:
         resolved = _resolve_format(path, fmt, preset_obj, stream)
     return resolved if resolved in RANGE_FORMATS else None
+
+
+def byte_ranges(path: str, size: int, target: int) -> Iterator[tuple[int, int]]:
+    """(start, end) byte ranges of ~`target` bytes covering the file, each ending after a newline
+    (or at the end of the file)."""
+    with open(path, "rb") as f:
+        start = 0
+        while start < size:
+            end = start + target
+            if end >= size:
+                yield start, size
+                return
+            f.seek(end - 1)  # a newline at end - 1 ends the range at `end`
+            while True:
+                piece = f.read(_PROBE_BYTES)
+                if not piece:
+                    end = size
+                    break
+                found = piece.find(b"\n")
+                if found >= 0:
+                    end = f.tell() - len(piece) + found + 1
+                    break
+            yield start, end
+            start = end
 
 
 def read_range(

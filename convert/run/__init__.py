@@ -1,1 +1,17 @@
-"""convert/run."""
+"""Running a conversion: texts -> workers -> selection -> chunks -> parts -> meta, summary, index.
+
+jobs.py        whole conversions as functions: `convert_corpus` (text), `import_bin` (.bin files)
+conversion.py  the main process's loop: batches to the workers, the selection, train/val split,
+               chunks, parts reused after a kill, tails, meta.json, summary.json, index.json
+ranges.py      the path where workers read byte ranges of local line files themselves
+worker.py      what a worker process does: clean, filter, sign, tokenize; pack and write a part
+tasks.py       a conversion split over machines: its tasks, their stored rows, the merge
+report.py      progress bars or lines, the summary printed and saved
+options.py     `ShardOptions`: what a conversion is asked to do, checked once
+"""
+
+from convert.run.jobs import convert_corpus, import_bin
+from convert.run.options import ShardOptions, available_cpus
+from convert.run.tasks import TaskSpec, merge_tasks
+
+__all__ = ["ShardOptions", "TaskSpec", "available_cpus", "convert_corpus", "import_bin", "merge_tasks"]

@@ -54,23 +54,14 @@ from functools import partial
 import numpy as np
 import xxhash
 
-from convert.dedup.selection import Doc, Selected, Selection, in_val
+from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.executor import Executor, ordered, start_workers
 from convert.filters.cleaning import Cleaner, text_digest
+from convert.records import ChunkTokens, Doc, PartResult, Selected, TextBatch, TokenizedBatch, in_val
 from convert.run.options import ShardOptions
 from convert.run.report import build_summary, print_summary
-from convert.run.worker import (
-    ChunkTokens,
-    PartResult,
-    TextBatch,
-    TokenizedBatch,
-    clean_batch,
-    init_worker,
-    part_name,
-    process_chunk,
-    tokenize_batch,
-)
+from convert.run.worker import clean_batch, init_worker, part_name, process_chunk, tokenize_batch
 from convert.tokens.packing import TOKEN_DTYPE, Packer
 from shards.meta import SPLITS, SplitMeta, now, write_meta
 from shards.output import open_output, prepare_output
@@ -79,7 +70,7 @@ from shards.writer import ShardWriter, index_json, prefixed_entries
 from storage import Store
 
 _PIPELINE_VERSION = "2"  # part in every chunk fingerprint: bump when packing/writing changes
-_BATCH_CHARS = 1 << 18  # texts per tokenizing task: amortises the hand-off, bounds the lists
+BATCH_CHARS = 1 << 18  # texts per tokenizing task: amortises the hand-off, bounds the lists
 NEAR_REPORT = "near_duplicates.json"  # a sample of removed pairs, beside summary.json
 
 
@@ -101,13 +92,14 @@ def batch_documents(batch: TokenizedBatch, val_fraction: float) -> Iterator[Doc]
 
 
 def tokenize_in_workers(
-    executor: Executor, texts: Iterable[str], *, selection: Selection, window: int, clean_here: bool
-) -> Iterator[Doc]:
-    """The kept documents, tokenized, in input order; drops are counted in `selection`."""
+    executor: Executor, texts: Iterable[str], *, selection: Selection, window: int, clean_here: bool,
+    val_fraction: float,
+) -> Iterator[Doc]:  # fmt: skip
+    """The kept documents, tokenized, in input order, with their split; drops are counted in `selection`."""
     for selected in select_in_workers(
         executor, texts, selection=selection, window=window, clean_here=clean_here
     ):
-        yield from selected.documents(selection.options.val_fraction)
+        yield from selected.documents(val_fraction)
 
 
 def select_in_workers(
@@ -125,7 +117,7 @@ def select_in_workers(
     sent: deque[tuple[list[str], list]] = deque()
 
     def batches() -> Iterator[TextBatch]:
-        for items in _batches(texts, _BATCH_CHARS):
+        for items in _batches(texts, BATCH_CHARS):
             texts_in = [item if isinstance(item, str) else item.text for item in items]
             if clean_here:
                 batch, sources = clean_batch(texts_in, cleaner)

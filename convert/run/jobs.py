@@ -1,4 +1,5 @@
-"""A whole conversion as a function: text corpus -> shards (`convert.reading.bin_files`: token files).
+"""A whole conversion as a function: text corpus -> shards (`convert_corpus`), token files ->
+shards (`import_bin`).
 
 The CLI, the tests and the benchmarks call `convert_corpus`; with a `TaskSpec` it converts one
 task's share of a multi-machine conversion instead (convert/run/tasks.py, merged by `merge_tasks`).
@@ -7,17 +8,23 @@ task's share of a multi-machine conversion instead (convert/run/tasks.py, merged
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import closing
+
+import numpy as np
 
 from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
-from convert.run.conversion import Conversion, tokenize_in_workers
-from convert.run.options import ReadOptions, ShardOptions
+from convert.reading.bin_files import bin_documents
+from convert.reading.options import ReadOptions
+from convert.records import Doc
+from convert.run.conversion import Conversion, digest_of, split_of, tokenize_in_workers
+from convert.run.options import ShardOptions
 from convert.run.report import counted_texts, progress_bar
 from convert.run.tasks import TaskSpec, merge_tasks, run_task
 
-__all__ = ["ReadOptions", "TaskSpec", "check_read_options", "convert_corpus", "merge_tasks"]
+__all__ = ["TaskSpec", "check_read_options", "convert_corpus", "import_bin", "merge_tasks"]
 
 
 def convert_corpus(
@@ -85,6 +92,7 @@ def convert_corpus(
                 selection=selection,
                 window=4 * options.workers + 4,
                 clean_here=options.main_helps,
+                val_fraction=conversion.options.val_fraction,
             ),
             write_here=options.main_helps,
             cleaner=read.worker_cleaner(),
@@ -103,3 +111,35 @@ def check_read_options(read: ReadOptions, options: ShardOptions) -> None:
             "--near-dedup removes exact duplicates too (their similarity is 1): drop --no-dedup, "
             "or drop --near-dedup to keep every copy"
         )
+
+
+def import_bin(
+    files: list[str], *, tokenizer: str, out: str, options: ShardOptions = ShardOptions(), command: str = ""
+) -> dict:
+    """Split .bin token files into documents and write them as shards; returns the summary."""
+    from convert.reading.sources import expand_inputs
+
+    conversion = Conversion(tokenizer=tokenizer, out=out, options=options)
+    info = conversion.tokenizer
+    paths = expand_inputs(files)
+    conversion.prepare_output()
+    counts = {"files": len(paths), "documents": 0}
+    start = time.monotonic()
+
+    eos = np.array([info.eos_id], dtype=np.uint32)
+    bos = np.array([info.bos_id] if options.add_bos else [], dtype=np.uint32)
+
+    def documents(_executor) -> Iterator[Doc]:
+        with progress_bar(None, "doc", "importing", enabled=options.progress) as bar:
+            for path in paths:
+                for doc in bin_documents(path, eos_id=info.eos_id, vocab_size=info.vocab_size):
+                    counts["documents"] += 1
+                    bar.update()
+                    digest = digest_of(doc)
+                    tokens = np.concatenate([bos, doc, eos], dtype=np.uint32)
+                    yield Doc(digest, len(doc), tokens, split_of(digest, options.val_fraction))
+        if counts["documents"] == 0:
+            raise ConvertError(f"no tokens found in {', '.join(paths[:3])}: the .bin files are empty")
+
+    conversion.run(documents)
+    return conversion.finish(read=counts, dropped={}, start=start, command=command)

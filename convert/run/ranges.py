@@ -5,8 +5,9 @@ every other input (S3, gzip, JSON lists, txt-blank, --strict) takes convert/run/
 where the main process reads the documents and sends their texts. Both give the same bytes.
 
     main process                                  worker processes (`read_range`)
-    cut each file into byte ranges at line        read the range, parse its lines (convert/reading/readers.py),
-    ends (a seek and a short read per range) ---> clean, digest, filter, sign, tokenize it (the
+    cut each file into byte ranges at line        read the range, parse its lines (`read_range`,
+    ends (`byte_ranges`: a seek and a short   ---> convert/reading/readers.py), clean, digest,
+    read per range)                               filter, sign, tokenize it (the
                                                   batch step of convert/run/worker.py); write the
                                                   tokens of the train documents to a spool file
                                  <--------------- digests, sizes, filter reasons, band keys and
@@ -42,13 +43,13 @@ from functools import partial
 
 import numpy as np
 
-from convert.dedup.selection import Selected, Selection, in_val
+from convert.dedup.selection import Selection
 from convert.executor import Executor, ordered
-from convert.reading.readers import ReadStats, empty_corpus_error, range_format, read_range
-from convert.run import worker
-from convert.run.conversion import _BATCH_CHARS, Conversion, chunk_fingerprint
-from convert.run.options import ReadOptions
-from convert.run.worker import DIGEST_BYTES, ChunkTokens, PartResult, TextBatch, TokenizedBatch, process_chunk
+from convert.reading.options import ReadOptions
+from convert.reading.readers import ReadStats, byte_ranges, empty_corpus_error, range_format, read_range
+from convert.records import DIGEST_BYTES, ChunkTokens, PartResult, Selected, TextBatch, TokenizedBatch, in_val
+from convert.run.conversion import BATCH_CHARS, Conversion, chunk_fingerprint
+from convert.run.worker import current_cleaner, process_chunk, tokenize_batch
 from convert.scratch import make_scratch
 from shards.meta import SPLITS
 
@@ -56,8 +57,7 @@ from shards.meta import SPLITS
 # index processes. The main process's work per range is mostly fixed (a message to and from each
 # index process, a few numpy calls), so with more workers (and so more index processes) the
 # ranges grow with them (`RangeFeed.range_bytes`).
-RANGE_BYTES = 3 * _BATCH_CHARS
-_PROBE_BYTES = 1 << 16
+RANGE_BYTES = 3 * BATCH_CHARS
 _DIGEST = np.dtype((np.void, DIGEST_BYTES))
 
 
@@ -72,30 +72,6 @@ def range_formats(paths: list[str], read: ReadOptions) -> list[str] | None:
             return None
         formats.append(fmt)
     return formats
-
-
-def byte_ranges(path: str, size: int, target: int) -> Iterator[tuple[int, int]]:
-    """(start, end) byte ranges of ~`target` bytes covering the file, each ending after a newline
-    (or at the end of the file)."""
-    with open(path, "rb") as f:
-        start = 0
-        while start < size:
-            end = start + target
-            if end >= size:
-                yield start, size
-                return
-            f.seek(end - 1)  # a newline at end - 1 ends the range at `end`
-            while True:
-                piece = f.read(_PROBE_BYTES)
-                if not piece:
-                    end = size
-                    break
-                found = piece.find(b"\n")
-                if found >= 0:
-                    end = f.tell() - len(piece) + found + 1
-                    break
-            yield start, end
-            start = end
 
 
 @dataclass
@@ -144,7 +120,7 @@ def read_range_batch(task: RangeTask) -> RangeResult:
         empty = TokenizedBatch(b"", none, none, np.empty(0, dtype=np.uint32), {})
         return RangeResult(empty, none, range_lines, np.zeros(0, dtype=bool), none, empty.tokens,
                            0, stats.malformed, _shifted(stats, first))  # fmt: skip
-    batch = worker.tokenize_batch(TextBatch([doc.text for doc in docs]))
+    batch = tokenize_batch(TextBatch([doc.text for doc in docs]))
     if batch.index_shares is not None and batch.keys is not None:  # the index processes have the keys
         batch.keys = np.ascontiguousarray(batch.keys[:, :1])
     doc_lines = np.fromiter((doc.line for doc in docs), dtype=np.int64, count=len(docs))
@@ -166,7 +142,7 @@ def read_range_batch(task: RangeTask) -> RangeResult:
         for i in np.flatnonzero(batch.keys[:, 0] <= bound).tolist():
             row = int(passing[i])
             if cleaned is None:
-                cleaned = worker._state.cleaner
+                cleaned = current_cleaner()
             texts[row] = cleaned.normalize(docs[int(batch.sources[row])].text)
     examples = _shifted(stats, first)
     batch.tokens = np.empty(0, dtype=batch.tokens.dtype)

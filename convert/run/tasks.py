@@ -44,13 +44,17 @@ import numpy as np
 
 from convert.dedup.minhash import SIGNATURE_VERSION
 from convert.dedup.near_dedup import PairSample
-from convert.dedup.selection import Selected, Selection
+from convert.dedup.options import NearDedupOptions
+from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.executor import start_workers
+from convert.filters.quality import QualityFilters
+from convert.reading.options import ReadOptions
+from convert.records import DIGEST_BYTES, Selected, TokenizedBatch
 from convert.run.conversion import Conversion, select_in_workers
-from convert.run.options import NearDedupOptions, QualityFilters, ReadOptions, ShardOptions
+from convert.run.options import ShardOptions
 from convert.run.report import counted_texts, progress_bar
-from convert.run.worker import DIGEST_BYTES, TokenizedBatch, init_worker
+from convert.run.worker import init_worker
 from shards.output import open_output, refuse_complete
 from shards.tokenizer import Tokenizer
 from storage import Store

@@ -18,13 +18,13 @@ from convert.dedup.index_processes import partition
 from convert.dedup.minhash import signatures
 from convert.filters.cleaning import Cleaner, DropCounts
 from convert.filters.quality import REASON_CODES, filter_reasons, utf32
+from convert.records import ChunkTokens, PartResult, TextBatch, TokenizedBatch
 from convert.run.options import ShardOptions
 from convert.tokens.packing import Packer, concat_documents, drop_short_documents
 from shards.tokenizer import Tokenizer
 from shards.writer import ShardWriter
 from storage import Store, open_store
 
-DIGEST_BYTES = 16
 _TOO_SHORT = REASON_CODES["too_short_chars"]
 # Texts are filtered, signed and tokenized in runs of about this many characters, whatever the
 # batch (a range of several MB with many index processes): numpy's arrays for them (code points,
@@ -51,12 +51,9 @@ def init_worker(
     _state = WorkerState(options, open_store(out), tokenizer, cleaner)
 
 
-@dataclass
-class TextBatch:
-    """Texts for a worker to tokenize. With digests, they are cleaned and de-duplicated already."""
-
-    texts: list[str]
-    digests: bytes | None = None
+def current_cleaner() -> Cleaner | None:
+    """This process's cleaner (`init_worker`): the workers' cleans without de-duplicating."""
+    return _state.cleaner
 
 
 def clean_batch(texts: list[str], cleaner: Cleaner) -> tuple[TextBatch, np.ndarray]:
@@ -70,34 +67,6 @@ def clean_batch(texts: list[str], cleaner: Cleaner) -> tuple[TextBatch, np.ndarr
             sources.append(i)
     batch = TextBatch([text for text, _ in kept], b"".join(digest for _, digest in kept))
     return batch, np.array(sources, dtype=np.int64)
-
-
-@dataclass
-class TokenizedBatch:
-    """What a worker returns for a batch of texts: one row per text that survived cleaning.
-
-    Every row has its digest, size and token count; `reasons` says which quality filter drops it
-    (0: none). Only the rows that pass (reason 0) have their tokens here, and their band keys and
-    sketches when near-duplicates are removed. Rows of a multi-machine task's pieces are the same
-    (convert/run/tasks.py), so a merge replays them through the same decisions.
-    """
-
-    digests: bytes  # DIGEST_BYTES per row
-    chars: np.ndarray  # cleaned length in characters, per row
-    lengths: np.ndarray  # tokens per row, EOS (and BOS) included, whether it passes or not
-    tokens: np.ndarray  # the passing rows' tokens, one after another
-    drops: dict[str, int]  # cleaning's drops in the worker ("empty")
-    reasons: np.ndarray | None = None  # int8 per row (convert.filters.quality.REASONS); None: all pass
-    keys: np.ndarray | None = None  # passing rows x bands, uint64
-    sketches: np.ndarray | None = None  # passing rows x bins, uint8
-    sources: np.ndarray | None = None  # index of each row's text in the batch sent (cleaned here)
-    index_shares: list[bytes] | None = None  # the digests and keys split for the index processes
-
-    def __len__(self) -> int:
-        return len(self.chars)
-
-    def passing(self) -> np.ndarray:
-        return np.ones(len(self), dtype=bool) if self.reasons is None else self.reasons == 0
 
 
 def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
@@ -164,50 +133,6 @@ def _filter_sign_tokenize(texts: list[str], options: ShardOptions) -> tuple:
             codes = codes[np.repeat(passing, chars)]
         keys, sketches = signatures(codes, chars[passing], options.near_dedup)
     return chars, reasons, lengths, tokens, keys, sketches
-
-
-@dataclass
-class ChunkTokens:
-    """A chunk as a worker gets it: one token array, the documents' lengths, its fingerprint."""
-
-    split: str
-    index: int
-    tokens: np.ndarray
-    lengths: np.ndarray
-    fingerprint: str
-
-
-@dataclass
-class PartResult:
-    """A part written (or found written by an earlier run): its shards, counts and tail."""
-
-    split: str
-    index: int
-    shards: list[dict]
-    samples: int
-    documents: int
-    too_short: int
-    tail: np.ndarray
-    reused: bool = False
-
-    def marker(self, fingerprint: str) -> dict:
-        """part.json: written after the part's shards; a re-run reuses the part when it matches."""
-        return {
-            "fingerprint": fingerprint,
-            "shards": self.shards,
-            "samples": self.samples,
-            "documents": self.documents,
-            "too_short": self.too_short,
-            "tail": self.tail.tolist(),
-        }
-
-    @classmethod
-    def from_marker(cls, split: str, index: int, marker: dict) -> PartResult:
-        tail = np.array(marker["tail"], dtype=np.uint32)
-        return cls(
-            split, index, marker["shards"], marker["samples"], marker["documents"], marker["too_short"],
-            tail, reused=True,
-        )  # fmt: skip
 
 
 def part_name(index: int) -> str:

@@ -1,10 +1,11 @@
 """Prompt/answer pairs -> SFT shards with a loss mask: `python -m convert sft`.
 
-    read records (JSON list, JSON lines or CSV; local or s3://) -> clean both texts (the shards'
-    cleaner: controls, Unicode form, whitespace) -> length rules in characters -> exact
-    duplicates -> tokenize -> fit the sequence (truncate, or drop with --drop-truncated) ->
-    render with the chat template (shards/chat_template.py) -> train/val by the pair's digest ->
-    pack whole examples into samples -> MDS shards, meta.json, summary.json, index.json last.
+    read records (JSON list, JSON lines or CSV; local or s3://; convert/sft/pairs.py) -> clean
+    both texts (the shards' cleaner: controls, Unicode form, whitespace) -> length rules in
+    characters -> exact duplicates -> tokenize -> fit the sequence (truncate, or drop with
+    --drop-truncated) -> render with the chat template (shards/chat_template.py) -> train/val by
+    the pair's digest -> pack whole examples into samples -> MDS shards, meta.json, summary.json,
+    index.json last.
 
 Each sample holds `seq_len` values in three columns (shards/FORMAT.md): `tokens`; `loss_mask`,
 1 on every token the model must learn to write (the template's answer parts: the answer and its
@@ -27,31 +28,29 @@ but never less than R // 2) and the answer the rest. So the sample never outgrow
 (baby-llama2-chinese's pad length went negative with both at their maximum) and the answer
 always ends with its EOS.
 
-Records without the prompt or the answer field are malformed (counted, with file:line, or
-refused with --strict); empty texts and length-rule misses are dropped, each counted by reason.
+Records without the prompt or the answer field are malformed (convert/sft/pairs.py: counted,
+with file:line, or refused with --strict); empty texts and length-rule misses are dropped, each
+counted by reason.
 A run where no record has the fields, a CSV whose header lacks them, or a template that does not
 fit `seq_len` is refused in one line.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from convert.dedup.selection import in_val
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner, DropCounts, text_digest
-from convert.reading.readers import AUTO, ReadStats, read_json_records
-from convert.reading.sources import expand_inputs, open_binary, refuse_output_among_inputs
+from convert.reading.readers import ReadStats
+from convert.reading.sources import expand_inputs, refuse_output_among_inputs
+from convert.records import in_val
 from convert.run.report import progress_bar
+from convert.sft.pairs import Pair, SftLayout, read_pairs
 from shards.chat_template import DEFAULT_TEMPLATE, ChatTemplate, TemplateRenderer, read_template
 from shards.meta import SFT, SFT_COLUMNS, SPLITS, SplitMeta, now, write_meta
 from shards.output import open_output, prepare_output
@@ -61,162 +60,8 @@ from storage import Store
 
 MAX_SEGMENTS = (1 << 16) - 1
 PAD_ID = 0  # any id: padding is never attended to by real tokens nor scored (the mask says so)
-FORMATS = ("json", "jsonl", "csv")
 _BATCH = 2048  # pairs tokenized together (SentencePiece encodes a list in one call)
 _ROWS_PER_WRITE = 1024
-
-
-# --- where the prompt and the answer are ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SftLayout:
-    """Where a record keeps its prompt and answer."""
-
-    fmt: str = AUTO  # auto | json | jsonl | csv
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
-    input_field: str | None = None  # Alpaca's "input": added to the prompt after a newline when not empty
-
-
-PRESETS = {
-    # alpaca_data_zh / alpaca_gpt4_data_zh and shibing624/medical's finetune files: a JSON list
-    # (or JSON lines) of {"instruction", "input", "output"}.
-    "alpaca": SftLayout(AUTO, "instruction", "output", "input"),
-    # BelleGroup's releases (Belle_open_source_1M.json, school_math_0.25M.json): JSON lines of the
-    # same fields.
-    "belle": SftLayout(AUTO, "instruction", "output", "input"),
-    # baby-llama2-chinese's sft_data.csv: a header `prompt,answer`, one pair per row.
-    "baby-llama2": SftLayout("csv", "prompt", "answer"),
-}
-
-
-def layout_for(
-    preset: str | None,
-    fmt: str = AUTO,
-    prompt_field: str | None = None,
-    answer_field: str | None = None,
-    input_field: str | None = None,
-) -> SftLayout:
-    """The layout of a preset, or of the given fields (not both); ConvertError naming the fix."""
-    given = {"--prompt-field": prompt_field, "--answer-field": answer_field, "--input-field": input_field}
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConvertError(f"unknown --preset {preset!r}; use one of: {', '.join(PRESETS)}")
-        named = [flag for flag, value in given.items() if value]
-        if named:
-            raise ConvertError(f"--preset {preset} fixes the fields; drop {named[0]}")
-        base = PRESETS[preset]
-        return base if fmt == AUTO else SftLayout(fmt, base.prompt_field, base.answer_field, base.input_field)
-    if fmt not in (AUTO, *FORMATS):
-        raise ConvertError(
-            f"unknown --format {fmt!r} for SFT records; use one of: {', '.join(FORMATS)}, auto"
-        )
-    return SftLayout(fmt, prompt_field or "prompt", answer_field or "answer", input_field or None)
-
-
-class Pair(NamedTuple):
-    prompt: str
-    answer: str
-    source: str
-    line: int
-
-
-def read_pairs(paths: list[str], layout: SftLayout, *, strict: bool, stats: ReadStats) -> Iterator[Pair]:
-    """The prompt/answer pairs of every file, in order; bad records counted in `stats`."""
-    for path in paths:
-        fmt = _format_of(path, layout.fmt)
-        if fmt == "csv":
-            yield from _read_csv(path, layout, strict, stats)
-            continue
-        extract = _extractor(layout)
-        for doc in read_json_records(path, fmt, extract, strict=strict, stats=stats):
-            prompt, answer = doc.text
-            yield Pair(prompt, answer, doc.source, doc.line)
-
-
-def _format_of(path: str, fmt: str) -> str:
-    if fmt != AUTO:
-        return fmt
-    name = path.lower().removesuffix(".gz")
-    if name.endswith(".csv"):
-        return "csv"
-    if name.endswith((".json", ".jsonl", ".json-lines", ".jsonlines", ".ndjson")):
-        return AUTO  # the JSON reader tells a list from lines by the first character
-    raise ConvertError(
-        f"cannot tell the format of {path} from its name; pass --format ({', '.join(FORMATS)})"
-    )
-
-
-def _extractor(layout: SftLayout):
-    def extract(obj: object) -> tuple[tuple[str, str] | None, str]:
-        if not isinstance(obj, dict):
-            return None, "expected a JSON object with the prompt and answer fields"
-        texts = []
-        for name, role in ((layout.prompt_field, "prompt"), (layout.answer_field, "answer")):
-            value = obj.get(name)
-            if value is None:
-                fields = ", ".join(map(str, list(obj)[:6])) or "none"
-                return (
-                    None,
-                    f"no {role} field {name!r} (its fields: {fields}); set --{role}-field or --preset",
-                )
-            if not isinstance(value, str):
-                return None, f"the {role} field {name!r} is not a string"
-            texts.append(value)
-        extra = obj.get(layout.input_field) if layout.input_field else None
-        if isinstance(extra, str) and extra.strip():
-            texts[0] = f"{texts[0]}\n{extra}"
-        return (texts[0], texts[1]), ""
-
-    return extract
-
-
-def _read_csv(path: str, layout: SftLayout, strict: bool, stats: ReadStats) -> Iterator[Pair]:
-    stats.files += 1
-    with open_binary(path) as raw:
-        binary = gzip.GzipFile(fileobj=raw, mode="rb") if path.lower().endswith(".gz") else raw
-        text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="strict", newline="")
-        rows = csv.reader(text)
-        try:
-            header = next(rows, None)
-        except (UnicodeDecodeError, csv.Error) as err:
-            raise ConvertError(f"{path}: cannot read the CSV header ({err})") from None
-        needed = [layout.prompt_field, layout.answer_field]
-        if header is None or any(name not in header for name in needed):
-            shown = ",".join(header or []) or "nothing"
-            raise ConvertError(
-                f"{path}: the CSV header is {shown!r} but the columns {needed[0]!r} and {needed[1]!r} are needed; "
-                "fix the header or pass --prompt-field/--answer-field"
-            )
-        columns = {name: header.index(name) for name in needed}
-        extra = header.index(layout.input_field) if layout.input_field in header else None
-        while True:
-            try:
-                row = next(rows)
-            except StopIteration:
-                return
-            except (UnicodeDecodeError, csv.Error) as err:
-                _malformed(stats, strict, path, rows.line_num, f"unreadable CSV ({err}); the rest is skipped")
-                return
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                _malformed(
-                    stats, strict, path, rows.line_num, f"{len(row)} fields, the header has {len(header)}"
-                )
-                continue
-            stats.documents += 1
-            prompt, answer = row[columns[needed[0]]], row[columns[needed[1]]]
-            if extra is not None and row[extra].strip():
-                prompt = f"{prompt}\n{row[extra]}"
-            yield Pair(prompt, answer, path, rows.line_num)
-
-
-def _malformed(stats: ReadStats, strict: bool, path: str, line: int, reason: str) -> None:
-    if strict:
-        raise ConvertError(f"{path}:{line}: {reason}; fix the line or drop --strict")
-    stats.record_malformed(path, line, reason)
 
 
 # --- options ----------------------------------------------------------------------------------

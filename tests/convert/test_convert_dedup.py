@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from convert.dedup.options import NearDedupOptions
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
-from convert.run.jobs import ReadOptions, TaskSpec, convert_corpus, merge_tasks
-from convert.run.options import NearDedupOptions, QualityFilters, ShardOptions
+from convert.filters.quality import QualityFilters
+from convert.reading.options import ReadOptions
+from convert.run.jobs import TaskSpec, convert_corpus, merge_tasks
+from convert.run.options import ShardOptions
 from convert.run.tasks import assign_files
 from tests.support.conversion import REPO_ROOT, local_samples
 from tests.support.corpus import edited_copy, write_jsonl
@@ -144,7 +147,7 @@ def test_a_short_duplicate_is_counted_as_too_short_wherever_it_is_decided():
     from convert.dedup.selection import Selection
     from convert.filters.cleaning import text_digest
     from convert.filters.quality import REASON_CODES
-    from convert.run.worker import TokenizedBatch
+    from convert.records import TokenizedBatch
 
     short, long = "新年好", "中华人民共和国成立五十周年"
     opts = ShardOptions(filters=QualityFilters(min_chars=10))

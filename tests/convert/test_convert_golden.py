@@ -25,7 +25,7 @@ def golden_inputs(tmp_path_factory, chinese_documents, small_tokenizer) -> tuple
 
 
 def test_the_workers_read_these_inputs(golden_inputs):
-    from convert.run.options import ReadOptions
+    from convert.reading.options import ReadOptions
     from convert.run.ranges import range_formats
 
     assert range_formats(golden_inputs[0], ReadOptions()) == ["jsonl", "jsonl"]

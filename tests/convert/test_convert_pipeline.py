@@ -18,10 +18,11 @@ import sentencepiece as spm
 
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
+from convert.reading.options import ReadOptions
+from convert.records import TokenizedBatch
 from convert.run.conversion import batch_documents, digest_of, split_of
-from convert.run.jobs import ReadOptions, convert_corpus
+from convert.run.jobs import convert_corpus
 from convert.run.options import ShardOptions
-from convert.run.worker import TokenizedBatch
 from shards.errors import ShardsError
 from shards.meta import FORMAT_NAME, FORMAT_VERSION
 from tests.support.conversion import REPO_ROOT, local_samples, sorted_rows
@@ -237,7 +238,7 @@ def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_sam
     from tests.support.corpus import write_jsonl
 
     # Small batches, so that some hold only duplicates or only empty documents.
-    monkeypatch.setattr(conversion, "_BATCH_CHARS", 1_000)
+    monkeypatch.setattr(conversion, "BATCH_CHARS", 1_000)
     docs = small_corpus_docs[:80]
     write_jsonl(tmp_path / "a.jsonl", [*docs, *["  "] * 600, "\x1b[31m\t", docs[3] + "\r\n", *docs[:40]])
     outputs = {}

@@ -80,8 +80,8 @@ def test_tasks_on_s3_merge_into_the_local_single_run(
     """Inputs sized and read on S3, task pieces and the merged shards written there."""
     from dataclasses import replace
 
+    from convert.dedup.options import NearDedupOptions
     from convert.run.jobs import TaskSpec, merge_tasks
-    from convert.run.options import NearDedupOptions
     from tests.support.corpus import write_jsonl
 
     client = s3_server.client()

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from convert.dedup.near_dedup import PairSample
+from convert.dedup.options import NearDedupOptions
 from convert.dedup.selection import Selection
 from convert.filters.cleaning import Cleaner
-from convert.filters.quality import REASON_CODES
-from convert.run.options import NearDedupOptions, QualityFilters, ShardOptions
-from convert.run.worker import TokenizedBatch
+from convert.filters.quality import REASON_CODES, QualityFilters
+from convert.records import TokenizedBatch
+from convert.run.options import ShardOptions
 
 pytestmark = pytest.mark.slow  # index processes
 

@@ -7,10 +7,10 @@ import pytest
 
 from convert.dedup.minhash import SIGNATURE_VERSION, estimate_jaccard, jaccard, signatures
 from convert.dedup.near_dedup import NearDuplicates, PairSample
+from convert.dedup.options import NearDedupOptions, lsh_parameters
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
 from convert.filters.quality import utf32
-from convert.run.options import NearDedupOptions, lsh_parameters
 from tests.support.corpus import edited_copy
 
 OPTIONS = NearDedupOptions().resolve(5)

@@ -7,8 +7,7 @@ import pytest
 
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
-from convert.filters.quality import REASONS, filter_reasons, text_stats, utf32
-from convert.run.options import QualityFilters
+from convert.filters.quality import REASONS, QualityFilters, filter_reasons, text_stats, utf32
 
 
 def reasons_of(texts: list[str], filters: QualityFilters) -> list[str | None]:

@@ -269,20 +269,22 @@ FLOORS = {
 }
 
 
-def floor_of(name: str) -> int | None:
-    for floor, prefixes in FLOORS.items():
+def floor_of(name: str, floors: dict[int, tuple[str, ...]] = FLOORS) -> int | None:
+    for floor, prefixes in floors.items():
         if any(name == p or name.startswith(p + ".") for p in prefixes):
             return floor
     return None
 
 
-def floor_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(module, import) pairs inside llm/ where a module imports a higher floor than its own."""
+def floor_violations(
+    graph: dict[str, set[str]], floors: dict[int, tuple[str, ...]] = FLOORS
+) -> list[tuple[str, str]]:
+    """(module, import) pairs on the map `floors` where a module imports a higher floor than its own."""
     found = []
     for name, imported in graph.items():
-        own = floor_of(name)
+        own = floor_of(name, floors)
         for m in imported:
-            other = floor_of(m)
+            other = floor_of(m, floors)
             if own is not None and other is not None and other > own:
                 found.append((name, m))
     return sorted(found)
@@ -299,3 +301,72 @@ def test_llm_imports_run_down_the_floors():
 def test_the_floor_rule_catches_a_planted_upward_import():
     planted = {"llm.data": {"llm.trainer", "llm.config"}, "llm.trainer": {"llm.data"}}
     assert floor_violations(planted) == [("llm.data", "llm.trainer")]
+
+
+# --- the floors inside convert/: the stages' sub-packages, the data model at the bottom
+
+CONVERT_FLOORS = {
+    0: ("convert.records", "convert.errors", "convert.executor", "convert.scratch"),
+    1: ("convert.filters", "convert.tokens", "convert.demo"),
+    2: ("convert.reading", "convert.dedup"),
+    3: ("convert.run",),
+    4: ("convert.sft",),
+    5: ("convert.cli", "convert.__main__"),
+}
+
+
+def test_every_convert_module_has_a_floor_on_the_map():
+    files = module_files()
+    assert [n for n in files if n.startswith("convert.") and floor_of(n, CONVERT_FLOORS) is None] == []
+
+
+def test_convert_imports_run_down_the_floors():
+    graph = import_graph()
+    assert floor_violations(graph, CONVERT_FLOORS) == []
+    # the package itself (what every `import convert.x` runs first) stands on the bottom floor
+    assert {floor_of(m, CONVERT_FLOORS) for m in graph["convert"]} == {0}
+    assert "convert.records" in graph["convert.dedup.selection"]  # the rule sees the data model
+
+
+def test_the_convert_floor_rule_catches_planted_upward_imports():
+    planted = {
+        "convert.dedup.selection": {"convert.run.worker", "convert.records"},  # types from a worker
+        "convert.records": {"convert.filters.cleaning"},
+        "convert.reading.readers": {"convert.filters.cleaning", "convert.dedup.minhash"},
+        "convert.demo.corpus": {"convert.cli"},
+        "convert.run.conversion": {"convert.dedup.selection", "convert.tokens.packing"},
+    }
+    assert floor_violations(planted, CONVERT_FLOORS) == [
+        ("convert.dedup.selection", "convert.run.worker"),
+        ("convert.demo.corpus", "convert.cli"),
+        ("convert.records", "convert.filters.cleaning"),
+    ]
+
+
+def private_imports(path: Path, name: str, package: str) -> list[str]:
+    """Private names (a leading underscore) that module `name` imports from another module of `package`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == package and node.module != name:
+                found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def test_the_private_import_rule_catches_a_planted_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from convert.run.conversion import _BATCH_CHARS, Conversion\n"
+        "from convert.records import DIGEST_BYTES\n"
+    )
+    assert private_imports(planted, "convert.run.ranges", "convert") == [
+        "convert.run.conversion._BATCH_CHARS"
+    ]
+    assert private_imports(planted, "convert.run.conversion", "convert") == []
+
+
+def test_no_convert_module_imports_a_private_name_of_another():
+    found = {
+        n: private_imports(p, n, "convert") for n, p in module_files().items() if n.startswith("convert")
+    }
+    assert {name: names for name, names in found.items() if names} == {}

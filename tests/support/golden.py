@@ -73,7 +73,9 @@ def train(root: Path, docs: list[str]) -> str:
 
 
 def options(near: bool, workers: int, main_works: bool):
-    from convert.run.options import NearDedupOptions, QualityFilters, ShardOptions
+    from convert.dedup.options import NearDedupOptions
+    from convert.filters.quality import QualityFilters
+    from convert.run.options import ShardOptions
 
     return ShardOptions(
         seq_len=SEQ_LEN, val_fraction=0.05, workers=workers, overwrite=True, progress=False,
