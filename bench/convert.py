@@ -228,7 +228,7 @@ def convert_rate(
     elapsed, after = time.perf_counter() - start, os.times()  # the pool's workers are reaped now
     main_peak = _peak_mb()
     # Every kept token was encoded, whether or not it ended in the last partial sample.
-    encoded = sum(s["tokens"] + s["lost_tail_tokens"] for s in summary["splits"].values())
+    encoded = sum(s.tokens + s.lost_tail_tokens for s in summary.splits.values())
     main_cpu = after.user - before.user + after.system - before.system
     worker_cpu = (after.children_user - before.children_user) + (
         after.children_system - before.children_system

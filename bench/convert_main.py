@@ -46,6 +46,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 # label -> (ReadOptions changes, ShardOptions changes)
 SETTINGS = {
@@ -125,8 +126,7 @@ def _patched(results: dict, record: bool):
     """Conversions inside record their worker results into `results`, or replay them (measuring
     this process's CPU time inside the pool's block); the index processes' CPU seconds, per
     process, are collected as each run closes them."""
-    import convert.run.conversion as conversion
-
+    conversion = _converter().conversion
     real = conversion.start_workers
     measured = _Measured()
 
@@ -151,9 +151,8 @@ def _patched(results: dict, record: bool):
 
 @contextlib.contextmanager
 def _index_cpu(into: list):
-    try:
-        from convert.dedup.index_processes import IndexProcesses
-    except ImportError:  # the code before issue 21's pipelined index processes
+    IndexProcesses = _converter().IndexProcesses
+    if IndexProcesses is None:  # the code before issue 21's pipelined index processes
         yield
         return
     real = IndexProcesses.close
@@ -169,6 +168,33 @@ def _index_cpu(into: list):
         IndexProcesses.close = real
 
 
+def _converter() -> SimpleNamespace:
+    """What this benchmark calls of the converter: in the flat modules convert/ had before its
+    stage folders (`--before` an older checkout), else in the stage folders. The flat ones are
+    tried first: with the editable install, a stage module an older checkout lacks would be
+    found in this one."""
+    try:
+        import convert.conversion as conversion
+        from convert.jobs import ReadOptions, convert_corpus
+        from convert.options import NearDedupOptions, QualityFilters, ShardOptions
+
+        try:
+            from convert.index_processes import IndexProcesses
+        except ImportError:
+            IndexProcesses = None
+    except ImportError:
+        import convert.run.conversion as conversion
+        from convert.dedup import NearDedupOptions
+        from convert.dedup.index_processes import IndexProcesses
+        from convert.filters import QualityFilters
+        from convert.reading import ReadOptions
+        from convert.run import ShardOptions, convert_corpus
+    return SimpleNamespace(
+        conversion=conversion, convert_corpus=convert_corpus, ReadOptions=ReadOptions, ShardOptions=ShardOptions,
+        QualityFilters=QualityFilters, NearDedupOptions=NearDedupOptions, IndexProcesses=IndexProcesses,
+    )  # fmt: skip
+
+
 def _children_cpu() -> float:
     times = os.times()
     return times.children_user + times.children_system
@@ -178,27 +204,25 @@ def measure(
     corpora: list[Path], tokenizer: str, out: Path, seq_len: int, setting: str, rounds: int, records: int = 1
 ) -> list[Replays]:
     """One setting on each corpus: `records` recorded runs, then `rounds` replays of each, in turn."""
-    from convert.dedup.options import NearDedupOptions
-    from convert.filters.quality import QualityFilters
-    from convert.reading.options import ReadOptions
-    from convert.run.jobs import convert_corpus
-    from convert.run.options import ShardOptions
-
+    converter = _converter()
     read_changes, shard_changes = SETTINGS[setting]
     near = shard_changes.get("near", False)
     partitions = shard_changes.get("partitions", 1)
-    options = ShardOptions(
+    filters = converter.QualityFilters
+    options = converter.ShardOptions(
         seq_len=seq_len, val_fraction=0.01, workers=1, overwrite=True, progress=False, main_works=False,
-        filters=QualityFilters.recommended() if near else QualityFilters(),
-        near_dedup=NearDedupOptions() if near else None, index_processes=partitions,
+        filters=filters.recommended() if near else filters(),
+        near_dedup=converter.NearDedupOptions() if near else None, index_processes=partitions,
     )  # fmt: skip
-    read = ReadOptions(**read_changes)
+    read = converter.ReadOptions(**read_changes)
 
     def convert(corpus: Path) -> dict:
+        """The conversion's summary.json (what every version of the converter writes)."""
         with contextlib.redirect_stdout(io.StringIO()):
-            return convert_corpus(
+            converter.convert_corpus(
                 [str(corpus)], tokenizer=tokenizer, out=str(out), options=options, read=read
             )
+        return json.loads((out / "summary.json").read_text(encoding="utf-8"))
 
     recorded, measured, children_s = [], [], []
     for corpus in corpora:

@@ -5,19 +5,22 @@ In the order a document meets them (convert/run/conversion.py draws the flow):
   TextBatch       texts on their way to a worker: raw, or cleaned and de-duplicated with their digests
   TokenizedBatch  a worker's answer for a batch: per row its digest, size, filter reason, token count,
                   and for the passing rows their tokens and near-duplicate signatures
-  Selected        the selection's decisions on one batch (convert/dedup/selection.py); its kept rows
-                  as `Doc`s, each with its split (`in_val`)
+  ToSelect        a tokenized batch handed to the selection (convert/dedup/selection.py), with the
+                  caller's payload
+  Selected        the selection's decisions on one batch, the payload handed back; its kept rows as
+                  `Doc`s, each with its split (`in_val`)
   ChunkTokens     kept documents of one split as a worker packs them into a part
   PartResult      a part written (its part.json marker), or found written by an earlier run
 
 A document's identity is its DIGEST_BYTES-byte digest (`convert.filters.cleaning.text_digest`),
 and its split follows from the digest alone (`in_val`). Nothing here imports another stage: every
-stage imports this module, never a stage's module for its data types.
+stage imports this module, never a stage's module for its data types. The dataclasses are built
+by keyword only; `Doc` is a NamedTuple (one per document: cheaper), built by keyword too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -26,7 +29,7 @@ import numpy as np
 DIGEST_BYTES = 16  # a document's identity: XXH3-128 of its cleaned text (or of its tokens)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TextBatch:
     """Texts for a worker to tokenize. With digests, they are cleaned and de-duplicated already."""
 
@@ -34,7 +37,7 @@ class TextBatch:
     digests: bytes | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenizedBatch:
     """What a worker returns for a batch of texts: one row per text that survived cleaning.
 
@@ -81,7 +84,20 @@ def in_val(digests: bytes, val_fraction: float) -> np.ndarray:
     return upper / 2.0**64 < val_fraction
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
+class ToSelect:
+    """A tokenized batch on its way into the selection (`Selection.select_all`), with what the
+    selection hands back with its decisions."""
+
+    batch: TokenizedBatch
+    # A row's cleaned text for the near-duplicate pair sample (rarely called): the text, or
+    # (text, input file, line), or None when it is not known.
+    text: Callable[[int], str | tuple[str, str, int] | None]
+    deduped: bool  # exact duplicates were removed before the workers (this process cleaned the texts)
+    payload: object = None  # the caller's, handed back on the batch's `Selected`
+
+
+@dataclass(kw_only=True)
 class Selected:
     """One batch's decisions: the rows that reached near-duplicate removal (`indexed`), which of
     them are near-duplicates (`match` >= 0), and the filtered rows (first seen, not indexed)."""
@@ -91,6 +107,7 @@ class Selected:
     match: np.ndarray  # per indexed row: position of its earlier near-duplicate, -1 for none
     filtered: np.ndarray  # row numbers dropped by a quality filter (not exact duplicates)
     first_position: int  # position (in the near-duplicate index) of the first indexed row
+    payload: object = None  # the `ToSelect`'s
 
     def documents(self, val_fraction: float) -> Iterator[Doc]:
         """The kept documents, in order, with their split. A val document's tokens are a copy:
@@ -106,10 +123,11 @@ class Selected:
         for row, digest, val in zip(kept.tolist(), digests, is_val, strict=True):
             start = start_of[row]
             piece = batch.tokens[start : start + lengths[row]]
-            yield Doc(digest, chars[row], piece.copy() if val else piece, "val" if val else "train")
+            tokens = piece.copy() if val else piece
+            yield Doc(digest=digest, size=chars[row], tokens=tokens, split="val" if val else "train")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChunkTokens:
     """A chunk as a worker gets it: one token array, the documents' lengths, its fingerprint."""
 
@@ -120,7 +138,7 @@ class ChunkTokens:
     fingerprint: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PartResult:
     """A part written (or found written by an earlier run): its shards, counts and tail."""
 
@@ -146,8 +164,8 @@ class PartResult:
 
     @classmethod
     def from_marker(cls, split: str, index: int, marker: dict) -> PartResult:
-        tail = np.array(marker["tail"], dtype=np.uint32)
         return cls(
-            split, index, marker["shards"], marker["samples"], marker["documents"], marker["too_short"],
-            tail, reused=True,
+            split=split, index=index, shards=marker["shards"], samples=marker["samples"],
+            documents=marker["documents"], too_short=marker["too_short"],
+            tail=np.array(marker["tail"], dtype=np.uint32), reused=True,
         )  # fmt: skip

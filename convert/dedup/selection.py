@@ -19,20 +19,28 @@ tasks' stored rows through the same `Selection` and keeps the same documents.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from convert.dedup.index_processes import IndexProcesses, partition, pipelined
+from convert.dedup.index_processes import Answer, IndexProcesses, partition, pipelined
 from convert.dedup.near_dedup import NearDuplicates, PairSample
 from convert.dedup.options import NearDedupOptions
 from convert.filters.cleaning import Cleaner
 from convert.filters.quality import REASON_CODES, REASONS, QualityFilters
-from convert.records import Selected, TokenizedBatch
+from convert.records import Selected, TokenizedBatch, ToSelect
 
 NEAR_DUPLICATE = "near_duplicate"
 _TOO_SHORT = REASON_CODES["too_short_chars"]
 _MAX_POSITIONS = (1 << 32) - 1  # positions are 32-bit in the band index
+
+
+class _Rows(NamedTuple):
+    """A batch's rows decided up to near duplicates (`Selection._decide`)."""
+
+    indexed: np.ndarray  # the rows that reach near-duplicate removal, in order
+    filtered: np.ndarray  # the rows a quality filter drops (first seen)
+    first_position: int  # the first indexed row's position in the near-duplicate index
 
 
 class SelectionSettings(Protocol):
@@ -86,73 +94,69 @@ class Selection:
 
     def select(self, batch: TokenizedBatch, text: Callable[[int], str | None], *, deduped: bool) -> Selected:
         """One batch decided at once (`select_all`)."""
-        [(selected, _)] = self.select_all([(batch, text, deduped, None)])
+        [selected] = self.select_all([ToSelect(batch=batch, text=text, deduped=deduped)])
         return selected
 
-    def select_all(
-        self, items: Iterable[tuple[TokenizedBatch, Callable, bool, object]]
-    ) -> Iterator[tuple[Selected, object]]:
-        """Decide each batch's rows in order; yields (Selected, payload) per (batch, text, deduped,
-        payload) item, in input order. `text(row)` gives a row's cleaned text for the pair sample
-        (rarely called), or (text, input file, line), or None; `deduped`: exact duplicates were
-        removed before the workers."""
+    def select_all(self, items: Iterable[ToSelect]) -> Iterator[Selected]:
+        """Decide each item's rows in order; yields each batch's `Selected`, with the item's payload,
+        in input order."""
         if self.processes is None:
-            for batch, text, deduped, payload in items:
-                yield self._select_here(batch, text, deduped), payload
+            for item in items:
+                yield self._select_here(item)
             return
         yield from pipelined(self.processes, items, self._shares, self._decided, self._finished)
 
-    def _select_here(self, batch: TokenizedBatch, text, deduped: bool) -> Selected:
+    def _select_here(self, item: ToSelect) -> Selected:
+        batch = item.batch
         fresh = np.ones(len(batch), dtype=bool)
-        if self.cleaner.dedup and not deduped:
+        if self.cleaner.dedup and not item.deduped:
             fresh = self.cleaner.first_seen_all(batch.digests, self._too_short(batch))
-        rows, filtered, first = self._decide(batch, fresh)
-        match, estimate = np.full(len(rows), -1, dtype=np.int64), None
-        if self.near is not None and batch.keys is not None and len(rows):
-            among_passing = self._among_passing(batch, rows)
+        rows = self._decide(batch, fresh)
+        match, estimate = np.full(len(rows.indexed), -1, dtype=np.int64), None
+        if self.near is not None and batch.keys is not None and len(rows.indexed):
+            among_passing = self._among_passing(batch, rows.indexed)
             match, estimate = self.near.add(batch.keys[among_passing], batch.sketches[among_passing])
-        return self._finish(batch, text, rows, filtered, first, match, estimate)
+        return self._finish(item, rows, match, estimate)
 
     # --- through the index processes: `pipelined`'s three steps ---------------------------------
 
-    def _shares(self, item) -> list[bytes]:
-        batch, _, deduped, _ = item
+    def _shares(self, item: ToSelect) -> list[bytes]:
+        batch = item.batch
         if batch.index_shares is not None:  # split by the worker; not kept while the batch waits
             shares, batch.index_shares = batch.index_shares, None
             return shares
         short = self._too_short(batch)
-        exact = self.cleaner.dedup and not deduped
+        exact = self.cleaner.dedup and not item.deduped
         rows = (np.flatnonzero(~short) if short is not None else np.arange(len(batch))) if exact else None
         keys = batch.keys if self.near_in_processes else None
         return partition(batch.digests if exact else None, rows, keys, self.processes.parts)
 
-    def _decided(self, item, duplicates: np.ndarray):
+    def _decided(self, item: ToSelect, duplicates: np.ndarray) -> tuple[_Rows, np.ndarray | None]:
         """The batch's exact duplicates are known: decide up to near duplicates; with them, the
         mask of its indexed rows among the passing ones, their sketches appended for the processes."""
-        batch, _, deduped, _ = item
+        batch = item.batch
         fresh = np.ones(len(batch), dtype=bool)
-        if self.cleaner.dedup and not deduped and len(duplicates):
+        if self.cleaner.dedup and not item.deduped and len(duplicates):
             fresh[duplicates] = False
             self.cleaner.drops.add("duplicate", len(duplicates))
-        rows, filtered, first = self._decide(batch, fresh)
+        rows = self._decide(batch, fresh)
         if not self.near_in_processes:
-            return (rows, filtered, first), None
+            return rows, None
         passing = int(batch.passing().sum())
         mask = np.zeros(passing, dtype=bool)
-        if len(rows):
-            among_passing = self._among_passing(batch, rows)
+        if len(rows.indexed):
+            among_passing = self._among_passing(batch, rows.indexed)
             mask[among_passing] = True
             self.processes.append_sketches(
-                batch.sketches if len(rows) == passing else batch.sketches[among_passing]
+                batch.sketches if len(rows.indexed) == passing else batch.sketches[among_passing]
             )
         batch.sketches = None  # with the index processes now; not kept while the batch waits
-        return (rows, filtered, first), mask
+        return rows, mask
 
-    def _finished(self, item, state, answers) -> tuple[Selected, object]:
+    def _finished(self, item: ToSelect, rows: _Rows, answers: list[Answer] | None) -> Selected:
         """The batch's near duplicates are known (`answers`, one per index process, or None)."""
-        batch, text, _, payload = item
-        rows, filtered, first = state
-        match, estimate = np.full(len(rows), -1, dtype=np.int64), np.zeros(len(rows))
+        count = len(rows.indexed)
+        match, estimate = np.full(count, -1, dtype=np.int64), np.zeros(count)
         for answer in answers or ():  # the best of the processes' bests: highest estimate, then earliest
             documents = answer.documents
             if len(documents):
@@ -161,7 +165,7 @@ class Selection:
                 better |= (answer.estimates == now_estimate) & (answer.matches < now)
                 match[documents[better]] = answer.matches[better]
                 estimate[documents[better]] = answer.estimates[better]
-        return self._finish(batch, text, rows, filtered, first, match, estimate), payload
+        return self._finish(item, rows, match, estimate)
 
     # --- the steps ---------------------------------------------------------------------------------
 
@@ -175,7 +179,7 @@ class Selection:
         """Keys and sketches are there for the passing rows only: each row's index among those."""
         return rows if batch.reasons is None else (np.cumsum(batch.passing()) - 1)[rows]
 
-    def _decide(self, batch: TokenizedBatch, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    def _decide(self, batch: TokenizedBatch, fresh: np.ndarray) -> _Rows:
         """The first-seen rows' filter reasons counted (with their tokens); the rows that reach
         near-dedup, the filtered rows, and the first one's position."""
         if batch.reasons is not None:
@@ -193,20 +197,27 @@ class Selection:
         self.positions += len(rows)
         if self.positions > _MAX_POSITIONS and (self.near is not None or self.near_in_processes):
             raise OverflowError("more than 2**32 documents in one near-duplicate index")
-        return rows, filtered, first
+        return _Rows(indexed=rows, filtered=filtered, first_position=first)
 
-    def _finish(self, batch, text, rows, filtered, first, match, estimate) -> Selected:
+    def _finish(
+        self, item: ToSelect, rows: _Rows, match: np.ndarray, estimate: np.ndarray | None
+    ) -> Selected:
         """Near duplicates counted; the rows offered to the pair sample, its removed members recorded."""
-        if batch.keys is not None and len(rows):
+        batch, indexed, first = item.batch, rows.indexed, rows.first_position
+        if batch.keys is not None and len(indexed):
             if self.sample is not None:
-                first_keys = batch.keys[self._among_passing(batch, rows), 0]
-                self.sample.offer_all(first_keys, first + np.arange(len(rows)), lambda i: text(int(rows[i])))
+                first_keys = batch.keys[self._among_passing(batch, indexed), 0]
+                positions = first + np.arange(len(indexed))
+                self.sample.offer_all(first_keys, positions, lambda i: item.text(int(indexed[i])))
             near = np.flatnonzero(match >= 0)
             if len(near):
-                self._drop(NEAR_DUPLICATE, int(batch.lengths[rows[near]].sum()), len(near))
+                self._drop(NEAR_DUPLICATE, int(batch.lengths[indexed[near]].sum()), len(near))
                 if self.sample is not None:
                     self.sample.record_all(first + near, match[near], estimate[near])
-        return Selected(batch, rows, match, filtered, first)
+        return Selected(
+            batch=batch, indexed=indexed, match=match, filtered=rows.filtered, first_position=first,
+            payload=item.payload,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Stop the index processes, if there are any."""

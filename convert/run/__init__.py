@@ -12,6 +12,16 @@ options.py     `ShardOptions`: what a conversion is asked to do, checked once
 
 from convert.run.jobs import convert_corpus, import_bin
 from convert.run.options import ShardOptions, available_cpus
-from convert.run.tasks import TaskSpec, merge_tasks
+from convert.run.report import Summary
+from convert.run.tasks import TaskMarker, TaskSpec, merge_tasks
 
-__all__ = ["ShardOptions", "TaskSpec", "available_cpus", "convert_corpus", "import_bin", "merge_tasks"]
+__all__ = [
+    "ShardOptions",
+    "Summary",
+    "TaskMarker",
+    "TaskSpec",
+    "available_cpus",
+    "convert_corpus",
+    "import_bin",
+    "merge_tasks",
+]

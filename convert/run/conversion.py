@@ -48,7 +48,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -58,9 +58,18 @@ from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.executor import Executor, ordered, start_workers
 from convert.filters.cleaning import Cleaner, text_digest
-from convert.records import ChunkTokens, Doc, PartResult, Selected, TextBatch, TokenizedBatch, in_val
+from convert.records import (
+    ChunkTokens,
+    Doc,
+    PartResult,
+    Selected,
+    TextBatch,
+    TokenizedBatch,
+    ToSelect,
+    in_val,
+)
 from convert.run.options import ShardOptions
-from convert.run.report import build_summary, print_summary
+from convert.run.report import NearDedupSummary, SplitSummary, Summary, build_summary, print_summary
 from convert.run.worker import clean_batch, init_worker, part_name, process_chunk, tokenize_batch
 from convert.tokens.packing import TOKEN_DTYPE, Packer
 from shards.meta import SPLITS, SplitMeta, now, write_meta
@@ -87,7 +96,10 @@ def split_of(digest: bytes, val_fraction: float) -> str:
 def batch_documents(batch: TokenizedBatch, val_fraction: float) -> Iterator[Doc]:
     """Every row of a tokenized batch as a kept document, in order, with its split."""
     rows = np.arange(len(batch))
-    selected = Selected(batch, rows, np.full(len(rows), -1), np.empty(0, dtype=np.int64), 0)
+    selected = Selected(
+        batch=batch, indexed=rows, match=np.full(len(rows), -1), filtered=np.empty(0, dtype=np.int64),
+        first_position=0,
+    )  # fmt: skip
     return selected.documents(val_fraction)
 
 
@@ -123,11 +135,11 @@ def select_in_workers(
                 batch, sources = clean_batch(texts_in, cleaner)
                 places = [_place(items[i]) for i in sources.tolist()]
             else:
-                batch, places = TextBatch(texts_in), [_place(item) for item in items]
+                batch, places = TextBatch(texts=texts_in), [_place(item) for item in items]
             sent.append((batch.texts, places))
             yield batch
 
-    def decided() -> Iterator[tuple]:
+    def tokenized() -> Iterator[ToSelect]:
         for batch in ordered(executor, tokenize_batch, batches(), window):
             texts_sent, places = sent.popleft()
             for reason, count in batch.drops.items():
@@ -136,10 +148,9 @@ def select_in_workers(
                 text = partial(_sent, texts_sent, places)
             else:
                 text = partial(_cleaned, cleaner, texts_sent, places, batch.sources)
-            yield batch, text, clean_here, None
+            yield ToSelect(batch=batch, text=text, deduped=clean_here)
 
-    for selected, _ in selection.select_all(decided()):
-        yield selected
+    yield from selection.select_all(tokenized())
 
 
 def _place(item) -> tuple[str, int] | None:
@@ -194,7 +205,9 @@ class Chunk:
         fingerprint = chunk_fingerprint(b"".join(self.digests), options, tokenizer)
         lengths = np.fromiter(map(len, self.pieces), dtype=np.int64, count=len(self.pieces))
         tokens = np.concatenate(self.pieces) if self.pieces else np.empty(0, dtype=TOKEN_DTYPE)
-        return ChunkTokens(self.split, self.index, tokens, lengths, fingerprint)
+        return ChunkTokens(
+            split=self.split, index=self.index, tokens=tokens, lengths=lengths, fingerprint=fingerprint
+        )
 
 
 def chunk_fingerprint(digests: bytes, options: ShardOptions, tokenizer: TokenizerInfo) -> str:
@@ -209,13 +222,13 @@ def chunk_fingerprint(digests: bytes, options: ShardOptions, tokenizer: Tokenize
 
 def chunk_documents(docs: Iterable[Doc], *, chunk_size: int) -> Iterator[Chunk]:
     """Route documents to their split; cut each split's stream into ~chunk_size chunks."""
-    open_chunks = {split: Chunk(split, 0) for split in SPLITS}
+    open_chunks = {split: Chunk(split=split, index=0) for split in SPLITS}
     for doc in docs:
         chunk = open_chunks[doc.split]
         chunk.add(doc)
         if chunk.size >= chunk_size:
             yield chunk
-            open_chunks[chunk.split] = Chunk(chunk.split, chunk.index + 1)
+            open_chunks[chunk.split] = Chunk(split=chunk.split, index=chunk.index + 1)
     for chunk in open_chunks.values():
         if chunk.size:
             yield chunk
@@ -242,16 +255,12 @@ class SplitTotals:
     too_short: int = 0
     lost_tail_tokens: int = 0
 
-    def summary(self, seq_len: int) -> dict:
-        return {
-            "documents": self.documents,
-            "too_short_tokens": self.too_short,
-            "samples": self.samples,
-            "tokens": self.samples * seq_len,
-            "shards": len(self.shards),
-            "parts": len(self.parts),
-            "lost_tail_tokens": self.lost_tail_tokens,
-        }
+    def summary(self, seq_len: int) -> SplitSummary:
+        return SplitSummary(
+            documents=self.documents, too_short_tokens=self.too_short, samples=self.samples,
+            tokens=self.samples * seq_len, shards=len(self.shards), parts=len(self.parts),
+            lost_tail_tokens=self.lost_tail_tokens,
+        )  # fmt: skip
 
 
 class Conversion:
@@ -346,10 +355,11 @@ class Conversion:
         start: float,
         command: str,
         selection: Selection | None = None,
-        extra: dict | None = None,
-    ) -> dict:
+        tasks: int | None = None,
+    ) -> Summary:
         """Check there is something to write; write meta, the near-duplicate report, summary,
-        then the indexes last. `selection` adds its dropped tokens and pair sample."""
+        then the indexes last. `selection` adds its dropped tokens and pair sample; `tasks`, a
+        merge's task count."""
         totals, options = self.totals, self.options
         if totals["train"].samples == 0:
             read_docs = read.get("documents", "the")
@@ -362,6 +372,12 @@ class Conversion:
         for split in SPLITS:
             self.write_meta(split, {**dropped, **malformed}, command)
         all_dropped = {**dropped, **malformed, "too_short_tokens": sum(t.too_short for t in totals.values())}
+        elapsed = time.monotonic() - start
+        dropped_tokens = filters = near = None
+        if selection is not None:
+            dropped_tokens = dict(sorted(selection.dropped_tokens.items()))
+            filters = options.filters if options.filters.active else None
+            near = self._near_report(selection)
         summary = build_summary(
             out=self.store.url(),
             read=read,
@@ -369,13 +385,14 @@ class Conversion:
             splits={split: totals[split].summary(options.seq_len) for split in SPLITS},
             seq_len=options.seq_len,
             workers=options.workers,
-            elapsed=time.monotonic() - start,
+            elapsed=elapsed,
             reused_parts=self.reused_parts,
+            dropped_tokens=dropped_tokens,
+            filters=filters,
+            near_dedup=near,
+            tasks=tasks,
         )
-        if selection is not None:
-            summary.update(self._selection_summary(selection))
-        summary.update(extra or {})
-        self.store.write_json("summary.json", summary)
+        self.store.write_json("summary.json", summary.to_json())
         self.write_indexes()
         print_summary(summary, sys.stdout)
         if totals["val"].samples == 0 and options.val_fraction > 0:
@@ -385,22 +402,19 @@ class Conversion:
             )
         return summary
 
-    def _selection_summary(self, selection: Selection) -> dict:
-        """dropped_tokens, the active filters and, with near-dedup, its settings and report file."""
-        out: dict = {"dropped_tokens": dict(sorted(selection.dropped_tokens.items()))}
-        filters = self.options.filters
-        if filters.active:
-            out["filters"] = asdict(filters)
+    def _near_report(self, selection: Selection) -> NearDedupSummary | None:
+        """With near-dedup: the sample of removed pairs written beside summary.json, and its summary."""
         near = self.options.near_dedup
-        if near is not None:
-            pairs = selection.sample.pairs(near.ngram) if selection.sample is not None else []
-            self.store.write_json(
-                NEAR_REPORT, {"threshold": near.threshold, "ngram": near.ngram, "pairs": pairs}
-            )
-            out["near_dedup"] = {**asdict(near), "report": NEAR_REPORT, "pairs_in_report": len(pairs)}
-            if selection.near is not None or selection.near_in_processes:
-                out["near_dedup"]["index_bytes"] = selection.index_bytes
-        return out
+        if near is None:
+            return None
+        pairs = selection.sample.pairs(near.ngram) if selection.sample is not None else []
+        self.store.write_json(NEAR_REPORT, {"threshold": near.threshold, "ngram": near.ngram, "pairs": pairs})
+        index_bytes = (
+            selection.index_bytes if selection.near is not None or selection.near_in_processes else None
+        )
+        return NearDedupSummary(
+            options=near, report=NEAR_REPORT, pairs_in_report=len(pairs), index_bytes=index_bytes
+        )
 
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:
         totals, options, tokenizer = self.totals[split], self.options, self.tokenizer

@@ -21,8 +21,8 @@ from convert.reading.options import ReadOptions
 from convert.records import Doc
 from convert.run.conversion import Conversion, digest_of, split_of, tokenize_in_workers
 from convert.run.options import ShardOptions
-from convert.run.report import counted_texts, progress_bar
-from convert.run.tasks import TaskSpec, merge_tasks, run_task
+from convert.run.report import Summary, counted_texts, progress_bar
+from convert.run.tasks import TaskMarker, TaskSpec, merge_tasks, run_task
 
 __all__ = ["TaskSpec", "check_read_options", "convert_corpus", "import_bin", "merge_tasks"]
 
@@ -36,9 +36,10 @@ def convert_corpus(
     read: ReadOptions = ReadOptions(),
     command: str = "",
     task: TaskSpec | None = None,
-) -> dict:
+) -> Summary | TaskMarker:
     """Read, clean, filter, de-duplicate, tokenize, pack and write `inputs` to `out`; returns the
-    summary. With `task`, only that task's share of the files, up to the selected rows."""
+    summary. With `task`, only that task's share of the files, up to the selected rows; returns
+    its task.json."""
     from convert.reading.readers import ReadStats, check_read, read_documents
     from convert.reading.sources import expand_inputs, refuse_output_among_inputs
     from convert.run.ranges import RangeFeed, process_spooled_chunk, range_formats, spool_folder
@@ -115,7 +116,7 @@ def check_read_options(read: ReadOptions, options: ShardOptions) -> None:
 
 def import_bin(
     files: list[str], *, tokenizer: str, out: str, options: ShardOptions = ShardOptions(), command: str = ""
-) -> dict:
+) -> Summary:
     """Split .bin token files into documents and write them as shards; returns the summary."""
     from convert.reading.sources import expand_inputs
 
@@ -137,7 +138,12 @@ def import_bin(
                     bar.update()
                     digest = digest_of(doc)
                     tokens = np.concatenate([bos, doc, eos], dtype=np.uint32)
-                    yield Doc(digest, len(doc), tokens, split_of(digest, options.val_fraction))
+                    yield Doc(
+                        digest=digest,
+                        size=len(doc),
+                        tokens=tokens,
+                        split=split_of(digest, options.val_fraction),
+                    )
         if counts["documents"] == 0:
             raise ConvertError(f"no tokens found in {', '.join(paths[:3])}: the .bin files are empty")
 

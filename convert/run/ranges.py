@@ -40,6 +40,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,7 +48,16 @@ from convert.dedup.selection import Selection
 from convert.executor import Executor, ordered
 from convert.reading.options import ReadOptions
 from convert.reading.readers import ReadStats, byte_ranges, empty_corpus_error, range_format, read_range
-from convert.records import DIGEST_BYTES, ChunkTokens, PartResult, Selected, TextBatch, TokenizedBatch, in_val
+from convert.records import (
+    DIGEST_BYTES,
+    ChunkTokens,
+    PartResult,
+    Selected,
+    TextBatch,
+    TokenizedBatch,
+    ToSelect,
+    in_val,
+)
 from convert.run.conversion import BATCH_CHARS, Conversion, chunk_fingerprint
 from convert.run.worker import current_cleaner, process_chunk, tokenize_batch
 from convert.scratch import make_scratch
@@ -74,7 +84,7 @@ def range_formats(paths: list[str], read: ReadOptions) -> list[str] | None:
     return formats
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RangeTask:
     """One byte range for a worker to read and process."""
 
@@ -89,7 +99,7 @@ class RangeTask:
     val_fraction: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RangeResult:
     batch: TokenizedBatch  # its `tokens` left empty: they are in the spool, or `val_tokens`
     lines: np.ndarray  # per row: line number within the range, from 0
@@ -101,6 +111,13 @@ class RangeResult:
     malformed: int
     malformed_examples: list[tuple[str, int, str]]  # line numbers within the range, from 0
     texts: dict[int, str] = field(default_factory=dict)  # row -> cleaned text, for the pair sample
+
+
+class _Arrived(NamedTuple):
+    """A range's task and what its worker sent back, handed through the selection."""
+
+    task: RangeTask
+    result: RangeResult
 
 
 def read_range_batch(task: RangeTask) -> RangeResult:
@@ -117,10 +134,15 @@ def read_range_batch(task: RangeTask) -> RangeResult:
     range_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
     if not docs:
         none = np.empty(0, dtype=np.int64)
-        empty = TokenizedBatch(b"", none, none, np.empty(0, dtype=np.uint32), {})
-        return RangeResult(empty, none, range_lines, np.zeros(0, dtype=bool), none, empty.tokens,
-                           0, stats.malformed, _shifted(stats, first))  # fmt: skip
-    batch = tokenize_batch(TextBatch([doc.text for doc in docs]))
+        empty = TokenizedBatch(
+            digests=b"", chars=none, lengths=none, tokens=np.empty(0, dtype=np.uint32), drops={}
+        )
+        return RangeResult(
+            batch=empty, lines=none, range_lines=range_lines, is_val=np.zeros(0, dtype=bool), offsets=none,
+            val_tokens=empty.tokens, documents=0, malformed=stats.malformed,
+            malformed_examples=_shifted(stats, first),
+        )  # fmt: skip
+    batch = tokenize_batch(TextBatch(texts=[doc.text for doc in docs]))
     if batch.index_shares is not None and batch.keys is not None:  # the index processes have the keys
         batch.keys = np.ascontiguousarray(batch.keys[:, :1])
     doc_lines = np.fromiter((doc.line for doc in docs), dtype=np.int64, count=len(docs))
@@ -147,17 +169,9 @@ def read_range_batch(task: RangeTask) -> RangeResult:
     examples = _shifted(stats, first)
     batch.tokens = np.empty(0, dtype=batch.tokens.dtype)
     return RangeResult(
-        batch,
-        lines,
-        range_lines,
-        is_val,
-        offsets,
-        val_tokens,
-        stats.documents,
-        stats.malformed,
-        examples,
-        texts,
-    )
+        batch=batch, lines=lines, range_lines=range_lines, is_val=is_val, offsets=offsets, val_tokens=val_tokens,
+        documents=stats.documents, malformed=stats.malformed, malformed_examples=examples, texts=texts,
+    )  # fmt: skip
 
 
 def _sample_text(texts: dict[int, str], lines: np.ndarray, path: str, before: int, row: int):
@@ -170,7 +184,7 @@ def _shifted(stats: ReadStats, first: int) -> list[tuple[str, int, str]]:
     return [(source, line - first, reason) for source, line, reason in stats.malformed_examples]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SpooledChunk:
     """A chunk as a worker gets it on this path: the train documents as spool offsets."""
 
@@ -194,7 +208,13 @@ class SpooledChunk:
                     pieces.append(spool[start : start + length])
                 at += len(starts)
             tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
-        return ChunkTokens(self.split, self.index, tokens, self.lengths, self.fingerprint)
+        return ChunkTokens(
+            split=self.split,
+            index=self.index,
+            tokens=tokens,
+            lengths=self.lengths,
+            fingerprint=self.fingerprint,
+        )
 
 
 def process_spooled_chunk(chunk: SpooledChunk) -> PartResult:
@@ -220,7 +240,7 @@ class RangeFeed:
         self.paths, self.formats, self.stats, self.bar = paths, formats, stats, bar
         self.spool_dir = spool_dir
         self.options = conversion.options
-        self.open = {split: _OpenChunk(0) for split in SPLITS}
+        self.open = {split: _OpenChunk(index=0) for split in SPLITS}
         self.users: dict[str, int] = {}  # spool file -> batch routing + chunks still to write it
         self.chunk_spools: dict[tuple[str, int], list[str]] = {}
         self.smallest_keys = np.empty(0, dtype=np.uint64)  # of the passing rows received so far
@@ -233,8 +253,11 @@ class RangeFeed:
             for start, end in byte_ranges(path, os.path.getsize(path), self.range_bytes):
                 spool = os.path.join(self.spool_dir, f"{number:08d}.u32")
                 number += 1
-                yield RangeTask(path, fmt, start, end, self.read.text_field, self.read.preset, spool,
-                                self._sample_bound(), self.options.val_fraction)  # fmt: skip
+                yield RangeTask(
+                    path=path, fmt=fmt, start=start, end=end, text_field=self.read.text_field,
+                    preset=self.read.preset, spool=spool, sample_bound=self._sample_bound(),
+                    val_fraction=self.options.val_fraction,
+                )  # fmt: skip
 
     def _sample_bound(self) -> int:
         """A first band key above which no row of a range handed out now can join the pair sample.
@@ -271,7 +294,7 @@ class RangeFeed:
                 pending.append(task)
                 yield task
 
-        def arrived() -> Iterator[tuple]:
+        def arrived() -> Iterator[ToSelect]:
             for result in ordered(executor, read_range_batch, tracked(), window):
                 task = pending.pop(0)
                 before = lines_in_file.get(task.path, 0)
@@ -280,11 +303,14 @@ class RangeFeed:
                 self._note_keys(result.batch)
                 self.users[task.spool] = 1
                 text = partial(_sample_text, result.texts, result.lines, task.path, before)
-                yield result.batch, text, False, (task, result)
+                yield ToSelect(
+                    batch=result.batch, text=text, deduped=False, payload=_Arrived(task=task, result=result)
+                )
 
-        for selected, (task, result) in self.selection.select_all(arrived()):
-            yield from self._route(task, result, selected)
-            self._release(task.spool)
+        for selected in self.selection.select_all(arrived()):
+            arrived_range = selected.payload
+            yield from self._route(arrived_range.task, arrived_range.result, selected)
+            self._release(arrived_range.task.spool)
         for split in SPLITS:
             if self.open[split].size:
                 yield self._seal(split)
@@ -342,15 +368,24 @@ class RangeFeed:
 
     def _seal(self, split: str) -> SpooledChunk:
         chunk = self.open[split]
-        self.open[split] = _OpenChunk(chunk.index + 1)
+        self.open[split] = _OpenChunk(index=chunk.index + 1)
         fingerprint = chunk_fingerprint(b"".join(chunk.digests), self.options, self.conversion.tokenizer)
         lengths = np.concatenate(chunk.lengths) if chunk.lengths else np.empty(0, dtype=np.int64)
         if split == "val":
             pieces = chunk.val_pieces
             tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
-            return SpooledChunk(split, chunk.index, fingerprint, lengths, [], tokens)
+            return SpooledChunk(
+                split=split,
+                index=chunk.index,
+                fingerprint=fingerprint,
+                lengths=lengths,
+                segments=[],
+                tokens=tokens,
+            )
         self.chunk_spools[(split, chunk.index)] = sorted({path for path, _ in chunk.segments})
-        return SpooledChunk(split, chunk.index, fingerprint, lengths, chunk.segments)
+        return SpooledChunk(
+            split=split, index=chunk.index, fingerprint=fingerprint, lengths=lengths, segments=chunk.segments
+        )
 
     def done(self, result: PartResult) -> None:
         """A part is written (or reused): the spool files only it still read go."""

@@ -13,7 +13,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from typing import TextIO
+
+from convert.dedup.options import NearDedupOptions
+from convert.filters.quality import QualityFilters
 
 PLAIN_EVERY_S = 10.0
 
@@ -97,61 +101,133 @@ def counted_texts(docs: Iterable, bar, every: int = 256, documents: bool = False
     bar.update(count % every)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SplitSummary:
+    """One split in summary.json."""
+
+    documents: int
+    too_short_tokens: int  # tokens of its documents under --min-tokens
+    samples: int
+    tokens: int
+    shards: int
+    parts: int
+    lost_tail_tokens: int  # the last partial sample's tokens, not stored
+
+
+@dataclass(frozen=True, kw_only=True)
+class NearDedupSummary:
+    """Near-duplicate removal in summary.json: its settings (flat), the pair report's name and size."""
+
+    options: NearDedupOptions
+    report: str  # the sample of removed pairs, beside summary.json
+    pairs_in_report: int
+    index_bytes: int | None = None  # the band index's and sketches' bytes
+
+    def to_json(self) -> dict:
+        out = {**asdict(self.options), "report": self.report, "pairs_in_report": self.pairs_in_report}
+        return out if self.index_bytes is None else {**out, "index_bytes": self.index_bytes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """What a conversion read, dropped and wrote: summary.json, printed at the end, and what
+    `convert_corpus`, `merge_tasks` and `import_bin` return."""
+
+    out: str
+    read: dict  # files, documents, malformed and its first examples (`ReadStats.as_dict`)
+    dropped: dict[str, int]  # documents by reason
+    splits: dict[str, SplitSummary]
+    seq_len: int
+    tokens_written: int
+    workers: int
+    reused_parts: int  # parts an interrupted run had written, kept
+    elapsed_s: float
+    tokens_per_s: float | None
+    # With a selection (not for token files): the dropped documents' tokens by reason; the active
+    # quality filters; near-duplicate removal. A merge: how many tasks it merged.
+    dropped_tokens: dict[str, int] | None = None
+    filters: QualityFilters | None = None
+    near_dedup: NearDedupSummary | None = None
+    tasks: int | None = None
+
+    def to_json(self) -> dict:
+        """summary.json: the sections that do not apply are left out."""
+        out = {
+            "out": self.out,
+            "read": self.read,
+            "dropped": self.dropped,
+            "splits": {name: asdict(split) for name, split in self.splits.items()},
+            "seq_len": self.seq_len,
+            "tokens_written": self.tokens_written,
+            "workers": self.workers,
+            "reused_parts": self.reused_parts,
+            "elapsed_s": self.elapsed_s,
+            "tokens_per_s": self.tokens_per_s,
+        }
+        if self.dropped_tokens is not None:
+            out["dropped_tokens"] = self.dropped_tokens
+        if self.filters is not None:
+            out["filters"] = asdict(self.filters)
+        if self.near_dedup is not None:
+            out["near_dedup"] = self.near_dedup.to_json()
+        if self.tasks is not None:
+            out["tasks"] = self.tasks
+        return out
+
+
 def build_summary(
     *,
     out: str,
     read: dict,
     dropped: dict[str, int],
-    splits: dict[str, dict],
+    splits: dict[str, SplitSummary],
     seq_len: int,
     workers: int,
     elapsed: float,
     reused_parts: int,
-) -> dict:
-    tokens = sum(split["tokens"] for split in splits.values())
-    return {
-        "out": out,
-        "read": read,
-        "dropped": dropped,
-        "splits": splits,
-        "seq_len": seq_len,
-        "tokens_written": tokens,
-        "workers": workers,
-        "reused_parts": reused_parts,
-        "elapsed_s": round(elapsed, 3),
-        "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
-    }
+    dropped_tokens: dict[str, int] | None = None,
+    filters: QualityFilters | None = None,
+    near_dedup: NearDedupSummary | None = None,
+    tasks: int | None = None,
+) -> Summary:
+    tokens = sum(split.tokens for split in splits.values())
+    return Summary(
+        out=out, read=read, dropped=dropped, splits=splits, seq_len=seq_len, tokens_written=tokens,
+        workers=workers, reused_parts=reused_parts, elapsed_s=round(elapsed, 3),
+        tokens_per_s=round(tokens / elapsed, 1) if elapsed > 0 else None, dropped_tokens=dropped_tokens,
+        filters=filters, near_dedup=near_dedup, tasks=tasks,
+    )  # fmt: skip
 
 
-def print_summary(summary: dict, stream: TextIO) -> None:
-    read = summary["read"]
-    lines = [f"converted into {summary['out']} in {summary['elapsed_s']:.1f} s"]
+def print_summary(summary: Summary, stream: TextIO) -> None:
+    read = summary.read
+    lines = [f"converted into {summary.out} in {summary.elapsed_s:.1f} s"]
     if "documents" in read:
         lines.append(f"  documents read: {read['documents']} from {read.get('files', '?')} file(s)")
     if read.get("malformed"):
         lines.append(f"  malformed records skipped: {read['malformed']}")
         for example in read.get("malformed_examples", [])[:5]:
             lines.append(f"    {example['source']}:{example['line']}: {example['reason']}")
-    dropped, tokens = summary["dropped"], summary.get("dropped_tokens", {})
+    dropped, tokens = summary.dropped, summary.dropped_tokens or {}
     parts = [f"{k} {v}" + (f" ({tokens[k]:,} tokens)" if k in tokens else "") for k, v in dropped.items()]
     lines.append("  dropped: " + (", ".join(parts) if parts else "none"))
-    near = summary.get("near_dedup")
+    near = summary.near_dedup
     if near:
         lines.append(
-            f"  near-duplicates: Jaccard >= {near['threshold']} over {near['ngram']}-character shingles; "
-            f"{near['pairs_in_report']} sampled pair(s) in {near['report']}"
+            f"  near-duplicates: Jaccard >= {near.options.threshold} over {near.options.ngram}-character "
+            f"shingles; {near.pairs_in_report} sampled pair(s) in {near.report}"
         )
-    for name, split in summary["splits"].items():
+    for name, split in summary.splits.items():
         lines.append(
-            f"  {name}: {split['documents']} documents, {split['samples']} samples x {summary['seq_len']} "
-            f"= {split['tokens']} tokens in {split['shards']} shards"
-            + (f" ({split['lost_tail_tokens']} tokens of the last partial sample not stored)")
+            f"  {name}: {split.documents} documents, {split.samples} samples x {summary.seq_len} "
+            f"= {split.tokens} tokens in {split.shards} shards"
+            + (f" ({split.lost_tail_tokens} tokens of the last partial sample not stored)")
         )
-    rate = summary["tokens_per_s"]
+    rate = summary.tokens_per_s
     lines.append(
-        f"  tokens written: {summary['tokens_written']}"
-        + (f" ({rate:,.0f} tokens/s with {summary['workers']} worker(s))" if rate else "")
+        f"  tokens written: {summary.tokens_written}"
+        + (f" ({rate:,.0f} tokens/s with {summary.workers} worker(s))" if rate else "")
     )
-    if summary["reused_parts"]:
-        lines.append(f"  resumed: {summary['reused_parts']} part(s) reused from the interrupted run")
+    if summary.reused_parts:
+        lines.append(f"  resumed: {summary.reused_parts} part(s) reused from the interrupted run")
     stream.write("\n".join(lines) + "\n")

@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import numpy as np
 
@@ -50,10 +51,10 @@ from convert.errors import ConvertError
 from convert.executor import start_workers
 from convert.filters.quality import QualityFilters
 from convert.reading.options import ReadOptions
-from convert.records import DIGEST_BYTES, Selected, TokenizedBatch
+from convert.records import DIGEST_BYTES, Doc, Selected, TokenizedBatch, ToSelect
 from convert.run.conversion import Conversion, select_in_workers
 from convert.run.options import ShardOptions
-from convert.run.report import counted_texts, progress_bar
+from convert.run.report import Summary, counted_texts, progress_bar
 from convert.run.worker import init_worker
 from shards.output import open_output, refuse_complete
 from shards.tokenizer import Tokenizer
@@ -156,13 +157,46 @@ def _inputs_fingerprint(paths: list[str], sizes: list[int]) -> str:
     return f"{len(paths)} files, sha256 {hashlib.sha256(listing.encode()).hexdigest()[:16]}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class TaskPiece:
+    """One piece file of a task's rows."""
+
+    name: str
+    rows: int  # rows that reached the selection
+    indexed: int  # of them, the rows that passed the filters
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskMarker:
+    """task.json: a finished task (written last), what `run_task` returns and the merge reads back."""
+
+    task: int
+    settings: dict  # what every task of the conversion must share (`settings_of`)
+    files: list[str]  # this task's share of the inputs
+    read: dict  # `ReadStats.as_dict`
+    # What never became a row (the merge counts the rest again): empty texts, duplicates in the task.
+    dropped_before_selection: dict[str, int]
+    dropped: dict[str, int]
+    dropped_tokens: dict[str, int]
+    pieces: list[TaskPiece]
+    elapsed_s: float
+    command: str
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "pieces": [asdict(piece) for piece in self.pieces]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TaskMarker:
+        return cls(**{**data, "pieces": [TaskPiece(**piece) for piece in data["pieces"]]})
+
+
 # --- one task ------------------------------------------------------------------------------------
 
 
 def run_task(
     inputs: list[str], *, tokenizer: str, out: str, options: ShardOptions, read: ReadOptions, task: TaskSpec,
     command: str = "",
-) -> dict:  # fmt: skip
+) -> TaskMarker:  # fmt: skip
     """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json."""
     from convert.reading.readers import ReadStats, read_documents
     from convert.reading.sources import expand_inputs, input_sizes
@@ -218,24 +252,23 @@ def run_task(
         ],
     )
     dropped = cleaner.drops.as_dict()
-    marker = {
-        "task": task.index,
-        "settings": settings,
-        "files": mine,
-        "read": stats.as_dict(),
-        # What never became a row (the merge counts the rest again): empty texts, duplicates in the task.
-        "dropped_before_selection": {k: v for k, v in dropped.items() if k in ("empty", "duplicate")},
-        "dropped": dropped,
-        "dropped_tokens": dict(sorted(selection.dropped_tokens.items())),
-        "pieces": pieces.pieces,
-        "elapsed_s": round(time.monotonic() - start, 3),
-        "command": command,
-    }
-    store.write_json(f"{task.folder}/{MARKER}", marker)  # last: the task is done
-    rows = sum(piece["rows"] for piece in pieces.pieces)
+    marker = TaskMarker(
+        task=task.index,
+        settings=settings,
+        files=mine,
+        read=stats.as_dict(),
+        dropped_before_selection={k: v for k, v in dropped.items() if k in ("empty", "duplicate")},
+        dropped=dropped,
+        dropped_tokens=dict(sorted(selection.dropped_tokens.items())),
+        pieces=pieces.pieces,
+        elapsed_s=round(time.monotonic() - start, 3),
+        command=command,
+    )
+    store.write_json(f"{task.folder}/{MARKER}", marker.to_json())  # last: the task is done
+    rows = sum(piece.rows for piece in pieces.pieces)
     print(
         f"task {task.index} of {task.count}: {len(mine)} file(s), {stats.documents} documents read, {rows} rows "
-        f"in {len(pieces.pieces)} piece(s) under {store.url(task.folder)} in {marker['elapsed_s']:.1f} s; "
+        f"in {len(pieces.pieces)} piece(s) under {store.url(task.folder)} in {marker.elapsed_s:.1f} s; "
         f"merge with `python -m convert merge --out {store.url()}` once all {task.count} tasks are done"
     )
     return marker
@@ -246,7 +279,7 @@ class PieceWriter:
 
     def __init__(self, store: Store, folder: str, dtype: str) -> None:
         self.store, self.folder, self.dtype = store, folder, np.dtype(dtype)
-        self.pieces: list[dict] = []
+        self.pieces: list[TaskPiece] = []
         self._parts: list[dict[str, np.ndarray]] = []
         self._tokens = 0
         self._first_position: int | None = None
@@ -277,7 +310,7 @@ class PieceWriter:
         name = f"piece-{len(self.pieces):05d}.npz.zst"
         self.store.write_bytes(f"{self.folder}/{name}", zstd.compress(buffer.getvalue(), _ZSTD_LEVEL))
         indexed = int((arrays["reasons"] == 0).sum())
-        self.pieces.append({"name": name, "rows": len(arrays["chars"]), "indexed": indexed})
+        self.pieces.append(TaskPiece(name=name, rows=len(arrays["chars"]), indexed=indexed))
         self._parts, self._tokens, self._first_position = [], 0, None
 
 
@@ -330,7 +363,7 @@ def load_piece(store: Store, folder: str, name: str) -> tuple[TokenizedBatch, in
 # --- the merge -----------------------------------------------------------------------------------
 
 
-def read_markers(store: Store) -> list[dict]:
+def read_markers(store: Store) -> list[TaskMarker]:
     """Every task's task.json, checked complete and consistent; refused naming the task that is not."""
     names = [name for name in store.list_dirs(TASKS) if name.startswith("task-") and name[5:].isdigit()]
     if not names:
@@ -353,7 +386,7 @@ def read_markers(store: Store) -> list[dict]:
                 "(again), then merge"
             )
         _check_same(index, marker["settings"], first["settings"], int(names[0][5:]))
-        markers.append(marker)
+        markers.append(TaskMarker.from_json(marker))
     extra = [name for name in names if int(name[5:]) >= count]
     if extra:
         raise ConvertError(
@@ -398,12 +431,12 @@ def _options_from(settings: dict, *, workers: int, progress: bool, overwrite: bo
 
 def merge_tasks(
     out: str, *, workers: int = 1, progress: bool = True, overwrite: bool = False, command: str = ""
-) -> dict:
+) -> Summary:
     """Merge the finished tasks under OUT/tasks/ into the conversion one machine would have
     written to OUT; returns its summary."""
     store = open_output(out)
     markers = read_markers(store)
-    settings = markers[0]["settings"]
+    settings = markers[0].settings
     options = _options_from(settings, workers=workers, progress=progress, overwrite=overwrite)
     conversion = Conversion(
         tokenizer=store.url(f"{task_folder(0)}/tokenizer.model"), out=out, options=options
@@ -416,24 +449,25 @@ def merge_tasks(
     read = ReadOptions(**settings["read"])
     cleaner = read.cleaner()
     for marker in markers:  # what the tasks dropped before their rows
-        for reason, count in marker["dropped_before_selection"].items():
+        for reason, count in marker.dropped_before_selection.items():
             cleaner.drops.add(reason, count)
     near = conversion.options.near_dedup
     selection = Selection(conversion.options, cleaner, sample=PairSample() if near is not None else None)
     texts = _sample_texts(store, markers) if near is not None else {}
     start = time.monotonic()
-    total = sum(len(marker["pieces"]) for marker in markers)
+    total = sum(len(marker.pieces) for marker in markers)
 
-    def pieces() -> Iterator[tuple]:
+    def pieces() -> Iterator[ToSelect]:
         for index, marker in enumerate(markers):
-            for piece in marker["pieces"]:
-                batch, first = load_piece(store, task_folder(index), piece["name"])
+            for piece in marker.pieces:
+                batch, first = load_piece(store, task_folder(index), piece.name)
                 local = first + np.cumsum(batch.passing()) - 1
-                yield batch, lambda row, i=index, local=local: texts.get((i, int(local[row]))), False, None
+                text = partial(_sample_text, texts, index, local)
+                yield ToSelect(batch=batch, text=text, deduped=False)
 
-    def documents(_executor) -> Iterator:
+    def documents(_executor) -> Iterator[Doc]:
         with progress_bar(total, "piece", "merging", enabled=progress) as bar:
-            for selected, _ in selection.select_all(pieces()):
+            for selected in selection.select_all(pieces()):
                 yield from selected.documents(conversion.options.val_fraction)
                 bar.update()
 
@@ -443,13 +477,20 @@ def merge_tasks(
         read=_merged_read(markers),
         dropped=cleaner.drops.as_dict(),
         start=start,
-        command=command or markers[0]["command"],
+        command=command or markers[0].command,
         selection=selection,
-        extra={"tasks": len(markers)},
+        tasks=len(markers),
     )
 
 
-def _sample_texts(store: Store, markers: list[dict]) -> dict[tuple[int, int], str | tuple[str, str, int]]:
+def _sample_text(texts: dict, task: int, local: np.ndarray, row: int) -> str | tuple[str, str, int] | None:
+    """A row's text for the pair sample, if its task's sample.json has it (by task and position)."""
+    return texts.get((task, int(local[row])))
+
+
+def _sample_texts(
+    store: Store, markers: list[TaskMarker]
+) -> dict[tuple[int, int], str | tuple[str, str, int]]:
     texts = {}
     for index in range(len(markers)):
         for member in store.read_json(f"{task_folder(index)}/sample.json") or []:
@@ -460,11 +501,11 @@ def _sample_texts(store: Store, markers: list[dict]) -> dict[tuple[int, int], st
     return texts
 
 
-def _merged_read(markers: list[dict]) -> dict:
+def _merged_read(markers: list[TaskMarker]) -> dict:
     read = {"files": 0, "documents": 0, "malformed": 0, "malformed_examples": []}
     for marker in markers:
         for key in ("files", "documents", "malformed"):
-            read[key] += marker["read"][key]
-        read["malformed_examples"] += marker["read"]["malformed_examples"]
+            read[key] += marker.read[key]
+        read["malformed_examples"] += marker.read["malformed_examples"]
     read["malformed_examples"] = read["malformed_examples"][:20]
     return read

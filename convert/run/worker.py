@@ -65,7 +65,7 @@ def clean_batch(texts: list[str], cleaner: Cleaner) -> tuple[TextBatch, np.ndarr
         if result is not None:
             kept.append(result)
             sources.append(i)
-    batch = TextBatch([text for text, _ in kept], b"".join(digest for _, digest in kept))
+    batch = TextBatch(texts=[text for text, _ in kept], digests=b"".join(digest for _, digest in kept))
     return batch, np.array(sources, dtype=np.int64)
 
 
@@ -94,8 +94,8 @@ def tokenize_batch(batch: TextBatch) -> TokenizedBatch:
         shares = partition(batch.digests if exact else None, rows, keys, options.index_processes)
     all_pass = not reasons.any()
     return TokenizedBatch(
-        batch.digests, chars, lengths, tokens, drops, None if all_pass else reasons, keys, sketches, sources,
-        shares,
+        digests=batch.digests, chars=chars, lengths=lengths, tokens=tokens, drops=drops,
+        reasons=None if all_pass else reasons, keys=keys, sketches=sketches, sources=sources, index_shares=shares,
     )  # fmt: skip
 
 
@@ -152,6 +152,9 @@ def process_chunk(chunk: ChunkTokens) -> PartResult:
     writer.write(packer.add(tokens))
     shards = writer.finish()
     too_short = len(chunk.lengths) - kept
-    result = PartResult(chunk.split, chunk.index, shards, writer.samples, kept, too_short, packer.tail)
+    result = PartResult(
+        split=chunk.split, index=chunk.index, shards=shards, samples=writer.samples, documents=kept,
+        too_short=too_short, tail=packer.tail,
+    )  # fmt: skip
     store.write_json(f"{folder}/part.json", result.marker(chunk.fingerprint))  # last: the part is done
     return result

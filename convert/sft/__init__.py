@@ -6,7 +6,7 @@ conversion.py  cleaning, length rules, de-duplication, fitting, the chat templat
                writing both splits; `SftOptions`
 """
 
-from convert.sft.conversion import SftOptions, convert_sft
+from convert.sft.conversion import SftOptions, SftSummary, convert_sft
 from convert.sft.pairs import SftLayout, layout_for, read_pairs
 
-__all__ = ["SftLayout", "SftOptions", "convert_sft", "layout_for", "read_pairs"]
+__all__ = ["SftLayout", "SftOptions", "SftSummary", "convert_sft", "layout_for", "read_pairs"]

@@ -133,16 +133,57 @@ class SplitTotals:
     target_tokens: int = 0
     padding_tokens: int = 0
 
-    def summary(self, seq_len: int) -> dict:
+    def summary(self, seq_len: int) -> SftSplitSummary:
         tokens = self.samples * seq_len
+        return SftSplitSummary(
+            examples=self.examples, samples=self.samples, tokens=tokens, target_tokens=self.target_tokens,
+            padding_tokens=self.padding_tokens,
+            padding_share=round(self.padding_tokens / tokens, 4) if tokens else 0.0, shards=len(self.shards),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class SftSplitSummary:
+    """One split in an SFT conversion's summary.json."""
+
+    examples: int
+    samples: int
+    tokens: int
+    target_tokens: int  # tokens the loss counts (the answers and their EOS)
+    padding_tokens: int
+    padding_share: float
+    shards: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SftSummary:
+    """What an SFT conversion read, dropped, cut and wrote: summary.json, printed at the end, and
+    what `convert_sft` returns."""
+
+    out: str
+    read: dict  # `ReadStats.as_dict`
+    dropped: dict[str, int]  # pairs by reason
+    truncated: dict[str, int]  # prompts and answers cut to fit
+    splits: dict[str, SftSplitSummary]
+    seq_len: int
+    packed: bool
+    chat_template: str  # its name
+    options: SftOptions
+    elapsed_s: float
+
+    def to_json(self) -> dict:
         return {
-            "examples": self.examples,
-            "samples": self.samples,
-            "tokens": tokens,
-            "target_tokens": self.target_tokens,
-            "padding_tokens": self.padding_tokens,
-            "padding_share": round(self.padding_tokens / tokens, 4) if tokens else 0.0,
-            "shards": len(self.shards),
+            "out": self.out,
+            "kind": SFT,
+            "read": self.read,
+            "dropped": self.dropped,
+            "truncated": self.truncated,
+            "splits": {name: asdict(split) for name, split in self.splits.items()},
+            "seq_len": self.seq_len,
+            "packed": self.packed,
+            "chat_template": self.chat_template,
+            "options": asdict(self.options),
+            "elapsed_s": self.elapsed_s,
         }
 
 
@@ -224,7 +265,7 @@ def convert_sft(
     layout: SftLayout = SftLayout(),
     options: SftOptions = SftOptions(),
     command: str = "",
-) -> dict:
+) -> SftSummary:
     """Convert prompt/answer records into `out`/train and `out`/val; returns the summary."""
     start = time.monotonic()
     options.check()
@@ -249,20 +290,19 @@ def convert_sft(
         totals[split].shards = packers[split].finish()
     for split in SPLITS:
         write_meta(store, job.meta(split, totals[split], counts, command))
-    summary = {
-        "out": store.url(),
-        "kind": SFT,
-        "read": counts.read.as_dict(),
-        "dropped": counts.dropped_dict(),
-        "truncated": counts.truncated(),
-        "splits": {split: totals[split].summary(options.seq_len) for split in SPLITS},
-        "seq_len": options.seq_len,
-        "packed": options.pack,
-        "chat_template": job.template.name,
-        "options": asdict(options),
-        "elapsed_s": round(time.monotonic() - start, 3),
-    }
-    store.write_json("summary.json", summary)
+    summary = SftSummary(
+        out=store.url(),
+        read=counts.read.as_dict(),
+        dropped=counts.dropped_dict(),
+        truncated=counts.truncated(),
+        splits={split: totals[split].summary(options.seq_len) for split in SPLITS},
+        seq_len=options.seq_len,
+        packed=options.pack,
+        chat_template=job.template.name,
+        options=options,
+        elapsed_s=round(time.monotonic() - start, 3),
+    )
+    store.write_json("summary.json", summary.to_json())
     for split in ("val", "train"):  # last: an index.json marks its split complete
         store.write_json(f"{split}/index.json", index_json(totals[split].shards))
     print_summary(summary, sys.stdout)
@@ -332,10 +372,10 @@ class Job:
             kind=SFT, split=split, seq_len=self.options.seq_len, dtype=self.dtype,
             columns={"tokens": self.dtype, **SFT_COLUMNS}, vocab_size=info.vocab_size, eos_id=info.eos_id,
             bos_id=info.bos_id, add_bos=False, tokenizer_sha256=info.sha256,
-            chat_template=self.template.to_dict(), packed=self.options.pack, num_samples=s["samples"],
-            num_tokens=s["tokens"], num_documents=s["examples"], num_examples=s["examples"],
-            target_tokens=s["target_tokens"], padding_tokens=s["padding_tokens"],
-            padding_share=s["padding_share"], truncated=counts.truncated(), dropped=counts.dropped_dict(),
+            chat_template=self.template.to_dict(), packed=self.options.pack, num_samples=s.samples,
+            num_tokens=s.tokens, num_documents=s.examples, num_examples=s.examples,
+            target_tokens=s.target_tokens, padding_tokens=s.padding_tokens,
+            padding_share=s.padding_share, truncated=counts.truncated(), dropped=counts.dropped_dict(),
             created_at=now(), command=command,
         )  # fmt: skip
 
@@ -394,26 +434,26 @@ def _nothing_kept(paths: list[str], counts: Counts) -> ConvertError:
     return ConvertError(message + "; check the files, --preset or the field options, and the length rules")
 
 
-def print_summary(summary: dict, stream) -> None:
-    read = summary["read"]
-    lines = [f"converted SFT pairs into {summary['out']} in {summary['elapsed_s']:.1f} s"]
+def print_summary(summary: SftSummary, stream) -> None:
+    read = summary.read
+    lines = [f"converted SFT pairs into {summary.out} in {summary.elapsed_s:.1f} s"]
     lines.append(f"  records read: {read['documents']} from {read['files']} file(s)")
     if read["malformed"]:
         lines.append(f"  malformed records skipped: {read['malformed']}")
         for example in read["malformed_examples"][:5]:
             lines.append(f"    {example['source']}:{example['line']}: {example['reason']}")
-    dropped = summary["dropped"]
+    dropped = summary.dropped
     lines.append("  dropped: " + (", ".join(f"{k} {v}" for k, v in dropped.items()) if dropped else "none"))
-    cut = summary["truncated"]
+    cut = summary.truncated
     lines.append(
-        f"  truncated to fit {summary['seq_len']} tokens: {cut['prompts']} prompts, {cut['answers']} answers"
+        f"  truncated to fit {summary.seq_len} tokens: {cut['prompts']} prompts, {cut['answers']} answers"
     )
-    how = "packed" if summary["packed"] else "one example per sample"
-    for name, s in summary["splits"].items():
+    how = "packed" if summary.packed else "one example per sample"
+    for name, s in summary.splits.items():
         lines.append(
-            f"  {name}: {s['examples']} examples in {s['samples']} samples x {summary['seq_len']} ({how}), "
-            f"{s['target_tokens']} answer tokens, padding {s['padding_tokens']} tokens "
-            f"({100 * s['padding_share']:.1f}%), {s['shards']} shards"
+            f"  {name}: {s.examples} examples in {s.samples} samples x {summary.seq_len} ({how}), "
+            f"{s.target_tokens} answer tokens, padding {s.padding_tokens} tokens "
+            f"({100 * s.padding_share:.1f}%), {s.shards} shards"
         )
-    lines.append(f"  chat template: {summary['chat_template']}")
+    lines.append(f"  chat template: {summary.chat_template}")
     stream.write("\n".join(lines) + "\n")

@@ -87,10 +87,10 @@ def test_near_duplicates_are_removed_counted_and_reported(
     out = tmp_path / "out"
     summary = convert(planted, small_tokenizer, out, val_fraction=0.0, chunk_chars=10**9)
     near_copies = planted.copies("near")
-    assert summary["dropped"]["near_duplicate"] == len(near_copies) == 30
-    assert summary["dropped"]["duplicate"] == 6
+    assert summary.dropped["near_duplicate"] == len(near_copies) == 30
+    assert summary.dropped["duplicate"] == 6
     sp = spm.SentencePieceProcessor(model_file=small_tokenizer)
-    assert summary["dropped_tokens"]["near_duplicate"] == sum(token_count(sp, t) for t, _ in near_copies)
+    assert summary.dropped_tokens["near_duplicate"] == sum(token_count(sp, t) for t, _ in near_copies)
     # What is left is exactly the original documents, in their order: the first of each cluster.
     cleaner = Cleaner()
     originals = [cleaner.normalize(d) for d in small_corpus_docs]
@@ -100,9 +100,7 @@ def test_near_duplicates_are_removed_counted_and_reported(
     assert np.array_equal(samples.ravel(), flat[: samples.size])
     # The report beside summary.json: removed copies with the original they repeat.
     report = json.loads((out / "near_duplicates.json").read_text(encoding="utf-8"))
-    assert (
-        report["threshold"] == 0.8 and summary["near_dedup"]["pairs_in_report"] == len(report["pairs"]) > 10
-    )
+    assert report["threshold"] == 0.8 and summary.near_dedup.pairs_in_report == len(report["pairs"]) > 10
     copy_of = {cleaner.normalize(copy): cleaner.normalize(original) for copy, original in near_copies}
     for pair in report["pairs"]:
         assert copy_of[pair["removed"]["text"]] == pair["kept"]["text"]
@@ -135,11 +133,11 @@ def test_quality_filters_count_documents_and_tokens(
     for reason, text in bad.items():
         # The second copy is an exact duplicate, except a too-short one: too short comes first.
         copies = 2 if reason == "too_short_chars" else 1
-        assert summary["dropped"][reason] == copies, reason
-        assert summary["dropped_tokens"][reason] == copies * token_count(sp, text), reason
-    assert summary["dropped"]["duplicate"] == 3
-    assert summary["filters"]["min_cjk_share"] == 0.3
-    assert "near_dedup" not in summary and not (tmp_path / "out" / "near_duplicates.json").exists()
+        assert summary.dropped[reason] == copies, reason
+        assert summary.dropped_tokens[reason] == copies * token_count(sp, text), reason
+    assert summary.dropped["duplicate"] == 3
+    assert summary.filters.min_cjk_share == 0.3
+    assert summary.near_dedup is None and not (tmp_path / "out" / "near_duplicates.json").exists()
 
 
 def test_a_short_duplicate_is_counted_as_too_short_wherever_it_is_decided():
@@ -156,8 +154,9 @@ def test_a_short_duplicate_is_counted_as_too_short_wherever_it_is_decided():
     selection = Selection(opts, cleaner)
     texts = [short, short, long, long]
     batch = TokenizedBatch(
-        b"".join(text_digest(t) for t in texts), np.array([len(t) for t in texts]), np.array([3, 3, 9, 9]),
-        np.zeros(18, dtype=np.uint32), {}, np.array([REASON_CODES["too_short_chars"]] * 2 + [0, 0], dtype=np.int8),
+        digests=b"".join(text_digest(t) for t in texts), chars=np.array([len(t) for t in texts]),
+        lengths=np.array([3, 3, 9, 9]), tokens=np.zeros(18, dtype=np.uint32), drops={},
+        reasons=np.array([REASON_CODES["too_short_chars"]] * 2 + [0, 0], dtype=np.int8),
     )  # fmt: skip
     selected = selection.select(batch, lambda row: None, deduped=False)
     assert selected.indexed.tolist() == [2]
@@ -178,9 +177,9 @@ def test_the_main_process_or_the_workers_decide_alike(tmp_path, planted, small_t
         runs[main_works] = convert(
             planted, small_tokenizer, out, main_works=main_works, filters=QualityFilters.recommended()
         )
-    assert runs[True]["dropped"] == runs[False]["dropped"] and runs[True]["dropped"]["near_duplicate"] > 0
-    assert runs[True]["dropped_tokens"] == runs[False]["dropped_tokens"]
-    assert runs[True]["splits"] == runs[False]["splits"]
+    assert runs[True].dropped == runs[False].dropped and runs[True].dropped["near_duplicate"] > 0
+    assert runs[True].dropped_tokens == runs[False].dropped_tokens
+    assert runs[True].splits == runs[False].splits
     for split in ("train", "val"):
         assert np.array_equal(
             local_samples(str(tmp_path / "main-True"), split),
@@ -196,7 +195,7 @@ def test_the_main_process_or_the_workers_decide_alike(tmp_path, planted, small_t
 def test_two_workers_keep_what_one_keeps(tmp_path, planted, small_tokenizer):
     one = convert(planted, small_tokenizer, tmp_path / "one")
     two = convert(planted, small_tokenizer, tmp_path / "two", workers=2)
-    assert one["dropped"] == two["dropped"] and one["splits"] == two["splits"]
+    assert one.dropped == two.dropped and one.splits == two.splits
     for split in ("train", "val"):
         assert np.array_equal(
             local_samples(str(tmp_path / "one"), split), local_samples(str(tmp_path / "two"), split)
@@ -220,16 +219,16 @@ def test_three_tasks_and_a_merge_equal_one_machine(tmp_path, planted, small_toke
         )  # fmt: skip
         for index in (2, 0, 1)  # any order
     ]
-    assert sorted(len(m["files"]) for m in markers) == [1, 1, 1]
+    assert sorted(len(m.files) for m in markers) == [1, 1, 1]
     # Copies planted across files: some duplicates are only found by the merge.
-    assert sum(m["dropped"].get("duplicate", 0) for m in markers) < single["dropped"]["duplicate"]
-    assert all("near_duplicate" not in m["dropped"] for m in markers)
+    assert sum(m.dropped.get("duplicate", 0) for m in markers) < single.dropped["duplicate"]
+    assert all("near_duplicate" not in m.dropped for m in markers)
     assert not (out / "train" / "index.json").exists()
     merged = merge_tasks(str(out), workers=1, progress=False)
 
     for key in ("dropped", "dropped_tokens", "splits", "read"):
-        assert merged[key] == single[key], key
-    assert merged["dropped"]["near_duplicate"] > 0 and merged["tasks"] == 3
+        assert getattr(merged, key) == getattr(single, key), key
+    assert merged.dropped["near_duplicate"] > 0 and merged.tasks == 3
     for split in ("train", "val"):
         assert np.array_equal(local_samples(str(out), split), local_samples(str(tmp_path / "single"), split))
         meta = [
@@ -276,7 +275,7 @@ def test_a_merge_refuses_missing_or_mismatched_tasks(tmp_path, planted, small_co
         )  # fmt: skip
     assert not (out / "train").exists() and not (out / "summary.json").exists()
     task(2)
-    assert merge_tasks(str(out), progress=False)["tasks"] == 3
+    assert merge_tasks(str(out), progress=False).tasks == 3
 
 
 def test_tasks_get_contiguous_runs_of_files_balanced_by_bytes():

@@ -41,8 +41,8 @@ def test_output_is_byte_identical_to_the_record(golden_inputs, small_tokenizer, 
     assert digests(tmp_path / "out") == record["cases"][label]
 
 
-def _comparable(summary: dict) -> dict:
-    return {key: value for key, value in summary.items() if key not in ("elapsed_s", "tokens_per_s", "out")}
+def _comparable(summary) -> dict:
+    return {k: v for k, v in summary.to_json().items() if k not in ("elapsed_s", "tokens_per_s", "out")}
 
 
 @pytest.mark.parametrize(("label", "near"), [("plain", False), ("near_filters", True)])
@@ -60,7 +60,7 @@ def test_small_ranges_match_the_record_and_the_main_process_reading(
     monkeypatch.setattr(ranges, "range_formats", lambda paths, read: None)
     whole = convert(inputs, small_tokenizer, tmp_path / "whole", near, (2, False))
     assert digests(tmp_path / "whole") == record["cases"][label]
-    assert ranged["read"]["malformed_examples"][0]["line"] == 19
+    assert ranged.read["malformed_examples"][0]["line"] == 19
     assert _comparable(ranged) == _comparable(whole) | {"workers": 3}
     if near:
         report = (tmp_path / "ranged/near_duplicates.json").read_bytes()
@@ -110,17 +110,13 @@ def test_a_near_duplicate_index_split_over_processes_decides_alike(
         assert (tmp_path / out / "near_duplicates.json").read_bytes() == (
             tmp_path / "one/near_duplicates.json"
         ).read_bytes()
-    assert (
-        split["near_dedup"]["index_bytes"]
-        == whole["near_dedup"]["index_bytes"]
-        == one["near_dedup"]["index_bytes"]
-    )
-    assert split["dropped"] == whole["dropped"] == one["dropped"]
-    assert split["dropped_tokens"] == one["dropped_tokens"]
+    assert split.near_dedup.index_bytes == whole.near_dedup.index_bytes == one.near_dedup.index_bytes
+    assert split.dropped == whole.dropped == one.dropped
+    assert split.dropped_tokens == one.dropped_tokens
     # Exact de-duplication alone in the index processes too.
     plain_split = convert(inputs, small_tokenizer, tmp_path / "plain", False, (2, False))
     assert digests(tmp_path / "plain") == record["cases"]["plain"]
-    assert plain_split["dropped"]["duplicate"] == 26
+    assert plain_split.dropped["duplicate"] == 26
 
 
 def test_index_processes_with_the_main_process_cleaning_match_the_record(
@@ -176,7 +172,7 @@ def test_a_full_pair_sample_gets_every_text_it_keeps(golden_inputs, small_tokeni
     whole = convert(inputs, small_tokenizer, tmp_path / "whole", True, (2, False))
     report = (tmp_path / "ranged/near_duplicates.json").read_bytes()
     assert report == (tmp_path / "whole/near_duplicates.json").read_bytes()
-    assert ranged["near_dedup"]["pairs_in_report"] == whole["near_dedup"]["pairs_in_report"] > 0
+    assert ranged.near_dedup.pairs_in_report == whole.near_dedup.pairs_in_report > 0
     _check_places(json.loads(report))
 
 

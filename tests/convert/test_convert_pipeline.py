@@ -71,10 +71,10 @@ def test_no_token_lost_but_the_last_partial_sample(reference, small_corpus_docs,
     streams = expected_streams(small_corpus_docs, small_tokenizer, 0.1)
     for split, docs in streams.items():
         total = sum(len(d) for d in docs)
-        written = summary["splits"][split]
-        assert written["samples"] == total // SEQ, split
-        assert written["lost_tail_tokens"] == total % SEQ < SEQ
-        assert written["documents"] == len(docs)
+        written = summary.splits[split]
+        assert written.samples == total // SEQ, split
+        assert written.lost_tail_tokens == total % SEQ < SEQ
+        assert written.documents == len(docs)
         samples = local_samples(str(out), split)
         assert samples.shape == (total // SEQ, SEQ)
         # Same multiset of tokens as the documents, minus only the final partial sample.
@@ -82,7 +82,7 @@ def test_no_token_lost_but_the_last_partial_sample(reference, small_corpus_docs,
         got_counts = np.bincount(samples.ravel(), minlength=2000)
         assert (expected_counts - got_counts).sum() == total % SEQ
         assert (expected_counts >= got_counts).all()
-    assert summary["splits"]["train"]["parts"] > 3  # several chunks, so tails really were merged
+    assert summary.splits["train"].parts > 3  # several chunks, so tails really were merged
 
 
 def test_samples_across_parts_are_what_format_md_says(reference, small_corpus_docs, small_tokenizer):
@@ -142,7 +142,11 @@ def test_a_batch_splits_its_documents_exactly_as_split_of_does():
     digests += [bytes(8) + (edge + d).to_bytes(8, "little") for d in (-2048, -1, 0, 1, 2048)]
     n = len(digests)
     batch = TokenizedBatch(
-        b"".join(digests), np.ones(n, np.int64), np.ones(n, np.int64), np.arange(n, dtype=np.uint32), {}
+        digests=b"".join(digests),
+        chars=np.ones(n, np.int64),
+        lengths=np.ones(n, np.int64),
+        tokens=np.arange(n, dtype=np.uint32),
+        drops={},
     )
     docs = list(batch_documents(batch, 0.1))
     assert [doc.split for doc in docs] == [split_of(d, 0.1) for d in digests]
@@ -156,19 +160,19 @@ def test_a_batch_splits_its_documents_exactly_as_split_of_does():
 def test_split_is_by_document_and_stable(tmp_path, reference, small_corpus, small_tokenizer):
     out, summary = reference
     again = convert(small_corpus, small_tokenizer, tmp_path / "again", chunk_chars=7_000)
-    assert again["splits"]["val"]["documents"] == summary["splits"]["val"]["documents"] > 0
+    assert again.splits["val"].documents == summary.splits["val"].documents > 0
     # Chunking differs, but each document lands in the same split, so each split holds the same tokens.
     for split in ("train", "val"):
-        before, after = summary["splits"][split], again["splits"][split]
-        assert before["documents"] == after["documents"]
-        assert before["tokens"] + before["lost_tail_tokens"] == after["tokens"] + after["lost_tail_tokens"]
+        before, after = summary.splits[split], again.splits[split]
+        assert before.documents == after.documents
+        assert before.tokens + before.lost_tail_tokens == after.tokens + after.lost_tail_tokens
 
 
 @pytest.mark.slow
 def test_same_samples_for_one_and_two_workers(tmp_path, reference, small_corpus, small_tokenizer):
     out, summary = reference
     two = convert(small_corpus, small_tokenizer, tmp_path / "two", workers=2)
-    assert two["splits"] == summary["splits"]
+    assert two.splits == summary.splits
     for split in ("train", "val"):
         one_rows, two_rows = local_samples(str(out), split), local_samples(str(tmp_path / "two"), split)
         assert sorted_rows(one_rows) == sorted_rows(two_rows)
@@ -185,10 +189,10 @@ def test_meta_json_follows_format_md(reference, small_tokenizer):
         assert (meta["split"], meta["seq_len"], meta["dtype"]) == (split, SEQ, "uint16")
         assert (meta["vocab_size"], meta["eos_id"], meta["bos_id"], meta["add_bos"]) == (2000, 2, 1, False)
         assert meta["tokenizer_sha256"] == sha
-        assert meta["num_samples"] == summary["splits"][split]["samples"]
+        assert meta["num_samples"] == summary.splits[split].samples
         assert meta["num_tokens"] == meta["num_samples"] * SEQ
-        assert meta["num_documents"] == summary["splits"][split]["documents"]
-        assert meta["dropped"]["too_short_tokens"] == summary["splits"][split]["too_short_tokens"]
+        assert meta["num_documents"] == summary.splits[split].documents
+        assert meta["dropped"]["too_short_tokens"] == summary.splits[split].too_short_tokens
         index = json.loads((out / split / "index.json").read_text())
         assert sum(shard["samples"] for shard in index["shards"]) == meta["num_samples"]
         assert {shard["compression"] for shard in index["shards"]} == {"zstd"}
@@ -202,6 +206,7 @@ def test_summary_is_saved(reference):
     assert saved["tokens_written"] == sum(s["tokens"] for s in saved["splits"].values()) > 0
     assert saved["tokens_per_s"] > 0 and saved["elapsed_s"] > 0
     assert "too_short_tokens" in saved["dropped"]
+    assert saved == summary.to_json()  # what convert_corpus returns is what it saved
 
 
 def test_bos_and_min_tokens_and_uint32(tmp_path, small_corpus, small_tokenizer):
@@ -228,7 +233,7 @@ def test_duplicates_dropped_globally(tmp_path, small_corpus_docs, small_tokenize
         out=str(tmp_path / "out"),
         options=options(val_fraction=0.0, chunk_chars=2_000),
     )
-    assert summary["dropped"]["duplicate"] == 30
+    assert summary.dropped["duplicate"] == 30
 
 
 def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_same_output(
@@ -252,9 +257,9 @@ def test_cleaning_and_writing_in_the_main_process_or_in_the_workers_give_the_sam
         )
         outputs[main_works] = summary, out
     (main, main_out), (workers, workers_out) = outputs[True], outputs[False]
-    assert main["dropped"] == workers["dropped"]
-    assert main["dropped"]["duplicate"] == 41 and main["dropped"]["empty"] == 601
-    assert main["splits"] == workers["splits"]
+    assert main.dropped == workers.dropped
+    assert main.dropped["duplicate"] == 41 and main.dropped["empty"] == 601
+    assert main.splits == workers.splits
     for split in ("train", "val"):
         assert np.array_equal(local_samples(str(main_out), split), local_samples(str(workers_out), split))
 

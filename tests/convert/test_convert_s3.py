@@ -56,7 +56,7 @@ def test_s3_in_and_out_equal_local(
     summary = convert_corpus(
         [f"s3://{s3_bucket}/corpus/"], tokenizer=small_tokenizer, out=remote, options=OPTIONS
     )
-    assert summary["splits"]["train"]["samples"] > 0
+    assert summary.splits["train"].samples > 0
     keys = s3_server.keys(s3_bucket, "shards/run1/")
     assert "shards/run1/train/index.json" in keys and "shards/run1/val/meta.json" in keys
     for split in ("train", "val"):
@@ -98,7 +98,7 @@ def test_tasks_on_s3_merge_into_the_local_single_run(
             inputs, tokenizer=small_tokenizer, out=remote, options=options, task=TaskSpec(3, index)
         )
     merged = merge_tasks(remote, workers=1, progress=False)
-    assert merged["dropped"] == single["dropped"] and single["dropped"]["duplicate"] == 15
+    assert merged.dropped == single.dropped and single.dropped["duplicate"] == 15
     for split in ("train", "val"):
         got = streaming_samples(f"{remote}/{split}", str(tmp_path / f"cache-{split}"))
         assert np.array_equal(got, local_samples(str(tmp_path / "single"), split))

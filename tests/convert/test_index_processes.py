@@ -13,7 +13,7 @@ from convert.dedup.options import NearDedupOptions
 from convert.dedup.selection import Selection
 from convert.filters.cleaning import Cleaner
 from convert.filters.quality import REASON_CODES, QualityFilters
-from convert.records import TokenizedBatch
+from convert.records import TokenizedBatch, ToSelect
 from convert.run.options import ShardOptions
 
 pytestmark = pytest.mark.slow  # index processes
@@ -43,8 +43,8 @@ class Documents:
         digests = b"".join(self.digests[16 * i : 16 * i + 16] for i in ids.tolist())
         tokens = np.zeros(int(self.lengths[ids][passing].sum()), dtype=np.uint32)
         return TokenizedBatch(
-            digests, self.lengths[ids] * 3, self.lengths[ids], tokens, {}, self.reasons[ids],
-            self.keys[ids][passing], self.sketches[ids][passing],
+            digests=digests, chars=self.lengths[ids] * 3, lengths=self.lengths[ids], tokens=tokens, drops={},
+            reasons=self.reasons[ids], keys=self.keys[ids][passing], sketches=self.sketches[ids][passing],
         )  # fmt: skip
 
 
@@ -52,11 +52,14 @@ def decide(batches: list[TokenizedBatch], processes: int):
     options = ShardOptions(filters=QualityFilters(min_chars=10), near_dedup=NEAR, index_processes=processes)
     cleaner = Cleaner()
     selection = Selection(options, cleaner, sample=PairSample(keys=12, per_key=2))
-    items = [(batch, lambda row, n=n: f"batch {n} row {row}", False, n) for n, batch in enumerate(batches)]
+    items = [
+        ToSelect(batch=batch, text=lambda row, n=n: f"batch {n} row {row}", deduped=False, payload=n)
+        for n, batch in enumerate(batches)
+    ]
     try:
         decided = [
-            (n, s.indexed.tolist(), s.match.tolist(), s.filtered.tolist(), s.first_position)
-            for s, n in selection.select_all(items)
+            (s.payload, s.indexed.tolist(), s.match.tolist(), s.filtered.tolist(), s.first_position)
+            for s in selection.select_all(items)
         ]
     finally:
         selection.close()
@@ -117,7 +120,8 @@ def test_a_dead_index_process_stops_the_run_with_a_clear_error():
     selection.processes.processes[1].kill()
     selection.processes.processes[1].join()
     items = [
-        (documents.batch(np.arange(n, n + 100)), lambda row: None, False, None) for n in range(0, 400, 100)
+        ToSelect(batch=documents.batch(np.arange(n, n + 100)), text=lambda row: None, deduped=False)
+        for n in range(0, 400, 100)
     ]
     with pytest.raises(RuntimeError, match="index process died"):
         list(selection.select_all(items))

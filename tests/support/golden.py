@@ -95,7 +95,7 @@ def digests(out: Path) -> dict[str, str]:
     return found
 
 
-def convert(inputs: list[str], tokenizer: str, out: Path, near: bool, run: tuple[int, bool]) -> dict:
+def convert(inputs: list[str], tokenizer: str, out: Path, near: bool, run: tuple[int, bool]):
     from convert.run.jobs import convert_corpus
 
     return convert_corpus(inputs, tokenizer=tokenizer, out=str(out), options=options(near, *run))
