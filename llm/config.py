@@ -35,6 +35,7 @@ from storage.local import atomic_write_text
 
 DEFAULT_PROMPTS = ["床前明月光", "请你讲一个童话故事：", "感冒的症状是"]
 DATA_KINDS = ("pretrain", "sft")
+SPLITS = ("train", "eval")  # the recipe's data.train and data.eval
 
 
 @dataclass
@@ -87,6 +88,10 @@ class DataConfig:
     # Checked on every shard as it enters the cache (xxh64 or sha1, both written by convert);
     # null turns the check off. Cost: `make bench-train`'s data-wait figure.
     validate_hash: str | None = "xxh64"
+
+    def streams(self, split: str) -> list[StreamConfig]:
+        """The streams of `split` (one of SPLITS): `train` or `eval`."""
+        return self.train if split == "train" else self.eval
 
 
 @dataclass
@@ -222,7 +227,7 @@ class CallbacksConfig:
 
 @dataclass
 class MLflowConfig:
-    """Composer's MLFlowLogger (llm/trackers.py); needs the `mlflow` extra."""
+    """Composer's MLFlowLogger (llm/loggers/mlflow_tracker.py); needs the `mlflow` extra."""
 
     enabled: bool = False
     tracking_uri: str | None = None  # http://host:5000, databricks, ...; None: env MLFLOW_TRACKING_URI
@@ -234,7 +239,7 @@ class MLflowConfig:
 
 @dataclass
 class WandBConfig:
-    """Composer's WandBLogger (llm/trackers.py); needs the `wandb` extra."""
+    """Composer's WandBLogger (llm/loggers/wandb_tracker.py); needs the `wandb` extra."""
 
     enabled: bool = False
     project: str = "llm-pretrain"
@@ -656,3 +661,16 @@ def save_resolved(cfg: TrainConfig, path: str | os.PathLike) -> Path:
     """Write the resolved, redacted config (atomically) so a run records what it ran."""
     atomic_write_text(path, to_yaml(cfg))
     return Path(path)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict (`TrainConfig.to_dict()`) as `section.key` -> value, tuples as lists:
+    what a resume compares with the checkpoint's recipe and what the trackers take as params."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(value, tuple):
+        value = list(value)
+    return {prefix.rstrip("."): value}

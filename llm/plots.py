@@ -1,6 +1,6 @@
 """Loss curves from a run's records: one run's `loss.png`, and `llm plot`'s comparison of runs.
 
-Everything here reads `metrics.jsonl` (llm/callbacks/metrics_file.py: one JSON object per logged
+Everything here reads `metrics.jsonl` (llm/loggers/metrics_file.py: one JSON object per logged
 step with `step`, `tokens`, `loss`, `lr`, `eval_loss`, `eval_loss/<source>`, `tokens_per_sec`),
 never a checkpoint: the curves of a 7B run hold hundreds of thousands of points, which would
 otherwise travel in every checkpoint. The x axis is tokens, as baby-llama2-chinese plots it, so

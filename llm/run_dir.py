@@ -7,7 +7,7 @@ start and to `save` with each checkpoint (`llm.checkpoint.plan.RunRecordsHook`).
 
 The records are the files a person reads after a run, written to `run_dir` by the callbacks and
 loggers: `config.yaml`, `metrics.jsonl`, `samples.jsonl`, `tasks.jsonl`, `loss.png`, and
-`trackers.json` (the MLflow / W&B run ids, llm/trackers.py). When `checkpoint.save_folder` is
+`trackers.json` (the MLflow / W&B run ids, llm/loggers/tracker_ids.py). When `checkpoint.save_folder` is
 remote, rank 0 stores them under `<save_folder>/records/` as part of every checkpoint save (before
 the checkpoint's manifests, so a complete checkpoint always has records at least as new as itself)
 and again at the end of the run.
@@ -40,12 +40,12 @@ log = logging.getLogger(__name__)
 
 RECORDS_DIR = "records"  # inside a checkpoint save folder
 CONFIG = "config.yaml"  # the resolved, redacted recipe (llm.config.save_resolved)
-METRICS = "metrics.jsonl"  # one line per logged step (llm/callbacks/metrics_file.py)
+METRICS = "metrics.jsonl"  # one line per logged step (llm/loggers/metrics_file.py)
 SAMPLES = "samples.jsonl"  # generated samples (llm/callbacks/generation.py)
 TASKS = "tasks.jsonl"  # task accuracies (llm/callbacks/task_eval.py)
 LOSS_PLOT = "loss.png"  # the loss curves (llm/callbacks/loss_plot.py, llm.plots)
-TRACKERS = "trackers.json"  # the MLflow / W&B run ids (llm/trackers.py)
-STORAGE_LOG = "storage-errors.log"  # tracebacks of failed shard downloads (llm/data.py); not a record
+TRACKERS = "trackers.json"  # the MLflow / W&B run ids (llm/loggers/tracker_ids.py)
+STORAGE_LOG = "storage-errors.log"  # tracebacks of failed downloads (llm/data/datasets.py); not a record
 STEP_FILES = (METRICS, SAMPLES, TASKS)  # JSON lines, each with a "step"
 OTHER_FILES = (CONFIG, LOSS_PLOT, TRACKERS)
 RECORD_FILES = (*STEP_FILES, *OTHER_FILES)

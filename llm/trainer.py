@@ -29,8 +29,6 @@ from llm.callbacks.chat_record import chat_record_callbacks
 from llm.callbacks.eval_sources import EvalSources, eval_sources_callbacks, source_label
 from llm.callbacks.generation import first_and_last_samples, generation_callbacks
 from llm.callbacks.loss_plot import LossPlot
-from llm.callbacks.metrics_file import MetricsFile
-from llm.callbacks.progress import ProgressLine
 from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint import restart
 from llm.checkpoint.plan import plan_checkpointing
@@ -45,6 +43,7 @@ from llm.data import (
 )
 from llm.errors import ConfigError
 from llm.float8 import apply_float8
+from llm.loggers import MetricsFile, ProgressLine, build_trackers, check_extras
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import (
     all_reduce_between_replicas,
@@ -56,7 +55,6 @@ from llm.parallelism import (
 from llm.plots import draw_run_plot
 from llm.profiling import memory_snapshot_callbacks, profiler_for
 from llm.run_dir import RunDir, RunRecords
-from llm.trackers import build_trackers, check_extras
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -126,7 +124,7 @@ def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
 def speed_callbacks(ctx: BuildContext) -> list[Callback]:
     # MFU needs the model's flops_per_batch (LanguageModel has it) and a GPU in Composer's table.
     # RuntimeEstimator: the seconds left (time/remaining_estimate), measured from this process's
-    # own steps, so also right after a resume (llm/callbacks/progress.py prints it).
+    # own steps, so also right after a resume (llm/loggers/progress_line.py prints it).
     return [SpeedMonitor(window_size=ctx.cfg.callbacks.speed_window), RuntimeEstimator(time_unit="seconds")]
 
 
@@ -170,7 +168,7 @@ def build_loggers(ctx: BuildContext) -> list[LoggerDestination]:
     loggers: list[LoggerDestination] = []
     if cfg.loggers.metrics_file:
         loggers.append(MetricsFile(RunDir(ctx.run_dir).metrics, interval=cfg.training.log_interval))
-    loggers.extend(build_trackers(cfg, ctx.run_dir))  # TensorBoard, MLflow, W&B: llm/trackers.py
+    loggers.extend(build_trackers(cfg, ctx.run_dir))  # TensorBoard, MLflow, W&B: llm/loggers/trackers.py
     loggers.append(ProgressLine(cfg.training.log_interval))  # tokens/s, MFU, time to finish
     return loggers
 

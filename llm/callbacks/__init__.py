@@ -1,1 +1,2 @@
-"""Composer callbacks and logger destinations of this project (one small module each)."""
+"""Composer callbacks of this project (one small module each); the logger destinations (metrics.jsonl,
+the progress line, the trackers) are in `llm/loggers/`."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from llm.checkpoint import manifest as cm
 from llm.checkpoint import restart
-from llm.config import TrainConfig, parse_duration
+from llm.config import TrainConfig, flatten, parse_duration
 from llm.errors import ConfigError
 from storage import StorageError, Store, open_store
 
@@ -332,7 +332,7 @@ def refuse_optimizer_group_change(saved: dict[str, Any], current: dict[str, Any]
 
 def warn_recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Warn once per recipe value that differs from the checkpoint's; return the messages."""
-    old, new = _flatten(saved), _flatten(current)
+    old, new = flatten(saved), flatten(current)
     messages = []
     for key in sorted(set(old) | set(new)):
         if key.startswith(NOT_COMPARED) or old.get(key) == new.get(key):
@@ -346,14 +346,3 @@ def warn_recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
         log.warning(msg)
         print(f"[resume] WARNING {msg}", file=sys.stderr, flush=True)
     return messages
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(value, tuple):
-        value = list(value)
-    return {prefix.rstrip("."): value}

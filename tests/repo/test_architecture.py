@@ -118,7 +118,7 @@ def test_layers_import_downwards_only():
     graph = import_graph()
     assert layer_violations(graph) == []
     assert any(m.startswith("shards") for m in graph["convert.sft.conversion"])  # the rule sees the new layer
-    assert any(m.startswith("shards") for m in graph["llm.data"])
+    assert any(m.startswith("shards") for m in graph["llm.data.meta_checks"])
     library = [
         n
         for n in graph
@@ -180,14 +180,16 @@ def test_the_cross_import_check_finds_planted_imports(tmp_path):
     ]
 
 
-# --- checkpointing knows nothing of plots, the memory plan or callbacks; the weights' reader internals
+# --- checkpointing knows nothing of plots, the memory plan, callbacks or loggers; the weights' reader
+# internals
 
 
-CHECKPOINT_MUST_NOT_IMPORT = ("llm.plots", "llm.memory_plan", "llm.callbacks")
+CHECKPOINT_MUST_NOT_IMPORT = ("llm.plots", "llm.memory_plan", "llm.callbacks", "llm.loggers")
 
 
 def checkpoint_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(module, import) pairs where llm.checkpoint imports plotting, the memory plan or a callback."""
+    """(module, import) pairs where llm.checkpoint imports plotting, the memory plan, a callback or a
+    logger destination."""
     return sorted(
         (name, m)
         for name, imported in graph.items()
@@ -201,6 +203,7 @@ def test_the_checkpoint_rule_catches_a_planted_import():
     planted = {"llm.checkpoint.plan": {"llm.plots", "llm.config"}, "llm.trainer": {"llm.plots"}}
     assert checkpoint_violations(planted) == [("llm.checkpoint.plan", "llm.plots")]
     assert checkpoint_violations({"llm.checkpoint.x": {"llm.callbacks.loss_plot"}}) != []
+    assert checkpoint_violations({"llm.checkpoint.x": {"llm.loggers.metrics_file"}}) != []
 
 
 def test_checkpointing_imports_no_plots_memory_plan_or_callbacks():
@@ -262,7 +265,7 @@ FLOORS = {
         "llm.float8",
         "llm.profiling",
     ),
-    2: ("llm.weights", "llm.trackers", "llm.memory_plan"),
+    2: ("llm.weights", "llm.loggers", "llm.memory_plan"),
     3: ("llm.callbacks",),
     4: ("llm.trainer",),
     5: ("llm.commands", "llm.__main__"),

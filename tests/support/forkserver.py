@@ -63,7 +63,7 @@ CLOSURE = [
     "llm.data",
     "llm.callbacks",
     "llm.weights.read",
-    "llm.trackers",
+    "llm.loggers",
     "llm.commands",
     "convert.cli",
     "convert.run.conversion",

@@ -311,7 +311,7 @@ def test_a_shared_memory_prefix_taken_at_the_same_moment_by_another_process_is_r
     def other():  # any other existing file is not that race
         raise FileExistsError(17, "File exists", "/tmp/cache/shard.00000.mds")
 
-    from llm.data import _with_shm_race_retry
+    from llm.data.shared_memory import with_shm_race_retry
 
     with pytest.raises(FileExistsError):
-        _with_shm_race_retry(other)
+        with_shm_race_retry(other)

@@ -1,6 +1,6 @@
-"""What is verified when, on the data path (llm/data.py `VerifiedStream`): a shard that fails its
-hash after download is deleted from the cache and fetched again; only a remote whose own copy is
-corrupt ends the run, in one line naming the file and both hashes; once the remote is repaired
+"""What is verified when, on the data path (llm/data/verified_stream.py `VerifiedStream`): a shard
+that fails its hash after download is deleted from the cache and fetched again; only a remote whose
+own copy is corrupt ends the run, in one line naming the file and both hashes; once the remote is repaired
 the same cache serves it; a decompressed shard edited in the cache is caught at the next start.
 
 In-process: the real loader over real shards on the loopback S3 server.

@@ -181,7 +181,7 @@ def test_a_server_that_answers_but_refuses_to_the_end_is_named_so(
     wait as in an outage, and the lines say what it answered instead of "did not answer". The
     tracker itself, in this process, against the real server behind the proxy."""
     from llm.config import MLflowConfig
-    from llm.trackers import MLflowTracker, TrackerIds
+    from llm.loggers import MLflowTracker, TrackerIds
     from scenarios.proxy import Proxy
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -21,7 +21,7 @@ from llm.checkpoint.preemption import stop_requested
 # metrics.jsonl field -> Composer metric name (lr is matched by prefix: "lr-AdamW/group0"). Also
 # written: each eval stream's `eval_loss/<name>` and `eval_perplexity/<name>` (from
 # metrics/eval/<name>/...; eval_loss itself is their token-weighted total, llm/callbacks/eval_sources.py)
-# and every multiple-choice result under its own name, `tasks/<task>/acc` ... (callbacks/task_eval.py).
+# and every multiple-choice result under its own name, `tasks/<task>/acc` ... (llm/callbacks/task_eval.py).
 FIELDS = {
     "loss": "loss/train/total",
     "eval_loss": "metrics/eval/LanguageCrossEntropy",

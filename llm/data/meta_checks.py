@@ -1,0 +1,116 @@
+"""The data's metadata against the recipe, before any model is built.
+
+`check_streams(cfg)` reads each stream's `meta.json` (local or s3://) and refuses data that
+contradicts the recipe (vocabulary, sequence length, tokenizer, pretraining vs SFT shards, SFT
+streams of different chat templates), and a cache folder for remote shards that cannot be written.
+The format's own checks (meta.json's schema, index.json, the hashes, the kind) are `shards/`'s;
+here is what the recipe adds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from llm.config import SPLITS, TrainConfig
+from llm.data.cache import check_cache_root
+from llm.errors import ConfigError
+from shards.chat_template import ChatTemplate
+from shards.errors import ShardsError
+from shards.index import check_index
+from shards.meta import SplitMeta, check_kind, read_meta
+from storage import StorageError, is_remote, join, read_url
+
+
+def check_streams(cfg: TrainConfig) -> dict[str, list[SplitMeta]]:
+    """Check every stream's metadata against the recipe; return the metadata per split."""
+    tokenizer_sha = None
+    if cfg.data.check_tokenizer_hash:
+        tokenizer_sha = file_sha256(cfg.tokenizer.path)
+    found: dict[str, list[SplitMeta]] = {}
+    for split in SPLITS:
+        found[split] = []
+        for i, stream in enumerate(cfg.data.streams(split)):
+            where = f"data.{split}.{i} ({stream.remote})"
+            try:  # the format's own checks raise ShardsError: to the recipe, a ConfigError like the rest
+                meta = read_meta(stream.remote)
+                check_kind(meta, cfg.data.kind, where)
+                check_meta(meta, cfg, where, tokenizer_sha)
+                check_index(stream.remote, cfg.data.validate_hash, where)
+            except ShardsError as err:
+                raise ConfigError(str(err)) from None
+            found[split].append(meta)
+    if cfg.data.kind == "sft":
+        _check_same_template(found)
+    if any(is_remote(s.remote) and not s.local for split in SPLITS for s in cfg.data.streams(split)):
+        check_cache_root(cfg.data.cache_root)
+    return found
+
+
+def _check_same_template(found: dict[str, list[SplitMeta]]) -> None:
+    """ConfigError unless every SFT stream was rendered with the same chat template."""
+    seen: dict[str, str] = {}
+    for split in SPLITS:
+        for i, meta in enumerate(found[split]):
+            seen.setdefault(json.dumps(meta.chat_template, sort_keys=True), f"data.{split}.{i}")
+    if len(seen) > 1:
+        first, second = list(seen.values())[:2]
+        raise ConfigError(
+            f"{first} and {second} were converted with different chat templates (meta.json "
+            "chat_template); convert every stream with the same `python -m convert sft --template`"
+        )
+
+
+def chat_template_of(cfg: TrainConfig) -> ChatTemplate | None:
+    """The chat template of an SFT recipe's shards (from the first train stream's meta.json; the
+    streams agree, see `check_streams`); None for pretraining."""
+    if cfg.data.kind != "sft":
+        return None
+    remote = cfg.data.train[0].remote
+    return ChatTemplate.from_dict(read_meta(remote).chat_template, f"{join(remote, 'meta.json')}")
+
+
+def check_meta(meta: SplitMeta, cfg: TrainConfig, where: str, tokenizer_sha: str | None) -> None:
+    """ConfigError naming the stream, both values and the fix when `meta` contradicts `cfg`."""
+    vocab, model_vocab = meta.vocab_size, cfg.model.vocab_size
+    if vocab > model_vocab:
+        raise ConfigError(
+            f"{where}: the shards' tokenizer has vocab_size={vocab} but model.vocab_size={model_vocab} "
+            f"is smaller, so some token ids have no embedding; set model.vocab_size >= {vocab} "
+            f"or convert with the recipe's tokenizer"
+        )
+    seq_len = meta.seq_len
+    if seq_len != cfg.model.max_seq_len:
+        raise ConfigError(
+            f"{where}: the shards hold samples of seq_len={seq_len} tokens but model.max_seq_len="
+            f"{cfg.model.max_seq_len}; set model.max_seq_len={seq_len} or re-convert with "
+            f"--seq-len {cfg.model.max_seq_len}"
+        )
+    if tokenizer_sha is not None and meta.tokenizer_sha256 != tokenizer_sha:
+        raise ConfigError(
+            f"{where}: the shards were tokenized with a tokenizer of sha256 "
+            f"{meta.tokenizer_sha256} but tokenizer.path={cfg.tokenizer.path} has sha256 "
+            f"{tokenizer_sha}; point tokenizer.path at the tokenizer used for conversion, re-convert, "
+            f"or set data.check_tokenizer_hash=false if you are sure they are equivalent"
+        )
+
+
+def file_sha256(path: str) -> str:
+    """SHA-256 of a local or s3:// file's bytes (the tokenizer identity written by convert)."""
+    try:
+        return hashlib.sha256(_read_bytes(path)).hexdigest()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"tokenizer.path={path} does not exist; train one with `python -m convert tokenizer` "
+            f"or fix the path"
+        ) from None
+
+
+def _read_bytes(path: str) -> bytes:
+    """Through the storage layer (its retries and timeouts); an absent file is FileNotFoundError."""
+    try:
+        return read_url(path)
+    except StorageError as err:
+        if err.missing:
+            raise FileNotFoundError(path) from None
+        raise

@@ -1,0 +1,91 @@
+"""Streaming's shared memory: stale registrations of our cache folders, and the prefix race.
+
+streaming registers each live dataset's folders in shared memory under a numbered prefix
+(`/dev/shm/000123_locals` ...). Two things go wrong with it that this module handles: a run killed
+with its whole process group leaves its registrations behind (`clean_stale_shared_memory`), and
+two processes building datasets at the same instant can pick the same prefix
+(`with_shm_race_retry`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHM_DIR = Path("/dev/shm")
+_LOCALS_SHM = re.compile(r"^(\d{6})_locals$")
+
+
+def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
+    """Unlink streaming's shared memory still registered for our cache folders; return the prefixes.
+
+    Streaming registers each live dataset's local folders in shared memory, and a run killed with
+    its whole process group (container OOM, node preemption) never unregisters them. With a fresh
+    /tmp but the same /dev/shm (e.g. `docker --ipc=host`, per-job TMPDIR), the next start then
+    fails with "Reused local directory". Call once, before the first dataset, on one rank per node.
+
+    Unlike `streaming.base.util.clean_stale_shared_memory()`, this frees only registrations of
+    *our* folders: that function unlinks every dataset's memory on the machine (also those of other
+    live jobs) and stops at the first unused prefix, so it can miss the stale one.
+    """
+    from streaming.base.constant import SHM_TO_CLEAN
+
+    wanted = {os.path.abspath(d) for d in local_dirs}
+    freed: list[int] = []
+    if not SHM_DIR.is_dir():  # not Linux: nothing we can inspect safely
+        return freed
+    for entry in sorted(SHM_DIR.iterdir()):
+        match = _LOCALS_SHM.match(entry.name)
+        if not match or wanted.isdisjoint(_registered_locals(entry)):
+            continue
+        prefix = match.group(1)
+        for name in SHM_TO_CLEAN:
+            (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
+        freed.append(int(prefix))
+    return freed
+
+
+def _registered_locals(path: Path) -> list[str]:
+    """The folders a streaming `*_locals` segment lists (int32 size, then NUL-separated paths)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    if len(data) < 4:
+        return []
+    size = int(np.frombuffer(data[:4], np.int32)[0])
+    return data[4:size].decode("utf-8", "replace").split("\0")[:-1]
+
+
+_SHM_RACE_ATTEMPTS = 8
+
+
+def with_shm_race_retry(make):
+    """`make()`, again after a short random pause if another process took the same shared-memory
+    prefix at the same moment.
+
+    streaming 0.13 picks the first free prefix (`/000123_locals`) and then creates it: two
+    processes on one machine that build datasets at the same instant (two jobs started together,
+    a test suite's workers) can pick the same one, and the second fails with FileExistsError.
+    Only retried in a world of one rank (Composer sets up a process group even for one process):
+    with several ranks the prefix is agreed between barriers, which a retry on one rank would put
+    out of step."""
+    import random
+    import time
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() > 1:
+            return make()
+    for attempt in range(_SHM_RACE_ATTEMPTS):
+        try:
+            return make()
+        except FileExistsError as err:
+            if attempt == _SHM_RACE_ATTEMPTS - 1 or not re.search(r"/\d+_\w+", str(err.filename or err)):
+                raise
+            time.sleep(random.uniform(0.05, 0.3))
+    raise AssertionError("unreachable")
