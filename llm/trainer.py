@@ -2,7 +2,8 @@
 
 `build_trainer(cfg)` resolves device and precision, checks the data's metadata against the recipe,
 builds the streaming dataloaders, the model, AdamW and the schedule, the callbacks and loggers,
-and hands everything to Composer. `train(cfg)` fits and reports where the results are.
+and hands everything to Composer. `train(cfg)` fits and returns a `TrainResult`: the last losses
+and where the run's files are.
 
 Callbacks are assembled from `CALLBACK_BUILDERS`, a list of small functions `(ctx) -> callbacks`:
 a feature that needs a callback (generation samples, preemption handling) appends its own
@@ -318,7 +319,25 @@ def _algorithms(cfg: TrainConfig) -> list:
     return [GradientClipping(clipping_type="norm", clipping_threshold=cfg.training.grad_clip_norm)]
 
 
-def train(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TrainResult:
+    """What `train()` returns: where the run ended, its last losses and where its files are."""
+
+    step: int
+    tokens: int
+    train_loss: float | None
+    eval_loss: float | None  # the token-weighted total over the eval streams
+    eval_perplexity: float | None
+    eval_sources: dict[str, dict[str, float]]  # each eval stream's last loss, perplexity, tokens
+    run_dir: str
+    config: str  # the resolved recipe saved with the run
+    metrics_file: str | None  # None: loggers.metrics_file is off
+    loss_plot: str | None  # None: callbacks.loss_plot is off
+    samples: str  # the first and the last generation side by side; "" without two generations
+    checkpoints: str | None  # checkpoint.save_folder; None: nothing was saved
+
+
+def train(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Fit `cfg`; return the final metrics and where the run's files are."""
     trainer = build_trainer(cfg, extra_callbacks)
     try:
@@ -331,24 +350,24 @@ def train(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[st
     return result
 
 
-def summarize(trainer: Trainer, cfg: TrainConfig) -> dict[str, Any]:
+def summarize(trainer: Trainer, cfg: TrainConfig) -> TrainResult:
     state = trainer.state
     run_dir = Path(cfg.run_dir)
     eval_values = state.eval_metric_values
-    return {
-        "step": int(state.timestamp.batch),
-        "tokens": int(state.timestamp.token),
-        "train_loss": state.total_loss_dict.get("loss/train/total"),
-        "eval_loss": _float(eval_values.get("LanguageCrossEntropy")),
-        "eval_perplexity": _float(eval_values.get("LanguagePerplexity")),
-        "eval_sources": _eval_sources(state),
-        "run_dir": str(run_dir),
-        "config": str(RunDir(run_dir).config),
-        "metrics_file": str(RunDir(run_dir).metrics) if cfg.loggers.metrics_file else None,
-        "loss_plot": str(RunDir(run_dir).loss_plot) if cfg.callbacks.loss_plot else None,
-        "samples": first_and_last_samples(RunDir(run_dir).samples),
-        "checkpoints": cfg.checkpoint.save_folder,
-    }
+    return TrainResult(
+        step=int(state.timestamp.batch),
+        tokens=int(state.timestamp.token),
+        train_loss=_float(state.total_loss_dict.get("loss/train/total")),
+        eval_loss=_float(eval_values.get("LanguageCrossEntropy")),
+        eval_perplexity=_float(eval_values.get("LanguagePerplexity")),
+        eval_sources=_eval_sources(state),
+        run_dir=str(run_dir),
+        config=str(RunDir(run_dir).config),
+        metrics_file=str(RunDir(run_dir).metrics) if cfg.loggers.metrics_file else None,
+        loss_plot=str(RunDir(run_dir).loss_plot) if cfg.callbacks.loss_plot else None,
+        samples=first_and_last_samples(RunDir(run_dir).samples),
+        checkpoints=cfg.checkpoint.save_folder,
+    )
 
 
 def _eval_sources(state) -> dict[str, dict[str, float]]:
@@ -363,25 +382,23 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def print_summary(result: dict[str, Any]) -> None:
-    lines = [f"finished at step {result['step']} ({result['tokens']:,} tokens)"]
-    if result["train_loss"] is not None:
-        lines.append(f"  train loss       {result['train_loss']:.4f}")
-    if result["eval_loss"] is not None:
-        lines.append(
-            f"  eval loss        {result['eval_loss']:.4f} (perplexity {result['eval_perplexity']:.2f})"
-        )
-    if len(result.get("eval_sources") or {}) > 1:
-        for name, v in result["eval_sources"].items():
+def print_summary(result: TrainResult) -> None:
+    lines = [f"finished at step {result.step} ({result.tokens:,} tokens)"]
+    if result.train_loss is not None:
+        lines.append(f"  train loss       {result.train_loss:.4f}")
+    if result.eval_loss is not None:
+        lines.append(f"  eval loss        {result.eval_loss:.4f} (perplexity {result.eval_perplexity:.2f})")
+    if len(result.eval_sources) > 1:
+        for name, v in result.eval_sources.items():
             lines.append(f"    {name:<14} {v['loss']:.4f} (perplexity {v['perplexity']:.2f})")
-    if result.get("samples"):
-        lines.append(result["samples"])
-    for key, label in [
-        ("loss_plot", "loss plot"),
-        ("metrics_file", "metrics"),
-        ("config", "config"),
-        ("checkpoints", "checkpoints"),
+    if result.samples:
+        lines.append(result.samples)
+    for path, label in [
+        (result.loss_plot, "loss plot"),
+        (result.metrics_file, "metrics"),
+        (result.config, "config"),
+        (result.checkpoints, "checkpoints"),
     ]:
-        if result[key]:
-            lines.append(f"  {label:<16} {result[key]}")
+        if path:
+            lines.append(f"  {label:<16} {path}")
     print("\n".join(lines), file=sys.stdout, flush=True)

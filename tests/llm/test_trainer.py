@@ -39,7 +39,7 @@ def test_loss_falls_and_run_files_are_written(tmp_path, train_data, capsys):
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert f"vocab_size: {train_data.vocab_size}" in saved and "lr: 0.003" in saved
     assert "resolved config" in out and str(tmp_path / "run" / "loss.png") in out
-    assert result["step"] == 24 and result["eval_loss"] == pytest.approx(evals[1]["eval_loss"])
+    assert result.step == 24 and result.eval_loss == pytest.approx(evals[1]["eval_loss"])
 
 
 class GradRecorder(Callback):

@@ -170,7 +170,7 @@ def test_trains_from_s3_and_checks_s3_metadata(tmp_path, train_data, s3_server, 
     result = train(
         load(recipe, "training.max_duration=4ba", "training.eval_interval=4ba", "scheduler.warmup=1ba")
     )
-    assert result["step"] == 4 and result["eval_loss"] is not None
+    assert result.step == 4 and result.eval_loss is not None
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [4]
 
 
@@ -219,7 +219,7 @@ def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_da
     local = stream_local(cfg, "train", 0, cfg.data.train[0])
     with pytest.raises(ValueError, match="Reused local directory"):  # what a naive restart hits
         StreamingDataset(remote=str(Path(train_data.train).resolve()), local=local, batch_size=8)
-    assert train(cfg)["step"] == 2
+    assert train(cfg).step == 2
 
 
 def test_meta_json_records_match_the_fixture(train_data):

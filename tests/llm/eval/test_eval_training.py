@@ -78,8 +78,8 @@ def test_each_eval_stream_reports_its_loss_and_the_token_weighted_total(
     assert evals[-1]["eval_loss/news"] == pytest.approx(latest["news"]["loss"])
     assert evals[-1]["eval_loss/news"] != pytest.approx(evals[-1]["eval_loss/seen"])
     # The state, the summary and the plot read the total; the plot also has each source's curve.
-    assert result["eval_loss"] == pytest.approx(evals[-1]["eval_loss"])
-    assert set(result["eval_sources"]) == {"news", "seen"}
+    assert result.eval_loss == pytest.approx(evals[-1]["eval_loss"])
+    assert set(result.eval_sources) == {"news", "seen"}
     curves = load_run(str(tmp_path / "run"))  # what loss.png is drawn from
     tokens_at = [12 * 8 * train_data.seq_len, 24 * 8 * train_data.seq_len]
     assert curves.points("eval_loss")[0] == tokens_at and curves.eval_sources() == ["news", "seen"]

@@ -72,7 +72,7 @@ def test_one_run_reaches_mlflow_wandb_and_tensorboard(
     assert "eta_seconds" in read_metrics(run_dir / "metrics.jsonl")[-2]
     # The first and the last samples, side by side, at the end.
     assert "samples, first generation (step 12) and last (step 24):" in out
-    assert result["step"] == 24
+    assert result.step == 24
 
 
 def _tracked(uri: str, experiment: str, **extra) -> list[str]:
