@@ -6,7 +6,9 @@ has stored its files, it writes a manifest next to them:
     <save_folder>/manifests/ba0000000012-rank00000.json
         {"batch": 12, "rank": 0, "writers": 2, "world_size": 2, "sharded": true,
          "load_path": "ep0-ba12", "files": {"ep0-ba12/__0_0.distcp": {"size": ..., "sha256": ...}},
-         "timestamp": {...}, "recipe": {...}}
+         "timestamp": {...}, "saved_at": 1700000000.0, "recipe": {...}}
+
+`Manifest` is that record, field for field (`to_json` / `from_dict`; the recipe only in rank 0's).
 
 A checkpoint is complete when all of its `writers` manifests exist (one for a monolithic
 checkpoint, one per writing rank for a sharded one: every rank, or the first replica group's
@@ -42,13 +44,69 @@ def manifest_name(batch: int, rank: int) -> str:
     return f"{MANIFEST_DIR}/ba{batch:010d}-rank{rank:05d}.json"
 
 
-def file_digest(path: str | os.PathLike) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FileDigest:
+    """A stored file as its manifest records it: bytes and SHA-256."""
+
+    size: int
+    sha256: str
+
+
+def file_digest(path: str | os.PathLike) -> FileDigest:
     """Size and SHA-256 of a file."""
     sha = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             sha.update(block)
-    return {"size": os.path.getsize(path), "sha256": sha.hexdigest()}
+    return FileDigest(size=os.path.getsize(path), sha256=sha.hexdigest())
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One rank's completion record of one save (the JSON in the module docstring)."""
+
+    batch: int
+    rank: int
+    writers: int  # ranks that write this checkpoint: 1 (monolithic), or each shard-writing rank
+    world_size: int
+    sharded: bool
+    load_path: str  # what Composer loads, relative to save_folder: a `.pt` file or a sharded folder
+    timestamp: dict[str, int]  # epoch, batch, sample and token of the save
+    files: dict[str, FileDigest] = field(default_factory=dict)  # this rank's files of the save
+    saved_at: float | None = None  # time.time() once this rank's files were stored
+    recipe: dict[str, Any] | None = None  # the redacted recipe, in rank 0's manifest
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "batch": self.batch,
+            "rank": self.rank,
+            "writers": self.writers,
+            "world_size": self.world_size,
+            "sharded": self.sharded,
+            "load_path": self.load_path,
+            "timestamp": self.timestamp,
+            "files": {rel: {"size": f.size, "sha256": f.sha256} for rel, f in self.files.items()},
+        }
+        for key in ("saved_at", "recipe"):  # absent rather than null, as manifests always had them
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return dumps(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """The manifest read from JSON (`schema_problem` has accepted it; other keys are ignored)."""
+        return cls(
+            batch=data["batch"],
+            rank=data["rank"],
+            writers=data["writers"],
+            world_size=data["world_size"],
+            sharded=data["sharded"],
+            load_path=data["load_path"],
+            timestamp=data["timestamp"],
+            files={rel: FileDigest(size=f["size"], sha256=f["sha256"]) for rel, f in data["files"].items()},
+            saved_at=data.get("saved_at"),
+            recipe=data.get("recipe"),
+        )
 
 
 @dataclass
@@ -56,38 +114,38 @@ class Checkpoint:
     """One save, as its manifests describe it."""
 
     batch: int
-    manifests: list[dict[str, Any]] = field(default_factory=list)
+    manifests: list[Manifest] = field(default_factory=list)
 
     @property
-    def head(self) -> dict[str, Any]:
-        return min(self.manifests, key=lambda m: m["rank"])
+    def head(self) -> Manifest:
+        return min(self.manifests, key=lambda m: m.rank)
 
     @property
     def writers(self) -> int:
-        return self.head["writers"]
+        return self.head.writers
 
     @property
     def sharded(self) -> bool:
-        return self.head["sharded"]
+        return self.head.sharded
 
     @property
     def load_path(self) -> str:
-        return self.head["load_path"]
+        return self.head.load_path
 
     @property
-    def files(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    def files(self) -> dict[str, FileDigest]:
+        out: dict[str, FileDigest] = {}
         for m in self.manifests:
-            out.update(m["files"])
+            out.update(m.files)
         return out
 
     @property
     def complete(self) -> bool:
-        return {m["rank"] for m in self.manifests} >= set(range(self.writers))
+        return {m.rank for m in self.manifests} >= set(range(self.writers))
 
     @property
     def recipe(self) -> dict[str, Any] | None:
-        return self.head.get("recipe")
+        return self.head.recipe
 
 
 def scan(store: Store) -> tuple[list[Checkpoint], dict[str, int]]:
@@ -108,7 +166,7 @@ def scan(store: Store) -> tuple[list[Checkpoint], dict[str, int]]:
         if problem:
             _warn_once(f"ignoring the manifest {store.url(rel)}: {problem}")
             continue
-        by_batch.setdefault(batch, Checkpoint(batch)).manifests.append(manifest)
+        by_batch.setdefault(batch, Checkpoint(batch)).manifests.append(Manifest.from_dict(manifest))
     return sorted(by_batch.values(), key=lambda c: -c.batch), listing
 
 
@@ -180,24 +238,24 @@ def schema_problem(manifest: Any, batch: int, rank: int) -> str | None:
 def size_problem(ckpt: Checkpoint, listing: dict[str, int]) -> str | None:
     """Why the listed files do not match the manifests (missing or wrong size), or None."""
     if not ckpt.complete:
-        have = sorted(m["rank"] for m in ckpt.manifests)
+        have = sorted(m.rank for m in ckpt.manifests)
         return f"incomplete: manifests from ranks {have} of {ckpt.writers} writers"
     for rel, info in sorted(ckpt.files.items()):
         if rel not in listing:
             return f"file {rel} is missing"
-        if listing[rel] != info["size"]:
-            return f"file {rel} has {listing[rel]} bytes, the manifest says {info['size']} (truncated?)"
+        if listing[rel] != info.size:
+            return f"file {rel} has {listing[rel]} bytes, the manifest says {info.size} (truncated?)"
     return None
 
 
-def hash_problem(files: dict[str, dict[str, Any]], local_root: Path) -> str | None:
+def hash_problem(files: dict[str, FileDigest], local_root: Path) -> str | None:
     """Why a local copy of `files` under `local_root` differs from the recorded SHA-256, or None."""
     for rel, info in sorted(files.items()):
-        digest = file_digest(local_root / rel)
-        if digest != {"size": info["size"], "sha256": info["sha256"]}:
+        if file_digest(local_root / rel) != info:
             return f"file {rel} does not match its recorded SHA-256 (corrupt)"
     return None
 
 
-def dumps(manifest: dict[str, Any]) -> str:
-    return json.dumps(manifest, indent=1, sort_keys=True, default=str)
+def dumps(record: dict[str, Any]) -> str:
+    """A manifest's or `latest.json`'s text."""
+    return json.dumps(record, indent=1, sort_keys=True, default=str)

@@ -36,6 +36,7 @@ start removes the unclaimed files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import shutil
@@ -140,7 +141,7 @@ class CheckpointPublisher(Callback):
         # One upload in flight per rank: the previous one settles first (bounded on SIGTERM).
         self._settle(state, next_save=int(batch), limit=self.wait_limit_s if stopping else None)
         self.last_batch = int(batch)
-        error, files, manifest = None, [], {}
+        error, files, manifest = None, [], None
         try:
             new_paths = saver.saved_checkpoints[self._seen_saves :]
             self._seen_saves = len(saver.saved_checkpoints)
@@ -155,7 +156,8 @@ class CheckpointPublisher(Callback):
         background = self.background and not stopping
         follow_up = None
         if dist.get_global_rank() == 0:
-            follow_up = functools.partial(self._complete_when_stored, writers=manifest.get("writers", 1))
+            writers = manifest.writers if manifest is not None else 1
+            follow_up = functools.partial(self._complete_when_stored, writers=writers)
         store_files = (lambda: self._store_rank_files(files, manifest)) if files else (lambda: None)
         self.uploader.start(self.last_batch, store_files, follow_up, background=background)
         if background:
@@ -224,7 +226,7 @@ class CheckpointPublisher(Callback):
         failure.__cause__ = error
         return failure
 
-    def _rank_files(self, state: State, saved_path: str) -> tuple[list[Path], dict[str, Any]]:
+    def _rank_files(self, state: State, saved_path: str) -> tuple[list[Path], cm.Manifest]:
         """This rank's files of the save and its manifest but the files' digests (taken now, on
         the training thread: the upload thread never reads the training state)."""
         rank = dist.get_global_rank()
@@ -233,28 +235,27 @@ class CheckpointPublisher(Callback):
         if sharded and rank == 0:
             files.append(Path(saved_path).parent / ".metadata")
         load_target = Path(saved_path).parent if sharded else Path(saved_path)
-        manifest = {
-            "batch": self.last_batch,
-            "rank": rank,
-            "writers": _sharded_writers(state) if sharded else 1,
-            "world_size": dist.get_world_size(),
-            "sharded": sharded,
-            "load_path": load_target.relative_to(self.staging_root).as_posix(),
-            "timestamp": {k: int(getattr(state.timestamp, k)) for k in ("epoch", "batch", "sample", "token")},
-        }
-        if rank == 0:
-            manifest["recipe"] = self.recipe
+        manifest = cm.Manifest(
+            batch=self.last_batch,
+            rank=rank,
+            writers=_sharded_writers(state) if sharded else 1,
+            world_size=dist.get_world_size(),
+            sharded=sharded,
+            load_path=load_target.relative_to(self.staging_root).as_posix(),
+            timestamp={k: int(getattr(state.timestamp, k)) for k in ("epoch", "batch", "sample", "token")},
+            recipe=self.recipe if rank == 0 else None,
+        )
         return files, manifest
 
-    def _store_rank_files(self, files: list[Path], manifest: dict[str, Any]) -> None:
+    def _store_rank_files(self, files: list[Path], manifest: cm.Manifest) -> None:
         records = {}
         for path in files:
             rel = path.relative_to(self.staging_root).as_posix()
             records[rel] = cm.file_digest(path)
             self.store.upload(path, rel)
-        manifest = {**manifest, "files": records, "saved_at": time.time()}
+        manifest = dataclasses.replace(manifest, files=records, saved_at=time.time())
         # The manifest goes last: its presence says the files above are completely stored.
-        self.store.write_text(cm.manifest_name(manifest["batch"], manifest["rank"]), cm.dumps(manifest))
+        self.store.write_text(cm.manifest_name(manifest.batch, manifest.rank), manifest.to_json())
         if self.store.is_remote:
             for path in files:
                 path.unlink(missing_ok=True)
@@ -308,7 +309,7 @@ class CheckpointPublisher(Callback):
         # Older than what we keep: complete ones past the count, and leftovers of interrupted saves.
         doomed = [c for c in ckpts if c.batch not in keep and c.batch < newest]
         for ckpt in doomed:
-            self.store.delete([cm.manifest_name(ckpt.batch, m["rank"]) for m in ckpt.manifests])
+            self.store.delete([cm.manifest_name(ckpt.batch, m.rank) for m in ckpt.manifests])
             self.store.delete(sorted(ckpt.files))
             log.info("deleted old checkpoint at batch %d from %s", ckpt.batch, self.store.root)
 

@@ -135,7 +135,7 @@ def _verified_load_path(
     store: Store, ckpt: cm.Checkpoint, rank: int, needs: tuple[str, ...]
 ) -> tuple[str | None, str | None]:
     """(path to give Composer, None) or (None, why the checkpoint cannot be used)."""
-    small = sum(f["size"] for f in ckpt.files.values()) <= verify_limit()
+    small = sum(f.size for f in ckpt.files.values()) <= verify_limit()
     if not store.is_remote:
         problem = cm.hash_problem(ckpt.files, Path(store.root)) if small else None
         if problem is None and not ckpt.sharded:
@@ -246,7 +246,7 @@ def stop_if_complete(cfg: TrainConfig, point: ResumePoint) -> None:
     """
     if point.source != "autoresume":
         return
-    reached = point.checkpoint.head.get("timestamp", {})
+    reached = point.checkpoint.head.timestamp
     amount, unit = parse_duration(cfg.training.max_duration, "training.max_duration", ("ba", "tok", "ep"))
     if reached.get({"ba": "batch", "tok": "token", "ep": "epoch"}[unit], -1) >= amount:
         raise RunAlreadyComplete(
@@ -287,7 +287,7 @@ def _is_inside(path: str, folder: str) -> bool:
 def announce(cfg: TrainConfig, point: ResumePoint, world_size: int) -> None:
     if point.source == "autoresume":
         ckpt = point.checkpoint
-        saved_ws = ckpt.head.get("world_size")
+        saved_ws = ckpt.head.world_size
         change = f"; world size {saved_ws} -> {world_size}" if saved_ws not in (None, world_size) else ""
         msg = f"resuming run {cfg.run_name!r} from the checkpoint at batch {ckpt.batch}: {point.load_path}{change}"
     elif point.source == "load_path":

@@ -62,7 +62,7 @@ def check_against_run_folder(path: str, local: Path) -> None:
             f"checkpoint, or {TRUST_HINT}"
         )
     problem = manifest.size_problem(ckpt, listing)
-    if problem is None and sum(f["size"] for f in ckpt.files.values()) <= verify_limit():
+    if problem is None and sum(f.size for f in ckpt.files.values()) <= verify_limit():
         problem = manifest.hash_problem(ckpt.files, local.parent)  # the files lie beside `local`
     if problem:
         raise ConfigError(

@@ -47,9 +47,17 @@ def _fake_checkpoint(store, batch: int, payload: bytes, tmp_path) -> None:
     local.write_bytes(payload)
     rel = f"ep0-ba{batch}-rank0.pt"
     store.upload(local, rel)
-    manifest = {"batch": batch, "rank": 0, "writers": 1, "world_size": 1, "sharded": False}
-    manifest.update(load_path=rel, files={rel: cm.file_digest(local)}, timestamp={"batch": batch})
-    store.write_text(cm.manifest_name(batch, 0), cm.dumps(manifest))
+    manifest = cm.Manifest(
+        batch=batch,
+        rank=0,
+        writers=1,
+        world_size=1,
+        sharded=False,
+        load_path=rel,
+        timestamp={"batch": batch},
+        files={rel: cm.file_digest(local)},
+    )
+    store.write_text(cm.manifest_name(batch, 0), manifest.to_json())
 
 
 @pytest.mark.parametrize("bad", [b"{}", b"[1, 2]", b'{"batch": 8, "rank": 0, "writ', b'{"batch": "8"}'])
@@ -91,6 +99,21 @@ def test_a_malformed_manifest_is_reported_once_however_often_the_folder_is_scann
     for _ in range(5):  # every save scans the folder twice (latest.json, retention)
         assert [c.batch for c in cm.scan(store)[0]] == [4]
     assert caplog.text.count("ignoring the manifest") == 1
+
+
+def test_manifests_written_as_dicts_before_the_typed_record_read_back_and_write_out_byte_for_byte():
+    """Old checkpoints keep resuming: the JSON the publisher wrote from a dict (rank 0's with the
+    recipe, another rank's without) is what `Manifest` reads and writes."""
+    files = {"ep0-ba12/__0_0.distcp": {"size": 123, "sha256": "ab" * 32}}
+    common = {"batch": 12, "writers": 2, "world_size": 2, "sharded": True, "load_path": "ep0-ba12"}
+    common |= {"timestamp": {"epoch": 0, "batch": 12, "sample": 96, "token": 3072}, "files": files}
+    recipe = {"model": {"dim": 64, "tie_embeddings": True}, "data": {"train": [{"remote": "s3://b/t"}]}}
+    for old in ({**common, "rank": 0, "recipe": recipe}, {**common, "rank": 1}):
+        text = json.dumps({**old, "saved_at": 1700000000.25}, indent=1, sort_keys=True, default=str)
+        manifest = cm.Manifest.from_dict(json.loads(text))
+        assert manifest.to_json() == text
+        assert manifest.files["ep0-ba12/__0_0.distcp"] == cm.FileDigest(size=123, sha256="ab" * 32)
+    assert cm.schema_problem(json.loads(manifest.to_json()), 12, 1) is None
 
 
 @pytest.mark.s3

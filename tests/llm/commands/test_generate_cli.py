@@ -159,9 +159,17 @@ def publish(folder, batch: int, source) -> Path:
 
     store, rel = open_store(str(folder)), f"ep0-ba{batch}-rank0.pt"
     store.upload(source, rel)
-    manifest = {"batch": batch, "rank": 0, "writers": 1, "world_size": 1, "sharded": False}
-    manifest.update(load_path=rel, files={rel: cm.file_digest(folder / rel)}, timestamp={"batch": batch})
-    store.write_text(cm.manifest_name(batch, 0), cm.dumps(manifest))
+    manifest = cm.Manifest(
+        batch=batch,
+        rank=0,
+        writers=1,
+        world_size=1,
+        sharded=False,
+        load_path=rel,
+        timestamp={"batch": batch},
+        files={rel: cm.file_digest(folder / rel)},
+    )
+    store.write_text(cm.manifest_name(batch, 0), manifest.to_json())
     store.write_text(cm.LATEST, json.dumps({"batch": batch, "load_path": rel}))
     return folder / rel
 
