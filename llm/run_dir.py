@@ -3,7 +3,7 @@
 `RunDir` names the files; every module that writes or reads one asks it (`RunDir(path).metrics`).
 `RunRecords` keeps them beside the checkpoints, so that a resume on an empty machine continues them.
 Checkpointing knows nothing of these files: the trainer hands it a `RunRecords` to `restore` at
-start and to `save` with each checkpoint (`llm.checkpoint.plan.RunRecordsHook`).
+start and to `save` with each checkpoint (`llm.checkpoint.records_hook.RunRecordsHook`).
 
 The records are the files a person reads after a run, written to `run_dir` by the callbacks and
 loggers: `config.yaml`, `metrics.jsonl`, `samples.jsonl`, `tasks.jsonl`, `loss.png`, and

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from composer.core import Callback, State
 from composer.loggers import Logger
@@ -31,6 +31,7 @@ from composer.utils import dist
 
 from llm.checkpoint import restart
 from llm.checkpoint.lock import RunLock, RunLockHeld
+from llm.checkpoint.records_hook import RunRecordsHook
 from llm.checkpoint.resume import (
     ResumePoint,
     announce,
@@ -48,18 +49,6 @@ from llm.model import count_params
 from storage import StorageError, Store, open_store
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
-
-
-class RunRecordsHook(Protocol):
-    """What checkpointing asks of the run's records (the trainer passes `llm.run_dir.RunRecords`):
-    bring them back for the step a run starts at, store them with each checkpoint (before its
-    manifests, rank 0) and once more at the end. Checkpointing knows nothing of the files."""
-
-    def restore(self, step: int) -> object: ...
-
-    def save(self, state: Any = None) -> object: ...
-
-    def save_quietly(self) -> None: ...
 
 
 @dataclass(frozen=True)

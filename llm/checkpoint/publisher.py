@@ -6,7 +6,7 @@ after it at the same event (it must come after the saver in the callback list), 
 
 1. uploads the files this rank wrote (retried by the store; the staging copy is then removed),
    and on rank 0 first the run's records when the trainer gives them (`llm.run_dir.RunRecords`
-   through `llm.checkpoint.plan.RunRecordsHook`: metrics, samples, plot, config beside the
+   through `llm.checkpoint.records_hook.RunRecordsHook`: metrics, samples, plot, config beside the
    checkpoints),
 2. writes this rank's manifest (sizes + SHA-256 of those files) after its files are stored,
 3. agrees with the other ranks that all of them succeeded (`all_reduce` MIN),
@@ -52,6 +52,7 @@ from composer.utils import dist
 
 from llm.checkpoint import manifest as cm
 from llm.checkpoint.preemption import stop_requested
+from llm.checkpoint.records_hook import RunRecordsHook
 from llm.checkpoint.uploader import Upload, Uploader
 from storage import StorageError, Store
 
@@ -65,7 +66,7 @@ class CheckpointPublisher(Callback):
         staging_root: str,
         num_to_keep: int,
         recipe: dict[str, Any] | None = None,
-        records: Any = None,  # llm.checkpoint.plan.RunRecordsHook
+        records: RunRecordsHook | None = None,
         *,
         background: bool = True,
         wait_limit_s: float = 600.0,
