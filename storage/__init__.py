@@ -4,7 +4,8 @@
 both come here, so there is one S3 client configuration, one retry policy, one atomic-write rule
 and one error type. To change how S3 retries or times out, open `storage/s3.py`; to change how a
 local file is replaced safely, `storage/local.py`; the folder-like interface both share is
-`storage/store.py`.
+`storage/store.py`. The numbers these layers read from environment variables (`LLM_S3_*`, and
+llm's `LLM_RUN_LOCK_*`, `LLM_CKPT_VERIFY_MAX_BYTES`) are parsed by one rule, `storage/env_numbers.py`.
 """
 
 from storage.errors import StorageError

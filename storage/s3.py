@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from storage.env_numbers import EnvNumberError, env_number
 from storage.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -65,27 +66,16 @@ class RetryPolicy:
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
-        def number(name: str, default, kind=float):
-            raw = os.environ.get(name)
-            if raw in (None, ""):
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise StorageError(
-                    f"{name}={raw!r} is not a number; unset it or give e.g. {default or 5}"
-                ) from None
-            if value <= 0:
-                raise StorageError(f"{name}={raw!r} must be positive")
-            return value
-
-        return cls(
-            max_attempts=number("LLM_S3_MAX_ATTEMPTS", cls.max_attempts, int),
-            connect_timeout=number("LLM_S3_CONNECT_TIMEOUT", cls.connect_timeout),
-            read_timeout=number("LLM_S3_READ_TIMEOUT", cls.read_timeout),
-            outage_s=number("LLM_S3_OUTAGE_S", cls.outage_s),
-            backoff_max_s=number("LLM_S3_BACKOFF_MAX_S", cls.backoff_max_s),
-        )
+        try:
+            return cls(
+                max_attempts=env_number("LLM_S3_MAX_ATTEMPTS", cls.max_attempts, int),
+                connect_timeout=env_number("LLM_S3_CONNECT_TIMEOUT", cls.connect_timeout),
+                read_timeout=env_number("LLM_S3_READ_TIMEOUT", cls.read_timeout),
+                outage_s=env_number("LLM_S3_OUTAGE_S", cls.outage_s),
+                backoff_max_s=env_number("LLM_S3_BACKOFF_MAX_S", cls.backoff_max_s),
+            )
+        except EnvNumberError as err:
+            raise StorageError(str(err)) from None
 
     @property
     def request_timeout(self) -> float:

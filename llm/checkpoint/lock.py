@@ -44,6 +44,7 @@ from typing import Any
 
 from llm.errors import ConfigError
 from storage import Store
+from storage.env_numbers import EnvNumberError, env_number
 
 log = logging.getLogger(__name__)
 
@@ -62,22 +63,13 @@ class LockTiming:
 
     @classmethod
     def from_env(cls) -> LockTiming:
-        def number(name: str, default, kind):
-            raw = os.environ.get(name)
-            if raw in (None, ""):
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                value = 0
-            if value <= 0:
-                raise ConfigError(f"{name}={raw!r} must be a positive number; unset it for {default}")
-            return value
-
-        return cls(
-            heartbeat_s=number("LLM_RUN_LOCK_HEARTBEAT_S", cls.heartbeat_s, float),
-            stale_beats=number("LLM_RUN_LOCK_STALE_BEATS", cls.stale_beats, int),
-        )
+        try:
+            return cls(
+                heartbeat_s=env_number("LLM_RUN_LOCK_HEARTBEAT_S", cls.heartbeat_s, float),
+                stale_beats=env_number("LLM_RUN_LOCK_STALE_BEATS", cls.stale_beats, int),
+            )
+        except EnvNumberError as err:
+            raise ConfigError(str(err)) from None
 
 
 class RunLock:

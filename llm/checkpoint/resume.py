@@ -28,6 +28,7 @@ from llm.checkpoint import restart
 from llm.config import TrainConfig, flatten, parse_duration
 from llm.errors import ConfigError
 from storage import StorageError, Store, open_store
+from storage.env_numbers import EnvNumberError, env_number
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,10 @@ def newest_usable_checkpoint(
 
 def verify_limit() -> int:
     """Checkpoints up to this many bytes in total are SHA-256 checked before they are loaded."""
-    return int(os.environ.get("LLM_CKPT_VERIFY_MAX_BYTES", DEFAULT_VERIFY_MAX_BYTES))
+    try:
+        return env_number("LLM_CKPT_VERIFY_MAX_BYTES", DEFAULT_VERIFY_MAX_BYTES, int, zero_ok=True)
+    except EnvNumberError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _verified_load_path(

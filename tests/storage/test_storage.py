@@ -122,7 +122,9 @@ def test_retry_policy_comes_from_the_environment(monkeypatch):
     # botocore makes one attempt; storage.s3.call retries against the outage budget
     assert client.meta.config.retries["total_max_attempts"] == 1 and client.meta.config.read_timeout == 2.5
     monkeypatch.setenv("LLM_S3_MAX_ATTEMPTS", "many")
-    with pytest.raises(StorageError, match="LLM_S3_MAX_ATTEMPTS='many' is not a number"):
+    with pytest.raises(
+        StorageError, match="LLM_S3_MAX_ATTEMPTS='many' is not a positive whole number; give one, or unset it"
+    ):
         storage.RetryPolicy.from_env()
 
 

@@ -29,6 +29,36 @@ FAST = LockTiming(heartbeat_s=0.2, stale_beats=3)
 PATIENT = LockTiming(heartbeat_s=0.2, stale_beats=300)
 
 
+@pytest.mark.parametrize("raw", ["soon", "0", "-2"])
+def test_a_bad_number_in_any_environment_variable_is_the_same_one_line(monkeypatch, raw):
+    """The lock's, the checkpoint check's and storage's variables share one parser: the same line
+    for the same mistake, each raised as its layer's error (ConfigError exits 2, StorageError 1)."""
+    from llm.checkpoint.resume import verify_limit
+    from llm.errors import ConfigError
+    from storage import RetryPolicy
+
+    for name, read, error, default in (
+        ("LLM_RUN_LOCK_HEARTBEAT_S", LockTiming.from_env, ConfigError, "30"),
+        ("LLM_S3_OUTAGE_S", RetryPolicy.from_env, StorageError, "300"),
+    ):
+        monkeypatch.setenv(name, raw)
+        with pytest.raises(error) as refused:
+            read()
+        assert (
+            str(refused.value)
+            == f"{name}={raw!r} is not a positive number; give one, or unset it (default {default})"
+        )
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LLM_CKPT_VERIFY_MAX_BYTES", raw)
+    if raw == "0":  # 0 is allowed here: verify no checkpoint's hashes
+        assert verify_limit() == 0
+    else:
+        with pytest.raises(
+            ConfigError, match=f"^LLM_CKPT_VERIFY_MAX_BYTES={raw!r} is not a whole number of 0 or more"
+        ):
+            verify_limit()
+
+
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
     if request.param == "local":
