@@ -30,6 +30,7 @@ from composer.utils import create_interval_scheduler, dist
 from torch import Tensor, nn
 
 from llm.checkpoint.preemption import stop_requested
+from llm.config import GenerateCallbackConfig
 from llm.data import chat_template_of
 from llm.generate import generate
 from llm.run_dir import RunDir
@@ -41,51 +42,36 @@ log = logging.getLogger(__name__)
 
 
 class GenerationCallback(Callback):
+    """Samples the recipe's `callbacks.generate` prompts (`settings`) with the run's tokenizer,
+    written to `run_dir`'s samples.jsonl; `chat_template` puts each prompt in an SFT template."""
+
     def __init__(
         self,
-        prompts: list[str],
-        interval: str,
+        settings: GenerateCallbackConfig,
         tokenizer_path: str,
         run_dir: str | Path,
-        max_new_tokens: int = 64,
-        temperature: float = 0.8,
-        top_k: int = 50,
-        top_p: float = 1.0,
-        seed: int = 1234,
         chat_template: ChatTemplate | None = None,
     ):
-        self.prompts = list(prompts)
+        self.prompts = list(settings.prompts)
         self.chat_template = chat_template
-        self.interval = interval
+        self.interval = settings.interval
         self.tokenizer_path = tokenizer_path
         self.samples_path = RunDir(run_dir).samples
-        self.sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-        self.seed = seed
+        self.sampling = dict(
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+        )
+        self.seed = settings.seed
         self._should_run = create_interval_scheduler(
-            interval, include_end_of_training=False, checkpoint_events=False
+            settings.interval, include_end_of_training=False, checkpoint_events=False
         )
         self._tokenizer: Tokenizer | None = None
         self._prompt_ids: list[list[int]] = []
         self._model_config: dict | None = None
         self._last_step = -1
         self.last_seconds = 0.0
-
-    @classmethod
-    def from_config(cls, cfg, chat_template: ChatTemplate | None = None) -> GenerationCallback:
-        """From a `TrainConfig` (its `callbacks.generate` section, tokenizer and run_dir)."""
-        g = cfg.callbacks.generate
-        return cls(
-            prompts=g.prompts,
-            interval=g.interval,
-            tokenizer_path=cfg.tokenizer.path,
-            run_dir=cfg.run_dir,
-            max_new_tokens=g.max_new_tokens,
-            temperature=g.temperature,
-            top_k=g.top_k,
-            top_p=g.top_p,
-            seed=g.seed,
-            chat_template=chat_template,
-        )
 
     # --- Composer events ----------------------------------------------------------------------
 
@@ -230,6 +216,10 @@ def first_and_last_samples(path: str | Path) -> str:
 
 def generation_callbacks(ctx) -> list[Callback]:
     """For `llm.trainer.CALLBACK_BUILDERS`: the callback when the recipe enables it."""
-    if not ctx.cfg.callbacks.generate.enabled or not ctx.cfg.callbacks.generate.prompts:
+    cfg = ctx.cfg
+    if not cfg.callbacks.generate.enabled or not cfg.callbacks.generate.prompts:
         return []
-    return [GenerationCallback.from_config(ctx.cfg, chat_template=chat_template_of(ctx.cfg))]
+    template = chat_template_of(cfg)
+    return [
+        GenerationCallback(cfg.callbacks.generate, cfg.tokenizer.path, cfg.run_dir, chat_template=template)
+    ]

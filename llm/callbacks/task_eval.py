@@ -28,6 +28,7 @@ from composer.utils import create_interval_scheduler, dist
 from torch import Tensor
 
 from llm.callbacks.generation import transformer_of
+from llm.config import EvalTasksCallbackConfig
 from llm.eval.harness import PreparedTask, load_tasks, prepare, run
 from llm.eval.results import Report
 from llm.run_dir import RunDir
@@ -35,45 +36,24 @@ from shards.tokenizer import Tokenizer
 
 
 class TaskEvalCallback(Callback):
-    def __init__(
-        self,
-        tasks: list[str],
-        interval: str,
-        tokenizer_path: str,
-        run_dir: str | Path,
-        shots: int = 0,
-        split: str | None = None,
-        max_questions: int | None = None,
-        batch_size: int = 8,
-        shared_prompt: bool = True,
-    ):
-        self.task_paths = list(tasks)
+    """Scores the recipe's `callbacks.eval_tasks` (`settings`) with the run's tokenizer, written to
+    `run_dir`'s tasks.jsonl."""
+
+    def __init__(self, settings: EvalTasksCallbackConfig, tokenizer_path: str, run_dir: str | Path):
+        self.task_paths = list(settings.tasks)
         self.tokenizer_path = tokenizer_path
         self.results_path = RunDir(run_dir).tasks
-        self.shots, self.split, self.max_questions = shots, split, max_questions
-        self.batch_size, self.shared_prompt = batch_size, shared_prompt
+        self.shots, self.split, self.max_questions = settings.shots, settings.split, settings.max_questions
+        self.batch_size, self.shared_prompt = settings.batch_size, settings.shared_prompt
         self._should_run = create_interval_scheduler(
-            interval, include_end_of_training=True, checkpoint_events=False, final_events={Event.BATCH_END}
+            settings.interval,
+            include_end_of_training=True,
+            checkpoint_events=False,
+            final_events={Event.BATCH_END},
         )
         self._prepared: list[PreparedTask] = []
         self._last_step = -1
         self.last_report: Report | None = None
-
-    @classmethod
-    def from_config(cls, cfg) -> TaskEvalCallback:
-        """From a `TrainConfig` (its `callbacks.eval_tasks` section, tokenizer and run_dir)."""
-        e = cfg.callbacks.eval_tasks
-        return cls(
-            tasks=e.tasks,
-            interval=e.interval,
-            tokenizer_path=cfg.tokenizer.path,
-            run_dir=cfg.run_dir,
-            shots=e.shots,
-            split=e.split,
-            max_questions=e.max_questions,
-            batch_size=e.batch_size,
-            shared_prompt=e.shared_prompt,
-        )
 
     # --- Composer events ----------------------------------------------------------------------
 
@@ -143,4 +123,4 @@ def task_eval_callbacks(ctx) -> list[Callback]:
     """For `llm.trainer.CALLBACK_BUILDERS`: the callback when the recipe names tasks."""
     if not ctx.cfg.callbacks.eval_tasks.tasks:
         return []
-    return [TaskEvalCallback.from_config(ctx.cfg)]
+    return [TaskEvalCallback(ctx.cfg.callbacks.eval_tasks, ctx.cfg.tokenizer.path, ctx.cfg.run_dir)]

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from llm.callbacks.generation import GenerationCallback
 from llm.commands import main as llm_main
 from llm.composer_model import LanguageModel
+from llm.config import GenerateCallbackConfig
 from llm.model import ModelConfig
 from llm.weights.read import load_model
 from shards.errors import ShardsError
@@ -81,7 +82,9 @@ def fit(samples, callbacks, save_folder=None, extra_loggers=()):
 
 def make_callback(tokenizer_path, run_dir, **kwargs):
     settings = dict(max_new_tokens=8, temperature=0.8, top_k=20, seed=3, **kwargs)
-    return GenerationCallback(PROMPTS, "4ba", tokenizer_path, run_dir, **settings)
+    return GenerationCallback(
+        GenerateCallbackConfig(prompts=PROMPTS, interval="4ba", **settings), tokenizer_path, run_dir
+    )
 
 
 def test_callback_writes_samples_and_does_not_change_training(tmp_path, tokenizer_path, samples):

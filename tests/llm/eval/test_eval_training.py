@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from llm.callbacks.task_eval import TaskEvalCallback
 from llm.composer_model import LanguageModel
+from llm.config import EvalTasksCallbackConfig
 from llm.errors import ConfigError
 from llm.model import ModelConfig
 from llm.plots import load_run
@@ -168,7 +169,8 @@ def fit(samples, callbacks):
 
 def test_the_task_callback_does_not_change_training(tmp_path, samples, small_tokenizer, demo_task):
     base_weights, base = fit(samples, [])
-    callback = TaskEvalCallback([demo_task], "4ba", small_tokenizer, tmp_path / "run", shots=1)
+    settings = EvalTasksCallbackConfig(tasks=[demo_task], interval="4ba", shots=1)
+    callback = TaskEvalCallback(settings, small_tokenizer, tmp_path / "run")
     weights, recorded = fit(samples, [callback])
     assert recorded.losses == base.losses and len(base.losses) == 10
     assert all(torch.equal(weights[k], base_weights[k]) for k in base_weights)
@@ -179,6 +181,7 @@ def test_the_task_callback_does_not_change_training(tmp_path, samples, small_tok
 def test_a_bad_task_folder_stops_the_run_before_its_first_step(tmp_path, samples, small_tokenizer):
     (tmp_path / "bad" / "val").mkdir(parents=True)
     (tmp_path / "bad" / "val" / "x.csv").write_text("question,A,B\nq,a,b\n", encoding="utf-8")
-    callback = TaskEvalCallback([str(tmp_path / "bad")], "4ba", small_tokenizer, tmp_path / "run")
+    settings = EvalTasksCallbackConfig(tasks=[str(tmp_path / "bad")], interval="4ba")
+    callback = TaskEvalCallback(settings, small_tokenizer, tmp_path / "run")
     with pytest.raises(ConfigError, match="no 'answer' column"):
         fit(samples, [callback])

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from llm.callbacks.generation import GenerationCallback  # noqa: E402
 from llm.callbacks.task_eval import TaskEvalCallback  # noqa: E402
 from llm.composer_model import LanguageModel  # noqa: E402
+from llm.config import EvalTasksCallbackConfig, GenerateCallbackConfig  # noqa: E402
 from llm.model import ModelConfig  # noqa: E402
 
 CFG = ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=96, tie_embeddings=True)
@@ -59,10 +60,12 @@ def main(out_dir: str, tokenizer_path: str, task: str) -> None:
     out = Path(out_dir)
     data = [{"input_ids": s} for s in torch.load(out / "samples.pt")]
     model = LanguageModel.from_config(CFG, seed=5)
-    scores = RecordingEval([task], "2ba", tokenizer_path, out / "run", shots=1, batch_size=2)
-    texts = RecordingGeneration(
-        PROMPTS, "2ba", tokenizer_path, out / "run", max_new_tokens=8, temperature=1.0, top_k=0, seed=3
+    tasks = EvalTasksCallbackConfig(tasks=[task], interval="2ba", shots=1, batch_size=2)
+    scores = RecordingEval(tasks, tokenizer_path, out / "run")
+    sampling = GenerateCallbackConfig(
+        prompts=PROMPTS, interval="2ba", max_new_tokens=8, temperature=1.0, top_k=0, seed=3
     )
+    texts = RecordingGeneration(sampling, tokenizer_path, out / "run")
     trainer = Trainer(
         model=model,
         train_dataloader=DataLoader(data, batch_size=2, sampler=dist.get_sampler(data, shuffle=False)),
