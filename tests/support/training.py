@@ -128,7 +128,7 @@ def load(path: Path, *overrides: str):
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a metrics.jsonl file (what `llm.callbacks.metrics_file` writes), in order."""
+    """The records of a metrics.jsonl file (what `llm.loggers.metrics_file` writes), in order."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 
