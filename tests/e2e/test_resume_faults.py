@@ -22,6 +22,7 @@ from tests.support.resume import (
     wait_for_batch,
     write_recipe,
 )
+from tests.support.training import store_checkpoint
 
 
 @pytest.mark.slow
@@ -42,22 +43,10 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_resumes_
 
 
 def _fake_checkpoint(store, batch: int, payload: bytes, tmp_path) -> None:
-    """A stored monolithic checkpoint with its manifest, as CheckpointPublisher writes it."""
+    """A stored monolithic checkpoint holding `payload`, with its manifest."""
     local = tmp_path / f"ba{batch}.pt"
     local.write_bytes(payload)
-    rel = f"ep0-ba{batch}-rank0.pt"
-    store.upload(local, rel)
-    manifest = cm.Manifest(
-        batch=batch,
-        rank=0,
-        writers=1,
-        world_size=1,
-        sharded=False,
-        load_path=rel,
-        timestamp={"batch": batch},
-        files={rel: cm.file_digest(local)},
-    )
-    store.write_text(cm.manifest_name(batch, 0), manifest.to_json())
+    store_checkpoint(store, batch, local)
 
 
 @pytest.mark.parametrize("bad", [b"{}", b"[1, 2]", b'{"batch": 8, "rank": 0, "writ', b'{"batch": "8"}'])

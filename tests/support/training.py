@@ -127,6 +127,27 @@ def load(path: Path, *overrides: str):
     return load_config(path, list(overrides))
 
 
+def store_checkpoint(store, batch: int, local: Path) -> str:
+    """Store the file `local` as a run's monolithic checkpoint at `batch` with its manifest, as
+    CheckpointPublisher writes them (no training needed); the checkpoint's path in `store`."""
+    from llm.checkpoint import manifest as cm
+
+    rel = f"ep0-ba{batch}-rank0.pt"
+    store.upload(local, rel)
+    manifest = cm.Manifest(
+        batch=batch,
+        rank=0,
+        writers=1,
+        world_size=1,
+        sharded=False,
+        load_path=rel,
+        timestamp={"batch": batch},
+        files={rel: cm.file_digest(local)},
+    )
+    store.write_text(cm.manifest_name(batch, 0), manifest.to_json())
+    return rel
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """The records of a metrics.jsonl file (what `llm.loggers.metrics_file` writes), in order."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()

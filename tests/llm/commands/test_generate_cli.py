@@ -15,6 +15,7 @@ from llm.model import ModelConfig, Transformer
 from llm.weights.composer_layout import save_composer_weights
 from llm.weights.hf_export import export_hf
 from llm.weights.read import load_model
+from tests.support.training import store_checkpoint
 
 VOCAB = 2000
 CFG = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=64, tie_embeddings=True)
@@ -157,19 +158,8 @@ def publish(folder, batch: int, source) -> Path:
     from llm.checkpoint import manifest as cm
     from storage import open_store
 
-    store, rel = open_store(str(folder)), f"ep0-ba{batch}-rank0.pt"
-    store.upload(source, rel)
-    manifest = cm.Manifest(
-        batch=batch,
-        rank=0,
-        writers=1,
-        world_size=1,
-        sharded=False,
-        load_path=rel,
-        timestamp={"batch": batch},
-        files={rel: cm.file_digest(folder / rel)},
-    )
-    store.write_text(cm.manifest_name(batch, 0), manifest.to_json())
+    store = open_store(str(folder))
+    rel = store_checkpoint(store, batch, source)
     store.write_text(cm.LATEST, json.dumps({"batch": batch, "load_path": rel}))
     return folder / rel
 
