@@ -58,11 +58,11 @@ class MLflowTracker(MLFlowLogger):
             self._experiment_id = None
             failure = err
         self.outbox = Outbox(
-            getattr(self, "_mlflow_client", None),
-            getattr(self, "tracking_uri", str(settings.tracking_uri)),  # set by Composer on rank 0
-            settings,
-            run_dir / METRICS,
-            params,
+            client=getattr(self, "_mlflow_client", None),
+            tracking_uri=getattr(self, "tracking_uri", str(settings.tracking_uri)),  # Composer's, on rank 0
+            settings=settings,
+            metrics_file=run_dir / METRICS,
+            params=params,
         )
         if failure is not None:
             self.outbox.outage(failure)
