@@ -88,10 +88,26 @@ class DataConfig:
     # Checked on every shard as it enters the cache (xxh64 or sha1, both written by convert);
     # null turns the check off. Cost: `make bench-train`'s data-wait figure.
     validate_hash: str | None = "xxh64"
+    # Batches never trained on, as [from, to) windows of data batches in sample order (the batch
+    # after the first `from` up to batch `to`, numbered as metrics.jsonl's steps): their samples are
+    # read and dropped, the order is otherwise unchanged, and they count as steps (max_duration, the
+    # schedule). The guard adds its windows here; a resume keeps them (docs/guard.md).
+    skip: list[list[int]] = field(default_factory=list)
 
     def streams(self, split: str) -> list[StreamConfig]:
         """The streams of `split` (one of SPLITS): `train` or `eval`."""
         return self.train if split == "train" else self.eval
+
+
+@dataclass
+class ModelSection(ModelConfig):
+    """The recipe's `model:` section: the shape (`llm.model.ModelConfig`) and two penalties on the
+    logits that the loss adds (`llm.composer_model`; the model itself knows nothing of them)."""
+
+    # PaLM's z-loss: z_loss x log(Z)^2 per scored token, Z the softmax normaliser (PaLM: 1e-4); 0: off.
+    z_loss: float = 0.0
+    # Baichuan 2's max-z loss: max_z_loss x (the largest logit)^2 per scored token (2e-4); 0: off.
+    max_z_loss: float = 0.0
 
 
 @dataclass
@@ -260,8 +276,28 @@ class LoggersConfig:
 
 
 @dataclass
+class GuardConfig:
+    """Loss spikes and non-finite steps: detected, rolled back and skipped (llm/callbacks/guard.py,
+    docs/guard.md). Needs checkpoint.save_folder: the rollback point is the newest checkpoint."""
+
+    enabled: bool = False
+    # A step is a spike when its loss or gradient norm is not finite (its update is never applied),
+    # or when its loss exceeds loss_factor x the median loss of the last `window` good steps, or its
+    # gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
+    loss_factor: float = 1.5
+    grad_factor: float = 10.0
+    window: int = 100  # good steps in the running medians
+    warmup: int = 100  # the factor rules start once this many good steps were seen (kept across resumes)
+    # On a spike at batch S: back to the rollback point R, and batches [R, S + skip) are never
+    # trained on (added to data.skip): the stretch since R, the spike's batch and `skip` after it.
+    skip: int = 200
+    max_rollbacks: int = 3  # at most this many rollbacks within max_rollbacks_window batches,
+    max_rollbacks_window: int = 1000  # then the run stops (exit 3), its newest checkpoint kept
+
+
+@dataclass
 class TrainConfig:
-    model: ModelConfig
+    model: ModelSection
     tokenizer: TokenizerConfig
     data: DataConfig
     run_name: str | None = None  # None: env RUN_NAME / COMPOSER_RUN_NAME, else the recipe's file name
@@ -274,6 +310,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     loggers: LoggersConfig = field(default_factory=LoggersConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     def check_world_size(self, world_size: int) -> int:
         """Per-rank batch size for `world_size` ranks; ConfigError if the batch does not divide."""
@@ -505,6 +542,7 @@ def validate(cfg: TrainConfig) -> None:
             f"optimizer.embedding_lr={cfg.optimizer.embedding_lr} must be positive, or null (optimizer.lr)"
         )
     _check_small_numbers(cfg)
+    _check_guard(cfg)
     if cfg.scheduler.min_lr > cfg.optimizer.lr:
         raise ConfigError(f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}")
 
@@ -539,6 +577,40 @@ def _check_small_numbers(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"checkpoint.save_folder={folder!r}: only local folders and s3://bucket/prefix are supported"
         )
+
+
+def _check_guard(cfg: TrainConfig) -> None:
+    """data.skip's windows, the logit penalties and the guard's numbers (docs/guard.md)."""
+    for i, window in enumerate(cfg.data.skip):
+        if len(window) != 2 or not 0 <= window[0] < window[1]:
+            raise ConfigError(
+                f"data.skip.{i}={window} must be a window [from, to) of batches with 0 <= from < to, "
+                "e.g. data.skip=[[1150,1350]]"
+            )
+    for key in ("z_loss", "max_z_loss"):
+        if getattr(cfg.model, key) < 0:
+            raise ConfigError(f"model.{key}={getattr(cfg.model, key)} must be 0 (off) or positive, e.g. 1e-4")
+    g = cfg.guard
+    if not g.enabled:
+        return
+    if not cfg.checkpoint.save_folder:
+        raise ConfigError(
+            "guard.enabled=true needs checkpoint.save_folder: the guard rolls back to the newest "
+            "checkpoint; set a save folder, or guard.enabled=false"
+        )
+    for key in ("loss_factor", "grad_factor"):
+        value = getattr(g, key)
+        if value != 0 and value <= 1:
+            raise ConfigError(f"guard.{key}={value} must be above 1 (e.g. 1.5), or 0 to turn that rule off")
+    for key, least in (
+        ("window", 1),
+        ("warmup", 0),
+        ("skip", 0),
+        ("max_rollbacks", 0),
+        ("max_rollbacks_window", 1),
+    ):
+        if getattr(g, key) < least:
+            raise ConfigError(f"guard.{key}={getattr(g, key)} must be at least {least}")
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}

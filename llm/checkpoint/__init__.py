@@ -9,6 +9,7 @@
   restart.py     the `[restart]` line: where a resumed run's start-up time went
   lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)
   preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch, then exit 143/130
+  rollback.py    where the guard rolls back to after a loss spike: `RollbackPoint`, the newest checkpoint
   records_hook.py  `RunRecordsHook`: what checkpointing asks of the run's records (a protocol)
 
 Storage (local folder or S3, retries, atomic writes) is `storage`'s, not this package's; the run's

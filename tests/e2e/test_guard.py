@@ -1,0 +1,224 @@
+"""The guard in real `train.py` processes: a spike rolled back and its window skipped, bit for bit.
+
+What is promised (docs/guard.md):
+- a run whose batch 7 is non-finite rolls back to the checkpoint at 4 and skips batches 4-9
+  (`guard.skip=2`), and ends bit-identical (losses, sample order, weights) to a run told
+  `data.skip: [[4, 9]]` from the start; before the spike it equals the guard-off reference;
+- a resume inside the window keeps it (the checkpoint holds the windows): stopped by SIGTERM right
+  at the rollback, the resumed run does not train on batches 8 and 9, and still ends bit-identical;
+- past `guard.max_rollbacks` the run stops with exit 3 and one line, nothing saved after the
+  spike; a finite spike (loss x 50) counts too;
+- on two ranks under FSDP2 (sharded checkpoints), with the spike on rank 1's loss only, both
+  ranks take the same decision and the run ends bit-identical to the two-rank skip-from-start run.
+
+One single-process scenario (`single`: the stopped and resumed run, the skip-from-start run and
+the capped run) and one two-rank scenario (`two_ranks`), each run once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from llm.plots import load_run, run_figure, summary_table
+from tests.support import forkserver
+from tests.support.resume import (
+    RECORDS,
+    Run,
+    assert_same_weights,
+    interrupt,
+    load_weights,
+    run,
+    write_recipe,
+)
+from tests.support.training import read_metrics
+
+pytestmark = pytest.mark.slow
+
+GUARD = ["guard.enabled=true", "guard.window=4", "guard.warmup=3", "guard.skip=2"]
+LINE = "[guard] loss nan at batch 7 (median 5.554): rolled back to batch 4, skipping batches 4-9"
+
+
+@dataclass
+class Single:
+    folder: Path
+    stopped: Run  # spike at 7, SIGTERM at 7: the rollback, then a checkpoint at 7
+    resumed: Run  # the same command: resumes at 7 inside the window
+    skipped: Run  # data.skip=[[4,9]] from the start
+    capped: Run  # spikes at 6 (loss x 50) and 10 (nan), max_rollbacks=1
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, shards) -> Single:
+    folder = tmp_path_factory.mktemp("guard")
+    spiked = folder / "spiked"
+    spiked.mkdir()
+    recipe = write_recipe(spiked / "recipe.yaml", shards, str(spiked / "ckpt"), cache=spiked / "cache")
+    env = {"LLM_TEST_SPIKE_AT": "7:nan"}
+    stopped = interrupt(
+        recipe, "stopped", cwd=spiked, at_batch=7, sig=signal.SIGTERM, overrides=[*GUARD, *RECORDS], env=env
+    )
+    resumed = run(recipe, "resumed", cwd=spiked, overrides=[*GUARD, *RECORDS], env=env)
+    runs = {}
+    for name, overrides, env in (
+        ("skipped", [*GUARD, "data.skip=[[4,9]]"], None),
+        ("capped", [*GUARD, "guard.max_rollbacks=1"], {"LLM_TEST_SPIKE_AT": "6:50,10:nan"}),
+    ):
+        (folder / name).mkdir()
+        recipe = write_recipe(
+            folder / name / "recipe.yaml", shards, str(folder / name / "ckpt"), cache=folder / name / "cache"
+        )
+        runs[name] = run(recipe, name, cwd=folder / name, overrides=[*overrides, *RECORDS], env=env)
+    return Single(spiked, stopped, resumed, runs["skipped"], runs["capped"])
+
+
+def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_records_its_window(single, reference):
+    stopped = single.stopped
+    assert stopped.returncode == 143, stopped.output[-3000:]
+    assert stopped.output.count("[guard]") == 1 and LINE in stopped.output
+    # Before the spike the guard changes nothing (its clipping is Composer's GradientClipping).
+    ref = reference.batches()
+    assert [(b["ids"], b["loss"]) for b in stopped.batches()[:6]] == [(b["ids"], b["loss"]) for b in ref[:6]]
+    run_dir = single.folder / "runs" / "rs"
+    event = next(r for r in read_metrics(run_dir / "metrics.jsonl") if "guard/rolled_back_to" in r)
+    assert {k: v for k, v in event.items() if k.startswith("guard/")} == {
+        "guard/spike_batch": 7,
+        "guard/rolled_back_to": 4,
+        "guard/skip_from": 4,
+        "guard/skip_to": 9,
+        "guard/rollbacks": 1,
+    }
+    assert event["step"] == 7
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["skip"] == [[4, 9]]
+
+
+def test_rollback_and_skip_ends_bit_identical_to_skipping_the_window_from_the_start(single, reference):
+    skipped, resumed = single.skipped, single.resumed
+    assert skipped.returncode == 0 and resumed.returncode == 0, resumed.output[-3000:]
+    assert "[guard]" not in skipped.output
+    assert [b["batch"] for b in skipped.batches()] == [1, 2, 3, 4, 10, 11, 12]
+    for ours, theirs in zip(skipped.batches()[:4], reference.batches()[:4], strict=True):
+        assert (ours["ids"], ours["loss"]) == (theirs["ids"], theirs["loss"])
+    rolled = single.stopped.batches()[:4] + resumed.batches()
+    assert [b["batch"] for b in rolled] == [1, 2, 3, 4, 10, 11, 12]
+    assert [(b["ids"], b["loss"]) for b in rolled] == [(b["ids"], b["loss"]) for b in skipped.batches()]
+    assert_same_weights(skipped.weights, resumed.weights)
+    # The batch counter moved over the window: the same steps and tokens in both records.
+    ours = read_metrics(single.folder / "runs" / "rs" / "metrics.jsonl")
+    theirs = read_metrics(skipped.record.parent / "runs" / "rs" / "metrics.jsonl")
+    assert [(r["step"], r["tokens"], r["loss"], r["lr"]) for r in ours if r["step"] > 9] == [
+        (r["step"], r["tokens"], r["loss"], r["lr"]) for r in theirs if r["step"] > 9
+    ]
+
+
+def test_a_resume_inside_the_window_keeps_it(single):
+    resumed = single.resumed
+    assert "[resume] resuming run 'rs' from the checkpoint at batch 7" in resumed.output
+    assert [b["batch"] for b in resumed.batches()] == [10, 11, 12]  # 8 and 9 not trained
+    (checkpoint,) = (single.folder / "ckpt").glob("ep*-ba7-rank0.pt")
+    callbacks = torch.load(checkpoint, map_location="cpu", weights_only=False)["state"]["callbacks"]
+    assert callbacks["SkipWindowsCallback"] == {"windows": [[4, 9]]}
+    assert [r["rolled_back_to"] for r in callbacks["SpikeGuard"]["rollbacks"]] == [4]
+    config = yaml.safe_load((single.folder / "runs" / "rs" / "config.yaml").read_text())
+    assert config["data"]["skip"] == [[4, 9]]  # the recipe has none: the checkpoint's are kept
+
+
+def test_the_loss_plot_and_llm_plot_mark_the_rollback_and_the_skipped_window(single):
+    run_dir = single.folder / "runs" / "rs"
+    assert (run_dir / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    curves = load_run(str(run_dir))
+    assert curves.rollbacks() == [(7, 4)] and curves.skipped() == [(4, 9)]
+    ax = run_figure(curves).axes[0]
+    labels = [line.get_label() for line in ax.lines] + [patch.get_label() for patch in ax.patches]
+    assert "rollback" in labels and "skipped batches" in labels
+    (band,) = ax.patches
+    assert (band.get_x(), band.get_x() + band.get_width()) == (
+        4 * 4 * 32,
+        9 * 4 * 32,
+    )  # 4 x 32 tokens a batch
+    header, row = summary_table([curves]).splitlines()
+    assert header.split()[-2:] == ["rollbacks", "skipped"] and row.split()[-2:] == ["1", "5"]
+
+
+def test_past_max_rollbacks_the_run_stops_with_exit_3_and_keeps_its_last_good_checkpoint(single):
+    capped = single.capped
+    assert capped.returncode == 3, capped.output[-3000:]
+    lines = [line for line in capped.output.splitlines() if line.startswith("[guard]")]
+    assert len(lines) == 2
+    assert lines[0].startswith("[guard] loss 27") and "at batch 6 (median 5.563)" in lines[0]
+    assert lines[0].endswith("rolled back to batch 4, skipping batches 4-8")
+    assert lines[1].startswith("[guard] loss nan at batch 10 (median ")
+    assert (
+        "1 rollback(s) within the last 1000 batches (guard.max_rollbacks=1); stopping with exit code 3"
+        in lines[1]
+    )
+    assert "Traceback" not in capped.output
+    manifests = sorted(p.name for p in (capped.record.parent / "ckpt" / "manifests").iterdir())
+    assert manifests == ["ba0000000004-rank00000.json"]  # nothing saved after the rollback
+    assert [b["batch"] for b in capped.batches()] == [1, 2, 3, 4, 5, 6, 9]
+    rows = read_metrics(capped.record.parent / "runs" / "rs" / "metrics.jsonl")
+    assert rows[-1]["step"] == 10 and rows[-1]["guard/stopped"] == 1
+
+
+# --- two ranks, FSDP2 -----------------------------------------------------------------------------
+
+LAUNCH_2 = [forkserver.COMPOSER, "-n", "2"]
+FSDP = [
+    "fsdp.enabled=true",
+    "fsdp.state_dict_type=sharded",
+    "fsdp.activation_checkpointing=none",
+    "training.device_microbatch_size=2",
+]
+
+
+@dataclass
+class TwoRanks:
+    rolled: Run  # the loss of batch 7 x 50 on rank 1 only
+    skipped: Run  # data.skip=[[4,9]] from the start
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, shards) -> TwoRanks:
+    folder = tmp_path_factory.mktemp("guard-fsdp2")
+    out = {}
+    for name, overrides, env in (
+        ("rolled", GUARD, {"LLM_TEST_SPIKE_AT": "7:50", "LLM_TEST_SPIKE_RANK": "1"}),
+        ("skipped", [*GUARD, "data.skip=[[4,9]]"], {}),
+    ):
+        (folder / name).mkdir()
+        recipe = write_recipe(
+            folder / name / "recipe.yaml", shards, str(folder / name / "ckpt"), cache=folder / name / "cache"
+        )
+        out[name] = run(
+            recipe, name, cwd=folder / name, overrides=[*overrides, *FSDP], env={"FSDP_VERSION": "2", **env},
+            launcher=LAUNCH_2,
+        )  # fmt: skip
+    return TwoRanks(out["rolled"], out["skipped"])
+
+
+def _per_rank(result: Run) -> list[list[tuple[int, str]]]:
+    records = sorted(result.record.parent.glob(result.record.name + "*"))
+    return [[(r["batch"], r["ids"]) for r in map(json.loads, p.read_text().splitlines())] for p in records]
+
+
+def test_two_fsdp2_ranks_take_the_same_decision_and_end_as_the_skip_from_the_start(two_ranks):
+    rolled, skipped = two_ranks.rolled, two_ranks.skipped
+    assert rolled.returncode == 0, rolled.output[-4000:]
+    assert skipped.returncode == 0, skipped.output[-4000:]
+    lines = [line for line in rolled.output.splitlines() if "[guard]" in line]
+    assert len(lines) == 1 and lines[0].endswith("rolled back to batch 4, skipping batches 4-9")
+    ranks = _per_rank(rolled)
+    assert len(ranks) == 2
+    assert [[b for b, _ in rank] for rank in ranks] == [[1, 2, 3, 4, 5, 6, 7, 10, 11, 12]] * 2
+    # Each rank's samples after the window, and the weights, equal the skip-from-the-start run's.
+    after = [[x for x in rank if x[0] > 7] for rank in ranks]
+    assert after == [[x for x in rank if x[0] > 4] for rank in _per_rank(skipped)]
+    assert [b["loss"] for b in rolled.batches()[7:]] == [b["loss"] for b in skipped.batches()[4:]]
+    wa, wb = load_weights(rolled.weights), load_weights(skipped.weights)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
