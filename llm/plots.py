@@ -9,6 +9,12 @@ runs with different batch sizes or sequence lengths line up.
 A run is found as a folder (local or `s3://`) holding `metrics.jsonl` (a `run_dir`) or
 `records/metrics.jsonl` (a checkpoint save folder, llm/run_dir.py). No Composer import:
 `llm plot` stays quick.
+
+The guard's work is marked (llm/callbacks/guard.py, docs/guard.md): each rollback as a dotted line
+at its spike, each window of skipped batches as a shaded band. The windows come from the run's
+config.yaml (`data.skip`, which the run rewrites with every window it adds) and from the
+`guard/skip_from`, `guard/skip_to` fields of metrics.jsonl; batches become tokens at the run's
+tokens per batch.
 """
 
 from __future__ import annotations
@@ -29,15 +35,52 @@ from storage import StorageError, open_store
 
 @dataclass
 class RunCurves:
-    """One run's records: where they came from, a label, and its metrics.jsonl rows."""
+    """One run's records: where they came from, a label, its metrics.jsonl rows and the windows of
+    batches it skipped (`data.skip` from its config.yaml)."""
 
     source: str
     label: str
     rows: list[dict[str, Any]] = field(default_factory=list)
+    skip: list[list[int]] = field(default_factory=list)
 
-    def points(self, key: str) -> tuple[list[int], list[float]]:
-        """(tokens, values) of the rows that hold `key`."""
-        rows = [r for r in self.rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+    def rollbacks(self) -> list[tuple[int, int]]:
+        """(spike batch, batch rolled back to) of each of the guard's rollbacks."""
+        return [
+            (int(r["guard/spike_batch"]), int(r["guard/rolled_back_to"]))
+            for r in self.rows
+            if "guard/rolled_back_to" in r and "guard/spike_batch" in r
+        ]
+
+    def skipped(self) -> list[tuple[int, int]]:
+        """The windows [from, to) of batches never trained on, merged, in order."""
+        windows = [(int(a), int(b)) for a, b in self.skip]
+        windows += [
+            (int(r["guard/skip_from"]), int(r["guard/skip_to"])) for r in self.rows if "guard/skip_to" in r
+        ]
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(windows):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
+
+    def tokens_at(self, batch: int) -> float:
+        """Tokens after `batch` batches, at the run's tokens per batch (every batch counts, skipped too)."""
+        last = next((r for r in reversed(self.rows) if r["step"] > 0), None)
+        return batch * last["tokens"] / last["step"] if last else float(batch)
+
+    def points(self, key: str, kept: bool = False) -> tuple[list[int], list[float]]:
+        """(tokens, values) of the rows that hold `key`; `kept`: without the steps a rollback undid
+        (after the batch rolled back to, up to the spike's)."""
+        undone = self.rollbacks() if kept else []
+        rows = [
+            r
+            for r in self.rows
+            if isinstance(r.get(key), int | float)
+            and math.isfinite(r[key])
+            and not any(back < r["step"] <= spike for spike, back in undone)
+        ]
         return [int(r["tokens"]) for r in rows], [float(r[key]) for r in rows]
 
     def eval_sources(self) -> list[str]:
@@ -57,6 +100,8 @@ class RunCurves:
             "train_loss": train[-1] if train else None,
             "eval_loss": evals[-1] if evals else None,
             "tokens_per_sec": statistics.median(speed) if speed else None,
+            "rollbacks": len(self.rollbacks()),
+            "skipped": sum(b - a for a, b in self.skipped()),
         }
 
 
@@ -90,20 +135,28 @@ def load_run(source: str) -> RunCurves:
             raise
         if text is None:
             continue
-        return RunCurves(source=source, label=_run_name(store, prefix, source), rows=parse_metrics(text))
+        config = _config(store, prefix)
+        name = config.get("run_name")
+        skip = (config.get("data") or {}).get("skip") if isinstance(config.get("data"), dict) else None
+        return RunCurves(
+            source=source,
+            label=str(name) if name else source.rstrip("/").rsplit("/", 1)[-1] or source,
+            rows=parse_metrics(text),
+            skip=[list(w) for w in skip or [] if isinstance(w, list) and len(w) == 2],
+        )
     raise ConfigError(
         f"{source} is not a run: it has no {METRICS} (a run_dir such as runs/demo) and no "
         f"{RECORDS_DIR}/{METRICS} (a checkpoint save folder, e.g. s3://bucket/ckpt/run)"
     )
 
 
-def _run_name(store, prefix: str, source: str) -> str:
+def _config(store, prefix: str) -> dict[str, Any]:
+    """The run's config.yaml as a dict; empty when it is missing or unreadable."""
     try:
         config = yaml.safe_load(store.read_text(prefix + CONFIG) or "") or {}
     except (yaml.YAMLError, StorageError):
         config = {}
-    name = config.get("run_name") if isinstance(config, dict) else None
-    return str(name) if name else source.rstrip("/").rsplit("/", 1)[-1] or source
+    return config if isinstance(config, dict) else {}
 
 
 def unique_labels(runs: list[RunCurves]) -> None:
@@ -150,9 +203,10 @@ def run_figure(run: RunCurves, title: str | None = None):
         2, 1, figsize=(8, 6), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
     tokens, losses = run.points("loss")
-    if losses:
+    if losses:  # the smoothed curve leaves out the steps a rollback undid (the raw one shows them)
         ax.plot(tokens, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="train")
-        ax.plot(tokens, ema(losses), color="tab:blue", linewidth=1.5, label="train (smoothed)")
+        kept_tokens, kept = run.points("loss", kept=True)
+        ax.plot(kept_tokens, ema(kept), color="tab:blue", linewidth=1.5, label="train (smoothed)")
     sources = run.eval_sources()
     eval_tokens, evals = run.points("eval_loss")
     if evals:
@@ -161,6 +215,7 @@ def run_figure(run: RunCurves, title: str | None = None):
     if len(sources) > 1:
         for name in sources:
             ax.plot(*run.points(f"eval_loss/{name}"), "x--", linewidth=1, label=f"eval {name}")
+    mark_guard(ax, run, "tab:red")
     ax.set_ylabel("cross-entropy loss")
     ax.set_title(title or f"{run.label}: loss")
     ax.grid(alpha=0.3)
@@ -183,16 +238,28 @@ def plot_compare(runs: list[RunCurves], path: str | Path, title: str = "loss vs 
         tokens, losses = run.points("loss")
         if losses:
             ax.plot(tokens, losses, color=colour, alpha=0.15, linewidth=0.8)
-            ax.plot(tokens, ema(losses), color=colour, linewidth=1.6, label=f"{run.label} train")
+            kept_tokens, kept = run.points("loss", kept=True)
+            ax.plot(kept_tokens, ema(kept), color=colour, linewidth=1.6, label=f"{run.label} train")
         eval_tokens, evals = run.points("eval_loss")
         if evals:
             ax.plot(eval_tokens, evals, "o--", color=colour, linewidth=1, label=f"{run.label} eval")
+        mark_guard(ax, run, colour, f"{run.label} ")
     ax.set_ylabel("cross-entropy loss")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     _lr_panel(ax_lr, coloured)
     return _save(fig, plt, eng, ax_lr, path)
+
+
+def mark_guard(ax, run: RunCurves, colour: str, prefix: str = "") -> None:
+    """The run's skipped windows as shaded bands, its rollbacks as dotted lines at the spike."""
+    for i, (start, end) in enumerate(run.skipped()):
+        label = f"{prefix}skipped batches" if i == 0 else None
+        ax.axvspan(run.tokens_at(start), run.tokens_at(end), color=colour, alpha=0.12, label=label)
+    for i, (spike, _) in enumerate(run.rollbacks()):
+        label = f"{prefix}rollback" if i == 0 else None
+        ax.axvline(run.tokens_at(spike), color=colour, linestyle=":", linewidth=1.2, label=label)
 
 
 def _lr_panel(ax, runs) -> None:
@@ -227,8 +294,9 @@ def ema(values: list[float], beta: float = 0.9) -> list[float]:
 
 
 def summary_table(runs: list[RunCurves]) -> str:
-    """A plain-text table: one row per run (final losses, tokens, steps, median tokens/s)."""
-    header = ["run", "steps", "tokens", "train loss", "eval loss", "tokens/s"]
+    """A plain-text table: one row per run (final losses, tokens, steps, median tokens/s, the guard's
+    rollbacks and the batches skipped)."""
+    header = ["run", "steps", "tokens", "train loss", "eval loss", "tokens/s", "rollbacks", "skipped"]
     rows = []
     for run in runs:
         s = run.summary()
@@ -240,6 +308,8 @@ def summary_table(runs: list[RunCurves]) -> str:
                 _num(s["train_loss"], "{:.4f}"),
                 _num(s["eval_loss"], "{:.4f}"),
                 _num(s["tokens_per_sec"], "{:,.0f}"),
+                _num(s["rollbacks"], "{:,}"),
+                _num(s["skipped"], "{:,}"),
             ]
         )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
