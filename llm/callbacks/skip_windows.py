@@ -57,7 +57,9 @@ class SkipWindowsCallback(Callback):
         self._advance(state, self.loader.next_index - 1)
 
     def epoch_end(self, state: State, logger: Logger) -> None:
-        self._advance(state, self.loader.next_index)
+        # Composer has already moved the counter to the next epoch: the dropped tail counts in the
+        # totals only, not in the new epoch's (from which a resume takes its sample position).
+        self._advance(state, self.loader.next_index, in_epoch=False)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self._end_if_the_rest_is_skipped(state)
@@ -74,15 +76,24 @@ class SkipWindowsCallback(Callback):
         for start, end in state.get("windows", []):
             self.windows.add(start, end)
 
-    def _advance(self, state: State, index: int) -> None:
-        """Move the batch counter forward to data batch `index`, over the batches dropped before it."""
+    def _advance(self, state: State, index: int, in_epoch: bool = True) -> None:
+        """Move the batch counter forward to data batch `index`, over the batches dropped before it
+        (`in_epoch`: in the current epoch, so its in-epoch counts move too)."""
         dropped = index - int(state.timestamp.batch)
         if dropped <= 0:
             return
         samples, tokens = _global_batch_size(state)
         timestamp = state.timestamp
-        for _ in range(dropped):
-            timestamp = timestamp.to_next_batch(samples=samples, tokens=tokens)
+        if in_epoch:
+            for _ in range(dropped):
+                timestamp = timestamp.to_next_batch(samples=samples, tokens=tokens)
+        else:
+            timestamp = timestamp.copy(
+                batch=int(timestamp.batch) + dropped,
+                sample=int(timestamp.sample) + dropped * samples,
+                token=int(timestamp.token) + dropped * tokens,
+                token_in_iteration=int(timestamp.token_in_iteration) + dropped * tokens,
+            )
         state.timestamp = timestamp
 
     def _end_if_the_rest_is_skipped(self, state: State) -> None:

@@ -1,7 +1,7 @@
 """The guard: its rules (pure), its settings, and a non-finite step in a real run (never applied).
 
 The rollbacks themselves, with real `train.py` processes (one rank and two under FSDP2), are in
-tests/e2e/test_guard.py.
+tests/e2e/test_guard_rollback.py.
 """
 
 from __future__ import annotations
