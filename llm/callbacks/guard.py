@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
 import torch
-from composer.core import Callback, State
+from composer.core import Callback, Precision, State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
@@ -192,6 +192,10 @@ class SpikeGuard(Callback):
         self._grad_norm = float(norm.item())
         if flag.item():
             self._dropped = True
+            if state.precision == Precision.AMP_FP16:
+                # Composer steps through a GradScaler, which skips a step with non-finite gradients
+                # itself (and fails on an optimizer without any): leave them to it.
+                return
             for p in params:
                 p.grad = None  # AdamW skips these parameters: no update, no moments, no decay
 

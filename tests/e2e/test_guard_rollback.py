@@ -7,8 +7,9 @@ What is promised (docs/guard.md):
 - a resume inside the window keeps it (the checkpoint holds the windows): stopped by SIGTERM right
   at the rollback, the resumed run does not train on batches 8 and 9, and still ends bit-identical;
 - past `guard.max_rollbacks` the run stops with exit 3 and one line, nothing saved after the
-  spike; a finite spike (loss x 50) counts too;
-- on two ranks under FSDP2 (sharded checkpoints), with the spike on rank 1's loss only, both
+  spike; a finite spike (loss x 50) counts too, and its rollback loads a monolithic checkpoint
+  from S3 (downloaded and verified, as a resume does);
+- on two ranks under FSDP2 (sharded checkpoints on S3), with the spike on rank 1's loss only, both
   ranks take the same decision and the run ends bit-identical to the two-rank skip-from-start run.
 
 One single-process scenario (`single`: the stopped and resumed run, the skip-from-start run and
@@ -39,7 +40,7 @@ from tests.support.resume import (
 )
 from tests.support.training import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 GUARD = ["guard.enabled=true", "guard.window=4", "guard.warmup=3", "guard.skip=2"]
 LINE = "[guard] loss nan at batch 7 (median 5.554): rolled back to batch 4, skipping batches 4-9"
@@ -55,7 +56,7 @@ class Single:
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, shards) -> Single:
+def single(tmp_path_factory, shards, s3_server) -> Single:
     folder = tmp_path_factory.mktemp("guard")
     spiked = folder / "spiked"
     spiked.mkdir()
@@ -66,14 +67,18 @@ def single(tmp_path_factory, shards) -> Single:
     )
     resumed = run(recipe, "resumed", cwd=spiked, overrides=[*GUARD, *RECORDS], env=env)
     runs = {}
-    for name, overrides, env in (
-        ("skipped", [*GUARD, "data.skip=[[4,9]]"], None),
-        ("capped", [*GUARD, "guard.max_rollbacks=1"], {"LLM_TEST_SPIKE_AT": "6:50,10:nan"}),
+    s3_server.create_bucket("guard-capped")
+    for name, save, overrides, env in (
+        ("skipped", str(folder / "skipped" / "ckpt"), [*GUARD, "data.skip=[[4,9]]"], None),
+        (
+            "capped",
+            "s3://guard-capped/ckpt",
+            [*GUARD, "guard.max_rollbacks=1"],
+            {"LLM_TEST_SPIKE_AT": "6:50,10:nan"},
+        ),
     ):
         (folder / name).mkdir()
-        recipe = write_recipe(
-            folder / name / "recipe.yaml", shards, str(folder / name / "ckpt"), cache=folder / name / "cache"
-        )
+        recipe = write_recipe(folder / name / "recipe.yaml", shards, save, cache=folder / name / "cache")
         runs[name] = run(recipe, name, cwd=folder / name, overrides=[*overrides, *RECORDS], env=env)
     return Single(spiked, stopped, resumed, runs["skipped"], runs["capped"])
 
@@ -146,6 +151,12 @@ def test_the_loss_plot_and_llm_plot_mark_the_rollback_and_the_skipped_window(sin
     assert header.split()[-2:] == ["rollbacks", "skipped"] and row.split()[-2:] == ["1", "5"]
 
 
+def manifests_in(save_folder: str) -> list[str]:
+    from storage import open_store
+
+    return sorted(rel.rsplit("/", 1)[-1] for rel in open_store(save_folder).list("manifests/"))
+
+
 def test_past_max_rollbacks_the_run_stops_with_exit_3_and_keeps_its_last_good_checkpoint(single):
     capped = single.capped
     assert capped.returncode == 3, capped.output[-3000:]
@@ -159,7 +170,7 @@ def test_past_max_rollbacks_the_run_stops_with_exit_3_and_keeps_its_last_good_ch
         in lines[1]
     )
     assert "Traceback" not in capped.output
-    manifests = sorted(p.name for p in (capped.record.parent / "ckpt" / "manifests").iterdir())
+    manifests = manifests_in("s3://guard-capped/ckpt")
     assert manifests == ["ba0000000004-rank00000.json"]  # nothing saved after the rollback
     assert [b["batch"] for b in capped.batches()] == [1, 2, 3, 4, 5, 6, 9]
     rows = read_metrics(capped.record.parent / "runs" / "rs" / "metrics.jsonl")
@@ -184,17 +195,16 @@ class TwoRanks:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, shards) -> TwoRanks:
+def two_ranks(tmp_path_factory, shards, s3_server) -> TwoRanks:
     folder = tmp_path_factory.mktemp("guard-fsdp2")
+    s3_server.create_bucket("guard-fsdp2")
     out = {}
-    for name, overrides, env in (
-        ("rolled", GUARD, {"LLM_TEST_SPIKE_AT": "7:50", "LLM_TEST_SPIKE_RANK": "1"}),
-        ("skipped", [*GUARD, "data.skip=[[4,9]]"], {}),
+    for name, save, overrides, env in (
+        ("rolled", "s3://guard-fsdp2/ckpt", GUARD, {"LLM_TEST_SPIKE_AT": "7:50", "LLM_TEST_SPIKE_RANK": "1"}),
+        ("skipped", str(folder / "skipped" / "ckpt"), [*GUARD, "data.skip=[[4,9]]"], {}),
     ):
         (folder / name).mkdir()
-        recipe = write_recipe(
-            folder / name / "recipe.yaml", shards, str(folder / name / "ckpt"), cache=folder / name / "cache"
-        )
+        recipe = write_recipe(folder / name / "recipe.yaml", shards, save, cache=folder / name / "cache")
         out[name] = run(
             recipe, name, cwd=folder / name, overrides=[*overrides, *FSDP], env={"FSDP_VERSION": "2", **env},
             launcher=LAUNCH_2,
