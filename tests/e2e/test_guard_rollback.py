@@ -6,14 +6,12 @@ What is promised (docs/guard.md):
   `data.skip: [[4, 9]]` from the start; before the spike it equals the guard-off reference;
 - a resume inside the window keeps it (the checkpoint holds the windows): stopped by SIGTERM right
   at the rollback, the resumed run does not train on batches 8 and 9, and still ends bit-identical;
-- past `guard.max_rollbacks` the run stops with exit 3 and one line, nothing saved after the
-  spike; a finite spike (loss x 50) counts too, and its rollback loads a monolithic checkpoint
-  from S3 (downloaded and verified, as a resume does);
 - on two ranks under FSDP2 (sharded checkpoints on S3), with the spike on rank 1's loss only, both
   ranks take the same decision and the run ends bit-identical to the two-rank skip-from-start run.
 
-One single-process scenario (`single`: the stopped and resumed run, the skip-from-start run and
-the capped run) and one two-rank scenario (`two_ranks`), each run once for the module.
+One single-process scenario (`single`: the stopped and resumed run, the skip-from-start run) and
+one two-rank scenario (`two_ranks`), each run once for the module. The limit and its exit code,
+a finite spike and a rollback from a monolithic S3 checkpoint are tests/llm/callbacks/test_guard.py's.
 """
 
 from __future__ import annotations
@@ -52,11 +50,10 @@ class Single:
     stopped: Run  # spike at 7, SIGTERM at 7: the rollback, then a checkpoint at 7
     resumed: Run  # the same command: resumes at 7 inside the window
     skipped: Run  # data.skip=[[4,9]] from the start
-    capped: Run  # spikes at 6 (loss x 50) and 10 (nan), max_rollbacks=1
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, shards, s3_server) -> Single:
+def single(tmp_path_factory, shards) -> Single:
     folder = tmp_path_factory.mktemp("guard")
     spiked = folder / "spiked"
     spiked.mkdir()
@@ -66,21 +63,17 @@ def single(tmp_path_factory, shards, s3_server) -> Single:
         recipe, "stopped", cwd=spiked, at_batch=7, sig=signal.SIGTERM, overrides=[*GUARD, *RECORDS], env=env
     )
     resumed = run(recipe, "resumed", cwd=spiked, overrides=[*GUARD, *RECORDS], env=env)
-    runs = {}
-    s3_server.create_bucket("guard-capped")
-    for name, save, overrides, env in (
-        ("skipped", str(folder / "skipped" / "ckpt"), [*GUARD, "data.skip=[[4,9]]"], None),
-        (
-            "capped",
-            "s3://guard-capped/ckpt",
-            [*GUARD, "guard.max_rollbacks=1"],
-            {"LLM_TEST_SPIKE_AT": "6:50,10:nan"},
-        ),
-    ):
-        (folder / name).mkdir()
-        recipe = write_recipe(folder / name / "recipe.yaml", shards, save, cache=folder / name / "cache")
-        runs[name] = run(recipe, name, cwd=folder / name, overrides=[*overrides, *RECORDS], env=env)
-    return Single(spiked, stopped, resumed, runs["skipped"], runs["capped"])
+    (folder / "skipped").mkdir()
+    recipe = write_recipe(
+        folder / "skipped" / "recipe.yaml",
+        shards,
+        str(folder / "skipped" / "ckpt"),
+        cache=folder / "skipped" / "cache",
+    )
+    skipped = run(
+        recipe, "skipped", cwd=folder / "skipped", overrides=[*GUARD, "data.skip=[[4,9]]", *RECORDS]
+    )
+    return Single(spiked, stopped, resumed, skipped)
 
 
 def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_records_its_window(single, reference):
@@ -149,32 +142,6 @@ def test_the_loss_plot_and_llm_plot_mark_the_rollback_and_the_skipped_window(sin
     )  # 4 x 32 tokens a batch
     header, row = summary_table([curves]).splitlines()
     assert header.split()[-2:] == ["rollbacks", "skipped"] and row.split()[-2:] == ["1", "5"]
-
-
-def manifests_in(save_folder: str) -> list[str]:
-    from storage import open_store
-
-    return sorted(rel.rsplit("/", 1)[-1] for rel in open_store(save_folder).list("manifests/"))
-
-
-def test_past_max_rollbacks_the_run_stops_with_exit_3_and_keeps_its_last_good_checkpoint(single):
-    capped = single.capped
-    assert capped.returncode == 3, capped.output[-3000:]
-    lines = [line for line in capped.output.splitlines() if line.startswith("[guard]")]
-    assert len(lines) == 2
-    assert lines[0].startswith("[guard] loss 27") and "at batch 6 (median 5.563)" in lines[0]
-    assert lines[0].endswith("rolled back to batch 4, skipping batches 4-8")
-    assert lines[1].startswith("[guard] loss nan at batch 10 (median ")
-    assert (
-        "1 rollback(s) within the last 1000 batches (guard.max_rollbacks=1); stopping with exit code 3"
-        in lines[1]
-    )
-    assert "Traceback" not in capped.output
-    manifests = manifests_in("s3://guard-capped/ckpt")
-    assert manifests == ["ba0000000004-rank00000.json"]  # nothing saved after the rollback
-    assert [b["batch"] for b in capped.batches()] == [1, 2, 3, 4, 5, 6, 9]
-    rows = read_metrics(capped.record.parent / "runs" / "rs" / "metrics.jsonl")
-    assert rows[-1]["step"] == 10 and rows[-1]["guard/stopped"] == 1
 
 
 # --- two ranks, FSDP2 -----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ tests/e2e/test_guard_rollback.py.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,90 +89,101 @@ def test_unusable_guard_settings_are_refused_in_one_line(tmp_path, train_data, o
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-# --- a real run: the non-finite step's update is never applied -----------------------------------
+# --- a real run: a rollback from S3, then the limit; the non-finite step never applied ------------
 
 
 class Before(Callback):
-    """Copies of the weights and the optimizer state at the start of batch `batch`."""
+    """Copies of the weights and the optimizer state at the start of batch `batch`; the state."""
 
     def __init__(self, batch: int):
         self.batch = batch
         self.weights: dict[str, torch.Tensor] = {}
         self.optimizer: dict = {}
+        self.state = None
 
     def batch_start(self, state, logger) -> None:
+        self.state = state
         if int(state.timestamp.batch) + 1 == self.batch:
             self.weights = {k: v.detach().clone() for k, v in state.model.state_dict().items()}
             self.optimizer = copy.deepcopy(state.optimizers[0].state_dict())
 
 
 @dataclass
-class Stopped:
-    error: SpikeStop
+class Capped:
+    code: int
+    stdout: str
+    stderr: str
     before: Before
-    weights: dict[str, torch.Tensor]
-    optimizer: dict
     run_dir: Path
-    checkpoints: Path
+    save_folder: str
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory, train_data) -> Stopped:
-    """Guard on with max_rollbacks=0: the NaN loss of batch 3 stops the run at once."""
-    from llm.trainer import build_trainer
+def capped(tmp_path_factory, train_data, s3_server) -> Capped:
+    """`train.py` in this process, checkpoints on S3 every 4 batches, guard.max_rollbacks=1: batch
+    6's loss x 50 rolls back to 4 (skipping 4-8), batch 10's NaN loss is one spike too many."""
+    import train
 
-    root = tmp_path_factory.mktemp("guard-stop")
+    root = tmp_path_factory.mktemp("guard-capped")
+    save_folder = f"s3://{s3_server.create_bucket('guard-capped')}/ckpt"
     recipe = write_recipe(
         root / "r.yaml",
         train_data,
-        checkpoint={"save_folder": str(root / "ck"), "save_interval": "2ba"},
-        guard={"enabled": True, "max_rollbacks": 0},
+        checkpoint={"save_folder": save_folder, "save_interval": "4ba"},
+        guard={"enabled": True, "max_rollbacks": 1, "window": 4, "warmup": 3, "skip": 2},
         training={
             "global_batch_size": 8,
             "device_microbatch_size": 4,
-            "max_duration": "6ba",
+            "max_duration": "12ba",
             "log_interval": 1,
         },
     )
-    before = Before(3)
-    trainer = build_trainer(load(recipe), extra_callbacks=[before, LossSpike({3: float("nan")})])
-    try:
-        with pytest.raises(SpikeStop) as err:
-            trainer.fit()
-        state = trainer.state
-        weights = {k: v.detach().clone() for k, v in state.model.state_dict().items()}
-        optimizer = copy.deepcopy(state.optimizers[0].state_dict())
-    finally:
-        trainer.close()
-    return Stopped(err.value, before, weights, optimizer, root / "run", root / "ck")
+    before = Before(10)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = train.main([str(recipe)], extra_callbacks=[before, LossSpike({6: 50.0, 10: float("nan")})])
+    return Capped(code, stdout.getvalue(), stderr.getvalue(), before, root / "run", save_folder)
 
 
-def test_the_update_of_a_non_finite_step_is_never_applied(stopped):
-    assert stopped.before.weights, "the probe saw batch 3 start"
-    assert all(torch.isfinite(v).all() for v in stopped.weights.values())
-    assert all(torch.equal(stopped.weights[k], v) for k, v in stopped.before.weights.items())
+@pytest.mark.s3
+def test_the_update_of_a_non_finite_step_is_never_applied(capped):
+    before, state = capped.before, capped.before.state
+    assert before.weights, "the probe saw batch 10 start"
+    weights = state.model.state_dict()
+    assert all(torch.isfinite(v).all() for v in weights.values())
+    assert all(torch.equal(weights[k], v) for k, v in before.weights.items())
     # AdamW's moments and step counts did not move either (zeroing the gradients would move them).
-    assert stopped.optimizer["state"].keys() == stopped.before.optimizer["state"].keys()
-    for key, saved in stopped.before.optimizer["state"].items():
+    optimizer = state.optimizers[0].state_dict()
+    assert optimizer["state"].keys() == before.optimizer["state"].keys()
+    for key, saved in before.optimizer["state"].items():
         for name, value in saved.items():
-            assert torch.equal(stopped.optimizer["state"][key][name], value), (key, name)
+            assert torch.equal(optimizer["state"][key][name], value), (key, name)
 
 
-def test_past_max_rollbacks_the_run_stops_with_one_line_and_its_last_good_checkpoint(stopped):
-    message = str(stopped.error)
-    assert "\n" not in message
-    assert message.startswith("[guard] loss nan at batch 3 (median ")
-    assert (
-        "0 rollback(s) within the last 1000 batches (guard.max_rollbacks=0); stopping with exit code 3"
-        in message
+@pytest.mark.s3
+def test_a_loss_spike_rolls_back_and_past_max_rollbacks_the_run_stops_with_exit_3(capped):
+    from llm.checkpoint import manifest as cm
+    from storage import open_store
+
+    assert capped.code == SpikeStop.EXIT_CODE == 3, capped.stderr[-3000:]
+    (rollback,) = [line for line in capped.stdout.splitlines() if line.startswith("[guard]")]
+    assert rollback.startswith("[guard] loss ") and " at batch 6 (median " in rollback
+    assert rollback.endswith("rolled back to batch 4, skipping batches 4-8")
+    stop = capped.stderr.strip().splitlines()[-1]
+    assert stop.startswith("[guard] loss nan at batch 10 (median ")
+    assert stop.endswith(
+        "1 rollback(s) within the last 1000 batches (guard.max_rollbacks=1); stopping with exit code 3, "
+        "the newest checkpoint is the last good state: look at the data and the learning rate before resuming"
     )
-    assert SpikeStop.EXIT_CODE == 3
-    # Nothing was saved after the spike: the checkpoint at 2 is the newest.
-    assert sorted(p.name for p in (stopped.checkpoints / "manifests").iterdir()) == [
-        "ba0000000002-rank00000.json"
-    ]
-    rows = read_metrics(stopped.run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert "Traceback" not in capped.stderr
+    # The save at 8 fell in the window, and nothing is saved after a spike: 4 is the newest.
+    checkpoints, _ = cm.scan(open_store(capped.save_folder))
+    assert [c.batch for c in checkpoints if c.complete] == [4]
+    rows = read_metrics(capped.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 9, 10]
+    assert rows[5]["guard/rolled_back_to"] == 4 and rows[5]["loss"] > 50
     assert (
-        rows[-1]["guard/stopped"] == 1 and rows[-1]["guard/spike_batch"] == 3 and math.isnan(rows[-1]["loss"])
+        rows[-1]["guard/stopped"] == 1
+        and rows[-1]["guard/spike_batch"] == 10
+        and math.isnan(rows[-1]["loss"])
     )
