@@ -99,9 +99,9 @@ LONGEST_FIRST = [
     "test_resume_fsdp2.py",  # 81 s
     "test_storage.py",  # 77 s
     "test_gpu_check_smoke.py",  # 68 s
-    "test_guard_rollback.py",  # ~65 s: four runs on one and two ranks
     "test_profiling.py",  # 57 s
     "test_storage_outage.py",  # 49 s
+    "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from scenarios.guard_demo import DemoSettings, run_demo
+from tests.support.training import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +45,11 @@ def test_with_the_guard_on_the_run_rolls_back_skips_the_window_and_ends_near_the
     clean, off, on = demo.clean.eval_loss, demo.off.eval_loss, demo.on.eval_loss
     assert off > clean + 0.3, (clean, off, on)  # derailed and not recovered by the end
     assert abs(on - clean) < 0.1, (clean, off, on)
+    # Before the window the guard changes nothing: its clipping is Composer's GradientClipping.
+    before = [read_metrics(r.run_dir / "metrics.jsonl") for r in (demo.off, demo.on)]
+    assert [[(r["step"], r["loss"]) for r in rows if r["step"] <= 40] for rows in before] == [
+        [(r["step"], r["loss"]) for r in before[0] if r["step"] <= 40]
+    ] * 2
     assert demo.figure.read_bytes()[:4] == b"\x89PNG"
     table = demo.table()
     assert "learning rate x300 in batches 40-43" in table and "guard-on" in table and "40-47" in table
