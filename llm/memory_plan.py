@@ -102,6 +102,10 @@ GIB = 1024**3
 DEFAULT_GPUS = 8
 DEFAULT_GPU_GB = 80.0
 DEFAULT_GPU_TYPE = "H100"
+# What a plan takes: the largest clusters have about 10^5 GPUs and the largest GPUs under 300 GB;
+# beyond these a number is a typo (or 1e400), not a machine.
+MAX_GPUS = 1_000_000
+MAX_GPU_GB = 1024.0
 # Dense bf16 tensor-core peak per GPU (FLOP/s): the denominators of MFU.
 PEAK_BF16_FLOPS = {"H100": 989.5e12, "H200": 989.5e12, "H800": 989.5e12, "A100": 312e12, "A800": 312e12}
 ANCHOR_MFU = 0.40  # llm-foundry 46.4% (MPT-7B, 8 x H100), torchtitan 33.7-39% (Llama-3-8B)
@@ -380,12 +384,17 @@ def describe_run(
     """The dry run of a recipe on `gpus` GPUs of `gpu_gb` GB each: sizes, FLOPs, run length,
     sharding, memory, the run's cost on `gpu_type` at `mfu` (default: 40% and 50%), and what its
     checkpoints cost at `upload_bandwidth` / `disk_bandwidth` per node (sizes per second)."""
-    if gpus <= 0:
-        raise ConfigError(f"--gpus must be a positive number of GPUs, got {gpus}")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise ConfigError(f"--gpus={gpus} must be a number of GPUs from 1 to {MAX_GPUS:,}")
+    if not 0 < gpu_gb <= MAX_GPU_GB:  # nan and inf too
+        raise ConfigError(
+            f"--gpu-gb={gpu_gb} must be a GPU's memory in GB, above 0 and at most {MAX_GPU_GB:g}"
+        )
     if gpu_type not in PEAK_BF16_FLOPS:
         raise ConfigError(f"--gpu-type {gpu_type!r} is not one of {', '.join(PEAK_BF16_FLOPS)}")
     if mfu is not None and not 0 < mfu <= 1:
         raise ConfigError(f"--mfu must be a fraction in (0, 1], e.g. 0.45, got {mfu}")
+    cfg.check_profile_ranks(gpus)
     t = cfg.training
     seq_len = cfg.model.max_seq_len
     tokens_per_step = t.global_batch_size * seq_len

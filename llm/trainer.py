@@ -43,7 +43,7 @@ from llm.data import (
     train_data_spec,
 )
 from llm.errors import ConfigError
-from llm.float8 import apply_float8
+from llm.float8 import apply_float8, check_float8
 from llm.loggers import MetricsFile, ProgressLine, build_trackers, check_extras
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import (
@@ -230,13 +230,17 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
+    if cfg.training.float8.enabled:  # float8 this machine cannot run: refused before the run folder
+        check_float8(cfg.training.float8.emulate, device)
+    # The launcher's world size (its environment; the process group, started below, agrees with it).
+    world_size = dist.get_world_size()
+    per_rank_batch = cfg.check_world_size(world_size)
+    cfg.check_profile_ranks(world_size)
     restart.mark("setup")  # imports and config done: the `[restart]` line's first phase ends here
     check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
-    # Start the process group now: the per-rank batch and the datasets' partitioning need it.
+    # Start the process group now: the datasets' partitioning and checkpointing need it.
     dist.initialize_dist(device)
-    world_size = dist.get_world_size()
-    per_rank_batch = cfg.check_world_size(world_size)
     parallelism = parallelism_config(cfg, world_size)
     # Where to start (fresh, newest verified checkpoint, or an allowed load_path), and the
     # callbacks that save, publish and handle preemption: see llm/checkpoint and docs/resume.md.

@@ -42,7 +42,7 @@ from llm.checkpoint.resume import (
     stop_if_complete,
     warn_recipe_changes,
 )
-from llm.checkpoint.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes
+from llm.checkpoint.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, format_bytes
 from llm.config import TrainConfig
 from llm.errors import ConfigError
 from llm.model import count_params
@@ -205,18 +205,19 @@ def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | 
 
 def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> None:
     """ConfigError if a local `save_folder` cannot be written, or if the disk a checkpoint is first
-    written to (the local save_folder, or the staging folder an S3 save is written to first) has
-    less free space than this rank's part of one checkpoint needs at the least (two with
-    background uploads to S3: one uploading while the next is written), or cannot be written."""
+    written to has less free space than this rank's checkpoints need there at the least: in a
+    local save_folder `checkpoint.num_to_keep` of them plus the one being written (the oldest goes
+    only after it), less what the folder's files already take; in the staging folder an S3 save is
+    written to first, this rank's part of one (two with background uploads: one uploading while
+    the next is written). Or if that folder cannot be written."""
     need = checkpoint_bytes(count_params(cfg.model).total)
-    copies = ""
+    copies, held, why = 1, 0, ""
     if store.is_remote:
         where = staging_parent(cfg)
         if cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded":
             need //= world_size  # each rank stages only its shard
         if cfg.checkpoint.background_upload:
-            need *= 2
-            copies = " x 2: one uploading in the background while the next is written"
+            copies, why = 2, "one uploading in the background while the next is written"
         what = (
             f"checkpoint.staging_folder={where}"
             if cfg.checkpoint.staging_folder
@@ -231,12 +232,19 @@ def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> No
         root = Path(store.root).absolute()
         where = next(p for p in [root, *root.parents] if p.exists())
         what = f"checkpoint.save_folder={cfg.checkpoint.save_folder}"
+        keep = cfg.checkpoint.num_to_keep
+        if keep > 0:
+            copies, why = keep + 1, f"checkpoint.num_to_keep={keep} kept and the next one being written"
+        held = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.is_dir() else 0
     free = shutil.disk_usage(where).free
-    if free < need:
+    if free < copies * need - held:
+        times = f" x {copies}: {why}" if copies > 1 else ""
+        less = f", less the {format_bytes(held)} its files take now" if held else ""
         raise ConfigError(
-            f"{what} has {free / 2**30:.1f} GiB free, but one checkpoint of this model needs at least "
-            f"{need / 2**30:.1f} GiB on this rank ({CHECKPOINT_BYTES_PER_PARAM} bytes per parameter: fp32 weights and "
-            f"AdamW's two moments{copies}); free some space or choose another folder"
+            f"{what} has {format_bytes(free)} free, but this rank's checkpoints need at least "
+            f"{format_bytes(copies * need - held)} there ({format_bytes(need)}{times}{less}; "
+            f"{CHECKPOINT_BYTES_PER_PARAM} bytes per parameter: fp32 weights and AdamW's two moments); "
+            "free some space or choose another folder"
         )
 
 

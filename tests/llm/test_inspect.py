@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from llm.commands import main as llm_main
 from tests.support.training import REPO, train_py
 
@@ -124,3 +126,44 @@ def test_a_bandwidth_that_is_not_a_size_per_second_is_one_line_and_exit_2(capsys
     assert err.count("\n") == 0 and "--upload-bandwidth='fast' is not a size per second" in err
     assert train_py(str(REPO / "recipes/7b.yaml"), "--dry-run", "--disk-bandwidth", "2GB") == 2
     assert "--disk-bandwidth='2GB' is not a size per second" in capsys.readouterr().err
+
+
+RATE_RANGE = "bytes per second; give a node's rate between 1MB/s and 1TB/s"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--upload-bandwidth", "9" * 400 + "B/s"],
+            f"--upload-bandwidth='{'9' * 16}...99999B/s' is inf {RATE_RANGE}",
+        ),
+        (["--disk-bandwidth", "0." + "0" * 322 + "5B/s"], RATE_RANGE),  # a denormal: was a NaN traceback
+        (["--upload-bandwidth", "0.000001B/s"], f"--upload-bandwidth='0.000001B/s' is 1e-06 {RATE_RANGE}"),
+        (["--disk-bandwidth", "100Tbit/s"], f"--disk-bandwidth='100Tbit/s' is 1.25e+13 {RATE_RANGE}"),
+        (
+            ["--gpus", "1000000000000000"],
+            "--gpus=1000000000000000 must be a number of GPUs from 1 to 1,000,000",
+        ),
+        (["--gpus", "0"], "--gpus=0 must be a number of GPUs from 1 to 1,000,000"),
+        (["--gpu-gb", "nan"], "--gpu-gb=nan must be a GPU's memory in GB, above 0 and at most 1024"),
+        (["--gpu-gb", "1e400"], "--gpu-gb=inf must be a GPU's memory in GB"),
+        (
+            ["training.profile.enabled=true", "training.profile.ranks=[8]", "--gpus", "8"],
+            "training.profile.ranks=[8]: rank 8 does not exist in a world of 8 rank(s)",
+        ),
+    ],
+)
+def test_degenerate_numbers_in_the_dry_run_are_one_line_and_exit_2(capsys, args, message):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_the_plausible_extremes_are_planned(capsys):
+    recipe = str(REPO / "recipes/7b.yaml")
+    assert llm_main(["inspect", recipe, "--upload-bandwidth", "1MB/s", "--disk-bandwidth", "1TB/s"]) == 0
+    out = capsys.readouterr().out
+    assert "write 0.1 s at 1TB/s per node" in out and "store 84006.7 s at 1MB/s per node" in out
+    assert llm_main(["inspect", recipe, "--gpus", "1000000", "--gpu-gb", "1024"]) == 0
+    assert "=> this recipe fits on 1000000 x 1024 GB GPUs" in capsys.readouterr().out

@@ -123,7 +123,7 @@ def test_a_save_folder_without_room_for_one_checkpoint_is_refused_before_trainin
     layers = 2 * free // (12 * per_layer) + 1  # twice the disk's free space, at 12 bytes a parameter
     model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
     cfg = recipe(tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck"), "model": model})
-    with pytest.raises(ConfigError, match=r"GiB free, but one checkpoint of this model needs at least"):
+    with pytest.raises(ConfigError, match=r"iB free, but this rank's checkpoints need at least"):
         plan_checkpointing(cfg, rank=0, world_size=1)
     assert not (tmp_path / "ck" / LOCK_FILE).exists()  # refused before the lock was taken
 
@@ -144,11 +144,48 @@ def test_staging_without_room_for_two_checkpoints_is_refused_with_background_upl
     store = open_store("s3://bucket/run")  # nothing is asked of the bucket before the staging check
     cfg = recipe(tmp_path, **over)
     with pytest.raises(
-        ConfigError, match=r"checkpoint\.staging_folder=.*staging has .* GiB free.*x 2: one uploading"
+        ConfigError, match=r"checkpoint\.staging_folder=.*staging has .*iB free.*x 2: one uploading"
     ):
         check_save_folder(cfg, store)
     # One copy (synchronous uploads) fits: the same disk is enough without the second.
     check_save_folder(recipe(tmp_path, **over, **{"checkpoint.background_upload": "false"}), store)
+
+
+def test_a_local_save_folder_needs_room_for_the_checkpoints_kept_and_the_one_being_written(tmp_path):
+    """num_to_keep=2 keeps two checkpoints and writes a third before the oldest goes (issue 36)."""
+    free = shutil.disk_usage(tmp_path).free
+    per_layer = count_params(
+        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
+    ).block
+    layers = 3 * free // (10 * 12 * per_layer) + 1  # a checkpoint takes about 3/10 of the free space
+    model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
+    folder = tmp_path / "ck"
+    store = open_store(folder)
+
+    def settings(keep: int):
+        return recipe(
+            tmp_path, **{"checkpoint.save_folder": folder, "model": model, "checkpoint.num_to_keep": keep}
+        )
+
+    check_save_folder(settings(2), store)  # three fit
+    with pytest.raises(
+        ConfigError, match=r"x 4: checkpoint\.num_to_keep=3 kept and the next one being written"
+    ):
+        check_save_folder(settings(3), store)
+    # A resume: what the folder's files take now is freed by the rotation, so it counts as room.
+    folder.mkdir()
+    with open(folder / "ep0-ba2-rank0.pt", "wb") as earlier:
+        earlier.truncate(2 * 12 * count_params(settings(3).model).total)  # two checkpoints' bytes, sparse
+    check_save_folder(settings(3), store)
+
+
+def test_sizes_are_printed_in_a_unit_that_shows_them():
+    """The staging check once said "has 0.0 GiB free, but one checkpoint ... needs 0.0 GiB"."""
+    from llm.checkpoint.sizes import format_bytes
+
+    assert format_bytes(0) == "0 B" and format_bytes(1000) == "1000 B"
+    assert format_bytes(3 * 2**20 + 2**19) == "3.5 MiB" and format_bytes(45 * 2**20) == "45 MiB"
+    assert format_bytes(10.5 * 2**30) == "10.5 GiB" and format_bytes(3 * 2**40) == "3 TiB"
 
 
 def test_a_staging_folder_that_cannot_be_written_is_refused_before_training(tmp_path):
