@@ -348,3 +348,17 @@ def test_every_float_setting_refuses_nan_and_infinities_naming_its_key(recipe):
         for value in ("nan", "inf", "-inf", "1e400"):
             with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=(nan|-?inf) must be a finite number"):
                 load_config(recipe, [f"{key}={value}"])
+
+
+def test_a_profiler_window_must_end_within_the_run(recipe):
+    on = ["training.profile.enabled=true", "training.profile.wait=1", "training.profile.warmup=1"]
+    assert (
+        load_config(recipe, [*on, "training.profile.active=18"]).training.profile.active == 18
+    )  # 20 batches
+    with pytest.raises(
+        ConfigError, match=r"window \(wait 1 \+ warmup 1 \+ active 19 = 21 batches\) ends after"
+    ):
+        load_config(recipe, [*on, "training.profile.active=19"])
+    tokens = "training.max_duration=2560tok"  # 10 steps of 8 x 32 tokens
+    with pytest.raises(ConfigError, match=r"ends after the run's 10 \(training.max_duration=2560tok\)"):
+        load_config(recipe, [*on, "training.profile.active=9", tokens])
