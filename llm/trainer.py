@@ -230,8 +230,6 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
-    if cfg.training.float8.enabled:  # float8 this machine cannot run: refused before the run folder
-        check_float8(cfg.training.float8.emulate, device)
     # The launcher's world size (its environment; the process group, started below, agrees with it).
     world_size = dist.get_world_size()
     per_rank_batch = cfg.check_world_size(world_size)
@@ -240,7 +238,9 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
     # Start the process group now: the datasets' partitioning and checkpointing need it.
-    dist.initialize_dist(device)
+    dist.initialize_dist(device)  # on GPUs it also makes this rank's GPU the current one
+    if cfg.training.float8.enabled:  # asks this rank's GPU; refused before the run folder is made
+        check_float8(cfg.training.float8.emulate, device)
     parallelism = parallelism_config(cfg, world_size)
     # Where to start (fresh, newest verified checkpoint, or an allowed load_path), and the
     # callbacks that save, publish and handle preemption: see llm/checkpoint and docs/resume.md.
