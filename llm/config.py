@@ -4,7 +4,9 @@ The dataclasses below are the schema; OmegaConf's structured configs read the re
 so `${...}` interpolation works (`run_dir: runs/${run_name}`) and unknown keys and wrong types are
 refused. Overrides are `key=value` strings with dotted keys (`optimizer.lr=1e-4`,
 `data.train.0.remote=s3://bkt/wiki/train`). Everything is validated once, here, and every error
-is one line: an unknown key names the closest valid one, a wrong type names the expected type.
+is one line: an unknown key names the closest valid one, a wrong type names the expected type, a
+number out of its range (declared beside its field with `bounded`; every float must be finite)
+names the range.
 The rest of the code receives a `TrainConfig`, never a raw dict.
 """
 
