@@ -251,7 +251,7 @@ class CheckpointConfig:
     autoresume: bool = True  # effective whenever run_name and save_folder are set
     load_path: str | None = None  # a checkpoint to start from
     load_weights_only: bool = False
-    allow_untrusted_load_path: bool = False  # checkpoints are pickles: see README "Checkpoint safety"
+    allow_untrusted_load_path: bool = False  # checkpoints are pickles: docs/resume.md, "Checkpoint safety"
     # Store each save while training goes on (llm/checkpoint/uploader.py); false: the step waits.
     background_upload: bool = True
     # the most fit end, SIGTERM and close wait for a pending upload
@@ -277,7 +277,7 @@ class GenerateCallbackConfig:
 
 @dataclass
 class EvalTasksCallbackConfig:
-    """Multiple-choice tasks scored during training (llm/callbacks/task_eval.py, docs: README)."""
+    """Multiple-choice tasks scored during training (llm/callbacks/task_eval.py, docs/eval.md)."""
 
     tasks: list[str] = field(default_factory=list)  # task folders (C-Eval/CMMLU CSV layout) or s3://; []: off
     interval: str = "500ba"  # and at the end of training

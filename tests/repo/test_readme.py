@@ -1,5 +1,6 @@
-"""What the README tells a newcomer holds in the repository: which make target installs what, and
-where the commands it shows write (issue 36: `lm_eval` after `make demo`, untracked outputs)."""
+"""What the README and the docs tell a newcomer holds in the repository: which make target installs
+what, and where the commands they show write (issue 36: `lm_eval` after `make demo`, untracked
+outputs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import pytest
 import tomllib
 
 from tests.support.paths import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def pages_text() -> str:
+    return "\n\n".join(page.read_text(encoding="utf-8") for page in PAGES)
 
 
 def test_the_readme_says_which_make_target_installs_which_extra_and_where_the_dev_extra_is_needed():
@@ -38,8 +45,9 @@ def test_the_readme_says_which_make_target_installs_which_extra_and_where_the_de
     )
     for package in ("pytest", "moto", "ruff", "lm-eval", "torchao"):
         assert package in dev and package in dev_row, package
-    # Each paragraph (or code block) that shows the `lm_eval` command says it needs the dev extra.
-    blocks = re.split(r"\n\s*\n", readme)
+    # Each paragraph (or code block) of the README and the docs that shows the `lm_eval` command says
+    # it needs the dev extra.
+    blocks = re.split(r"\n\s*\n", pages_text())
     needs_dev = [b for b in blocks if "lm_eval " in b or "lm_eval`" in b]
     assert len(needs_dev) >= 3
     for block in needs_dev:
@@ -48,9 +56,9 @@ def test_the_readme_says_which_make_target_installs_which_extra_and_where_the_de
 
 def test_the_readmes_commands_write_under_folders_git_ignores():
     """The README's `--out export/demo` (and --out tok.model, weights.pt, compare.png) made untracked
-    files in the checkout; every output it shows goes under runs/ or data/ (or S3)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    outs = re.findall(r"--out[ =](\S+)", "\n".join(re.findall(r"^(?:llm|python|composer) .*$", readme, re.M)))
+    files in the checkout; every output the README and the docs show goes under runs/ or data/ (or S3)."""
+    text = pages_text()
+    outs = re.findall(r"--out[ =](\S+)", "\n".join(re.findall(r"^(?:llm|python|composer) .*$", text, re.M)))
     local = [out for out in outs if not out.startswith("s3://")]
     assert len(local) >= 10 and all(out.startswith(("runs/", "data/")) for out in local), local
     defaults = ["runs/compare.png", "runs/demo/eval_results.json", "runs/eval/x.json"]
