@@ -19,7 +19,8 @@ from llm.checkpoint.plan import RestartTimings, RunLockCallback, check_save_fold
 from llm.checkpoint.preemption import PreemptionCallback
 from llm.checkpoint.publisher import CheckpointPublisher
 from llm.checkpoint.resume import RunAlreadyComplete
-from llm.checkpoint.uploader import Uploader
+from llm.checkpoint.saver import Saver
+from llm.checkpoint.uploader import Deadline, Uploader, run_bounded
 from llm.composer_model import LanguageModel
 from llm.config import load_config
 from llm.errors import ConfigError
@@ -59,7 +60,7 @@ def test_the_plan_puts_saver_publisher_lock_and_preemption_last_in_that_order(tm
     callbacks = plan.callbacks_after(others)
     assert [type(c) for c in callbacks] == [
         LRMonitor,
-        CheckpointSaver,
+        Saver,
         CheckpointPublisher,
         RunLockCallback,
         RestartTimings,
@@ -173,7 +174,8 @@ def test_one_upload_in_flight_at_a_time_and_a_failure_is_kept_for_the_training_t
         uploader.start(8, lambda: None)
     assert not first.stored.is_set()
     gate.set()
-    assert uploader.finish(timeout=30) and uploader.pending is None
+    assert first.finished.wait(30) and first.error is None
+    uploader.pending = None  # settled (the publisher's part)
 
     def broken():
         raise OSError("disk gone")
@@ -182,17 +184,20 @@ def test_one_upload_in_flight_at_a_time_and_a_failure_is_kept_for_the_training_t
     assert failed.stored.wait(30) and isinstance(failed.error, OSError)
 
 
-def test_a_synchronous_upload_runs_on_the_calling_thread_without_the_follow_up():
+def test_every_upload_runs_in_its_own_thread_so_that_every_wait_for_it_is_bounded():
     uploader, threads, followed = Uploader(), [], []
-    uploader.start(4, lambda: threads.append(threading.current_thread()), followed.append, background=False)
-    assert threads == [threading.main_thread()] and followed == []
-    assert uploader.pending.finished.is_set()
+    upload = uploader.start(4, lambda: threads.append(threading.current_thread()), followed.append)
+    assert upload.finished.wait(30)
+    assert threads and threads[0] is not threading.main_thread() and followed == [upload]
 
 
-def test_the_wait_for_an_upload_is_bounded():
-    uploader, gate = Uploader(), threading.Event()
-    uploader.start(4, gate.wait)
-    assert not uploader.finish(timeout=0.05)  # still pending: the caller reports the bound
-    assert uploader.pending is not None
+def test_the_end_has_one_deadline_and_a_bounded_wait_says_when_it_ran_out():
+    gate, deadline = threading.Event(), Deadline()
+    assert deadline.left() is None  # not started: no bound
+    deadline.start(60)
+    deadline.start(0)  # started once: the first save of the end sets it
+    assert 50 < deadline.left() <= 60
+    assert not run_bounded(gate.wait, 0.05)  # still running: the caller stops waiting
     gate.set()
-    assert uploader.finish(timeout=30)
+    with pytest.raises(OSError, match="disk gone"):  # an error in time is the caller's
+        run_bounded(lambda: (_ for _ in ()).throw(OSError("disk gone")), 30)

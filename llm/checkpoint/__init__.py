@@ -3,8 +3,10 @@
   plan.py        the entry point: `plan_checkpointing(cfg)` -> resume point + callbacks in order
   resume.py      which checkpoint a run (or `llm generate/export`) starts from, verified
   manifest.py    what makes a checkpoint complete; how its files are checked
+  saver.py       Composer's saver, with a full disk said in one line
   publisher.py   stores what Composer's saver wrote, writes manifests, moves latest.json, retention
-  uploader.py    the background upload: one in flight per rank, settled at the next save or the end
+  uploader.py    the background upload: one in flight per rank, settled at the next save or the end;
+                 the end's one bound on waiting for storage (`Deadline`)
   sizes.py       a checkpoint's bytes per rank and node, bandwidths, the stall-free save interval
   restart.py     the `[restart]` line: where a resumed run's start-up time went
   lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)

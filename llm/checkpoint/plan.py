@@ -18,9 +18,10 @@ wrong order fails at once instead of at the first save or the first SIGTERM.
 from __future__ import annotations
 
 import atexit
+import logging
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,12 +43,17 @@ from llm.checkpoint.resume import (
     warn_recipe_changes,
 )
 from llm.checkpoint.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes
+from llm.checkpoint.uploader import Deadline, run_bounded
 from llm.config import TrainConfig
 from llm.errors import ConfigError
 from llm.model import count_params
 from storage import StorageError, Store, open_store
+from storage.s3 import OUTAGES
+from storage.scratch import make_process_folder, remove_dead_process_folders
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+
+log = logging.getLogger(__name__)
 
 
 class RunRecordsHook(Protocol):
@@ -60,6 +66,8 @@ class RunRecordsHook(Protocol):
     def save(self, state: Any = None) -> object: ...
 
     def save_quietly(self) -> None: ...
+
+    def snapshot(self, state: Any = None) -> Callable[[], object]: ...
 
 
 @dataclass(frozen=True)
@@ -139,8 +147,12 @@ def plan_checkpointing(
         "load_path": point.load_path,
         "load_weights_only": point.weights_only,
     }
-    held = (RunLockCallback(lock),) if lock is not None else ()
-    saving = _saving_callbacks(cfg, rank, records) if ck.save_folder else ()
+    deadline = Deadline()  # the end's one bound on storage, shared by the publisher and the lock
+    held = (RunLockCallback(lock, deadline),) if lock is not None else ()
+    resumed_from = point.batch if point.source == "autoresume" else None
+    saving = (
+        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline) if ck.save_folder else ()
+    )
     timings = RestartTimings(point.batch if point.source == "autoresume" else None)
     callbacks = (*saving, *held, timings, PreemptionCallback())
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
@@ -174,19 +186,26 @@ def _starting_point(
 
 class RunLockCallback(Callback):
     """Holds the run lock (`llm.checkpoint.lock`) while the Trainer runs, on rank 0: checked after
-    every batch, released at fit end and at close (which also follows an error or a signal)."""
+    every batch, released at fit end and at close (which also follows an error or a signal),
+    within the end's `deadline` (a storage that hangs must not hold the end of the run); once the
+    storage was given up at the end, not at all (the next run takes the lease over)."""
 
-    def __init__(self, lock: RunLock):
+    def __init__(self, lock: RunLock, deadline: Deadline | None = None):
         self.lock = lock
+        self.deadline = deadline or Deadline()
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.lock.check()
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        self.lock.release()
+        self._release()
 
     def close(self, state: State, logger: Logger) -> None:
-        self.lock.release()
+        self._release()
+
+    def _release(self) -> None:
+        if OUTAGES.closed is not None or not run_bounded(self.lock.release, self.deadline.left()):
+            self.lock.abandon()
 
 
 def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | None:
@@ -256,6 +275,18 @@ def staging_parent(cfg: TrainConfig) -> Path:
     return Path(cfg.checkpoint.staging_folder or tempfile.gettempdir())
 
 
+STAGING_PREFIX = "llm-ckpt-rank"  # + "<rank>-<pid>-<random>": one staging folder per rank and process
+
+
+def make_staging_folder(cfg: TrainConfig, rank: int) -> Path:
+    """This rank's private staging folder for an S3 save, after removing those of killed runs
+    (`storage.scratch`: a SIGKILLed run cannot remove its own, 10 GB per rank at 7B)."""
+    parent = staging_parent(cfg)
+    for gone in remove_dead_process_folders(rf"{STAGING_PREFIX}\d+-", parent):
+        log.info("removed %s, the staging folder of a run that was killed", gone)
+    return make_process_folder(f"{STAGING_PREFIX}{rank}-", parent)
+
+
 def _check_staging_writable(cfg: TrainConfig, where: Path) -> None:
     try:
         where.mkdir(parents=True, exist_ok=True)
@@ -275,31 +306,23 @@ def _unwritable(cfg: TrainConfig, err: StorageError) -> ConfigError:
     )
 
 
-def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | None) -> tuple:
-    from composer.callbacks import CheckpointSaver
-
+def _saving_callbacks(
+    cfg: TrainConfig,
+    rank: int,
+    world_size: int,
+    records: RunRecordsHook | None,
+    resumed_from: int | None,
+    deadline: Deadline,
+) -> tuple:
     from llm.checkpoint.publisher import CheckpointPublisher
+    from llm.checkpoint.saver import Saver
 
     ck = cfg.checkpoint
     store = open_store(ck.save_folder)
     # Remote: Composer writes into a private staging folder that the publisher uploads and empties.
-    staging = (
-        tempfile.mkdtemp(prefix=f"llm-ckpt-rank{rank}-", dir=staging_parent(cfg))
-        if store.is_remote
-        else ck.save_folder
-    )
+    staging = str(make_staging_folder(cfg, rank)) if store.is_remote else ck.save_folder
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
         atexit.register(shutil.rmtree, staging, ignore_errors=True)
-    saver = CheckpointSaver(
-        folder=staging,
-        filename=CHECKPOINT_FILENAME,
-        remote_file_name=None,
-        latest_filename=None,
-        latest_remote_file_name=None,
-        save_interval=ck.save_interval,
-        overwrite=True,
-        num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
-    )
     publisher = CheckpointPublisher(
         store,
         staging,
@@ -308,8 +331,28 @@ def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | Non
         records=records,
         background=ck.background_upload,
         wait_limit_s=ck.upload_wait_s,
+        resumed_from=resumed_from,
+        deadline=deadline,
+    )
+    saver = Saver(
+        folder=staging,
+        filename=CHECKPOINT_FILENAME,
+        remote_file_name=None,
+        latest_filename=None,
+        latest_remote_file_name=None,
+        save_interval=ck.save_interval,
+        overwrite=True,
+        num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
+        need_bytes=rank_checkpoint_bytes(cfg, world_size),
+        publisher=publisher,
     )
     return saver, publisher
+
+
+def rank_checkpoint_bytes(cfg: TrainConfig, world_size: int) -> int:
+    """What one checkpoint takes on this rank's disk at the least (a sharded save: its shard)."""
+    need = checkpoint_bytes(count_params(cfg.model).total)
+    return need // world_size if cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded" else need
 
 
 class RestartTimings(Callback):

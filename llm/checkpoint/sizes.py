@@ -49,6 +49,14 @@ def parse_bandwidth(text: str, what: str = "--upload-bandwidth") -> float:
     return value
 
 
+def human_bytes(size: float) -> str:
+    """`size` in the largest decimal unit that keeps it at 1 or more: 512 B, 3.4 MB, 84.0 GB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(size) >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size:.0f} B"
+
+
 def checkpoint_bytes(num_params: int) -> int:
     return CHECKPOINT_BYTES_PER_PARAM * num_params
 
