@@ -5,8 +5,8 @@ It checks that `save_folder` can take a checkpoint, takes the folder's run lock 
 (`llm.checkpoint.resume`) and builds the callbacks that save, publish, hold the lock and handle
 preemption, in the only order that works:
 
-  CheckpointSaver (Composer) -> CheckpointPublisher -> RunLockCallback (rank 0) -> RestartTimings
-  -> PreemptionCallback
+  Saver (Composer's CheckpointSaver, saver.py) -> CheckpointPublisher -> RunLockCallback (rank 0)
+  -> RestartTimings -> PreemptionCallback
 
 The publisher stores what the saver just wrote, at the same event, so it must follow it; the lock
 is released after the publisher's last tidying at fit end and close; the preemption callback exits
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -42,7 +43,16 @@ from llm.checkpoint.resume import (
     stop_if_complete,
     warn_recipe_changes,
 )
-from llm.checkpoint.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes
+from llm.checkpoint.schedule import SaveCosts, save_interval
+from llm.checkpoint.sizes import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    DEFAULT_DISK_BANDWIDTH,
+    DEFAULT_SNAPSHOT_BANDWIDTH,
+    DEFAULT_UPLOAD_BANDWIDTH,
+    checkpoint_bytes,
+    human_bytes,
+    parse_bandwidth,
+)
 from llm.checkpoint.uploader import Deadline, run_bounded
 from llm.config import TrainConfig
 from llm.errors import ConfigError
@@ -216,6 +226,7 @@ def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | 
         store = open_store(cfg.checkpoint.save_folder)
         try:
             check_save_folder(cfg, store, world_size)
+            check_host_memory(cfg, world_size)
             try:
                 lock = RunLock(store, cfg.run_name).acquire()
             except StorageError as err:  # the lease is the first write: the folder refuses writes
@@ -268,6 +279,41 @@ def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> No
             f"{need / 2**30:.1f} GiB on this rank ({CHECKPOINT_BYTES_PER_PARAM} bytes per parameter: fp32 weights and "
             f"AdamW's two moments{copies}); free some space or choose another folder"
         )
+
+
+def check_host_memory(cfg: TrainConfig, world_size: int, available: int | None = None) -> None:
+    """ConfigError if this node's writing ranks' snapshots (`checkpoint.snapshot`: each its part of
+    a checkpoint, in host memory) do not fit the memory the node has available now (`available`,
+    default /proc/meminfo's MemAvailable; not known: not checked)."""
+    if not cfg.checkpoint.snapshot:
+        return
+    available = available if available is not None else memory_available()
+    if available is None:
+        return
+    per_rank = rank_checkpoint_bytes(cfg, world_size)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    writers = min(local, world_size) if _sharded(cfg) else 1
+    need = per_rank * writers
+    if need > available:
+        raise ConfigError(
+            f"checkpoint.snapshot: the snapshots of a checkpoint take {human_bytes(need)} of host memory on "
+            f"this node ({writers} writing rank(s), {human_bytes(per_rank)} each), but it has "
+            f"{human_bytes(available)} available; free memory, shard the checkpoint over more ranks "
+            "(fsdp.state_dict_type: sharded), or set checkpoint.snapshot=false (the step then waits for "
+            "the local write)"
+        )
+
+
+def memory_available() -> int | None:
+    """Bytes of memory this machine can give now (Linux's MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def staging_parent(cfg: TrainConfig) -> Path:
@@ -323,6 +369,7 @@ def _saving_callbacks(
     staging = str(make_staging_folder(cfg, rank)) if store.is_remote else ck.save_folder
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
         atexit.register(shutil.rmtree, staging, ignore_errors=True)
+    costs = estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
     publisher = CheckpointPublisher(
         store,
         staging,
@@ -333,6 +380,10 @@ def _saving_callbacks(
         wait_limit_s=ck.upload_wait_s,
         resumed_from=resumed_from,
         deadline=deadline,
+        costs=costs,
+        when_busy=ck.when_busy,
+        notice_s=cfg.preemption.notice_s,
+        margin_s=cfg.preemption.margin_s,
     )
     saver = Saver(
         folder=staging,
@@ -340,19 +391,42 @@ def _saving_callbacks(
         remote_file_name=None,
         latest_filename=None,
         latest_remote_file_name=None,
-        save_interval=ck.save_interval,
+        save_interval=save_interval(cfg, costs),
         overwrite=True,
         num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
         need_bytes=rank_checkpoint_bytes(cfg, world_size),
         publisher=publisher,
+        costs=costs,
+        snapshot=ck.snapshot,
     )
     return saver, publisher
 
 
 def rank_checkpoint_bytes(cfg: TrainConfig, world_size: int) -> int:
-    """What one checkpoint takes on this rank's disk at the least (a sharded save: its shard)."""
+    """What one checkpoint takes on this rank's disk (and in its snapshot) at the least (a sharded
+    save: its shard)."""
     need = checkpoint_bytes(count_params(cfg.model).total)
-    return need // world_size if cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded" else need
+    return need // world_size if _sharded(cfg) else need
+
+
+def _sharded(cfg: TrainConfig) -> bool:
+    return cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded"
+
+
+def estimated_costs(cfg: TrainConfig, world_size: int, remote: bool) -> SaveCosts:
+    """A save's stall and background seconds before one is measured (`llm.checkpoint.schedule`):
+    this rank's part at the default snapshot rate, the node's at the default disk and upload rates."""
+    per_rank = rank_checkpoint_bytes(cfg, world_size)
+    per_node = per_rank * (
+        min(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), world_size) if _sharded(cfg) else 1
+    )
+    write_s = per_node / parse_bandwidth(DEFAULT_DISK_BANDWIDTH)
+    upload_s = per_node / parse_bandwidth(DEFAULT_UPLOAD_BANDWIDTH) if remote else 0.0
+    if cfg.checkpoint.snapshot:
+        return SaveCosts(
+            stall_s=per_rank / parse_bandwidth(DEFAULT_SNAPSHOT_BANDWIDTH), background_s=write_s + upload_s
+        )
+    return SaveCosts(stall_s=write_s, background_s=upload_s)
 
 
 class RestartTimings(Callback):

@@ -15,6 +15,12 @@ This callback replaces that handler while training runs:
   when the storage could not take it within `checkpoint.upload_wait_s` of the signal (an outage, an
   upload still in flight), which checkpoint the next run resumes from and the batches it redoes.
   A preemption notice is short: the signal is never held for the storage's whole outage budget.
+- with `preemption.notice_s` (the time the platform leaves between SIGTERM and the kill), the
+  publisher starts no save that cannot be stored in time: the save's projected seconds (this
+  run's measured snapshot, write and upload, `llm.checkpoint.schedule.SaveCosts`, plus what is
+  left of an upload in flight) must fit the notice less `preemption.margin_s`; if not, the upload
+  in flight is let finish within that time and the line names the checkpoint the next run resumes
+  from and the batches it redoes. The waits after the signal end with the notice less its margin.
 
 `stop_training()` lowers `state.max_duration`, which is not part of a Composer checkpoint: the
 resumed run trains to the recipe's `max_duration`.
@@ -47,6 +53,7 @@ class StopSave:
     stored: bool
     resume_batch: int | None  # the newest complete checkpoint the next run resumes from (None: none)
     reason: str = ""  # why it was not stored
+    started: bool = True  # False: no save was started (it could not end within preemption.notice_s)
 
 
 class PreemptionCallback(Callback):
@@ -133,6 +140,11 @@ class PreemptionCallback(Callback):
             else "no checkpoint is complete: the next run starts from scratch"
         )
         redo = f"batch {since + 1}" if outcome.batch == since + 1 else f"batches {since + 1}-{outcome.batch}"
+        if not outcome.started:
+            return (
+                f"{name}: no checkpoint saved at batch {outcome.batch} ({outcome.reason}); {resume} and "
+                f"redoes {redo}; exiting with code {code}"
+            )
         return (
             f"{name}: the checkpoint at batch {outcome.batch} was not stored within {seconds:.0f} s of the "
             f"signal ({outcome.reason}); {resume} and redoes {redo}; exiting with code {code}"
@@ -170,6 +182,12 @@ def _already_exiting(signum: int, frame) -> None:
 
 def preemption_callback(state: State) -> PreemptionCallback | None:
     return next((cb for cb in state.callbacks if isinstance(cb, PreemptionCallback)), None)
+
+
+def second_signal(state: State) -> bool:
+    """Whether a second SIGTERM/SIGINT asked to stop at once (nothing more may be waited for)."""
+    cb = preemption_callback(state)
+    return cb is not None and cb.second is not None
 
 
 def stop_requested(state: State) -> bool:

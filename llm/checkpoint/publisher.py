@@ -45,6 +45,7 @@ import contextlib
 import functools
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,9 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint import manifest as cm
-from llm.checkpoint.preemption import StopSave, preemption_callback, stop_requested
+from llm.checkpoint.preemption import StopSave, preemption_callback, second_signal, stop_requested
+from llm.checkpoint.saver import DiskFull
+from llm.checkpoint.schedule import SaveCosts
 from llm.checkpoint.uploader import Deadline, Upload, Uploader, run_bounded
 from storage import StorageError, Store
 from storage.s3 import OUTAGES
@@ -77,6 +80,10 @@ class CheckpointPublisher(Callback):
         wait_limit_s: float = 600.0,
         resumed_from: int | None = None,
         deadline: Deadline | None = None,
+        costs: SaveCosts | None = None,
+        when_busy: str = "wait",
+        notice_s: float | None = None,
+        margin_s: float = 5.0,
     ):
         self.store = store
         self.records = records  # stored by rank 0 with every checkpoint, before its manifests
@@ -86,6 +93,10 @@ class CheckpointPublisher(Callback):
         self.background = background
         self.wait_limit_s = wait_limit_s
         self.deadline = deadline or Deadline()  # the end's one bound (shared with the run lock's release)
+        self.costs = costs or SaveCosts(stall_s=0.0, background_s=0.0)  # measured here and by the saver
+        self.when_busy = when_busy
+        self.notice_s = notice_s  # preemption.notice_s: the time a SIGTERM leaves (None: unknown)
+        self.margin_s = margin_s
         self.uploader = Uploader()
         self.last_batch: int | None = None
         self.last_stored_at: float | None = None  # time.monotonic() of the last completed save
@@ -96,6 +107,7 @@ class CheckpointPublisher(Callback):
         self._records_final = False
         self._abandoned: Upload | None = None  # an upload still running after the wait bound
         self._stop_reason = ""  # why the save on a signal was not stored
+        self._bound_text = f"{wait_limit_s:g} s (checkpoint.upload_wait_s)"  # what the end's wait is
 
     def init(self, state: State, logger: Logger) -> None:
         check_order(state.callbacks)  # Event.INIT runs inside Trainer(): a wrong order fails there
@@ -109,6 +121,12 @@ class CheckpointPublisher(Callback):
         self._bounded(self._remove_interrupted_saves)
 
     def close(self, state: State, logger: Logger) -> None:
+        if second_signal(state):  # stop at once: drop the save in flight (its files go below)
+            if self.uploader.pending is not None:
+                self.uploader.pending.stop.set()
+                self.uploader.pending = None
+            self._bounded(self._remove_interrupted_saves)
+            return
         self._finish_quietly()
         self._bounded(self._remove_interrupted_saves)
         # At close, not fit end: Composer runs the loggers' fit_end (metrics.jsonl's last line)
@@ -158,12 +176,8 @@ class CheckpointPublisher(Callback):
         if batch is None or int(batch) == self.last_batch:
             return
         final = self._start_end(state)
-        # One upload in flight per rank: the previous one settles first (at the end: within the bound).
-        if not self._settle(state, next_save=int(batch), final=final):
-            self.last_batch = int(batch)
-            self._report_stop(state, int(batch), stored=False, reason=self._stop_reason)
-            return
         self.last_batch = int(batch)
+        write, saver.pending = saver_write(saver), None  # the snapshot to write first (the saver's)
         error, files, manifest, records = None, [], {}, None
         try:
             new_paths = saver.saved_checkpoints[self._seen_saves :]
@@ -180,14 +194,68 @@ class CheckpointPublisher(Callback):
         if dist.get_global_rank() == 0:
             follow_up = functools.partial(self._complete_when_stored, writers=manifest.get("writers", 1))
         self.uploader.start(
-            self.last_batch, functools.partial(self._store, records, files, manifest), follow_up
+            self.last_batch, functools.partial(self._store, write, records, files, manifest), follow_up
         )
         if final or not self.background:
             stored = self._settle(state, final=final)
             if stop_requested(state):
                 self._report_stop(state, self.last_batch, stored=stored, reason=self._stop_reason)
         else:
-            log.info("checkpoint at batch %d written locally; storing it in the background", self.last_batch)
+            log.info(
+                "checkpoint at batch %d taken; writing and storing it in the background", self.last_batch
+            )
+
+    def make_room(self, state: State, batch: int) -> bool:
+        """Before the saver takes a save at `batch` (every rank): at most one save in flight per
+        rank, so the previous one is settled first, waiting for it or, with
+        `checkpoint.when_busy: skip`, skipping this save with one line (never the last save). On a
+        signal with `preemption.notice_s`, no save is started that cannot be stored within the
+        notice: the one in flight is let finish if it can, and False. False: no save now."""
+        final = self._start_end(state)
+        if stop_requested(state) and not self._stop_save_fits(state, batch):
+            return False
+        upload = self.uploader.pending
+        if upload is not None and self.when_busy == "skip" and not final:
+            if _any_rank(state, not upload.finished.is_set()):
+                if dist.get_global_rank() == 0:
+                    print(
+                        f"[checkpoint] skipping the save at batch {batch}: the checkpoint at batch "
+                        f"{upload.batch} is still being written or stored (checkpoint.when_busy=skip)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                return False
+        # One save in flight per rank: the previous one settles first (at the end: within the bound).
+        if not self._settle(state, next_save=batch, final=final):
+            self._report_stop(state, batch, stored=False, reason=self._stop_reason)
+            return False
+        return True
+
+    def _stop_save_fits(self, state: State, batch: int) -> bool:
+        """With a notice: whether a save started now (after the one in flight) is projected to be
+        stored before the notice, less its margin, runs out; every rank must agree. If not, the
+        upload in flight is waited for within the notice, and the preemption line says why."""
+        if self.notice_s is None:
+            return True
+        cb = preemption_callback(state)
+        since = cb.received_at if cb is not None and cb.received_at is not None else time.monotonic()
+        left = since + self.notice_s - self.margin_s - time.monotonic()
+        upload = self.uploader.pending
+        ahead = 0.0
+        if upload is not None and not upload.finished.is_set():
+            ahead = max(0.0, self.costs.background_s - (time.monotonic() - upload.started))
+        projected = ahead + self.costs.projected_s
+        if _all_ranks_ok(state, projected <= left):
+            return True
+        reason = (
+            f"no save started: it would take about {projected:.1f} s at this run's rates "
+            f"({'measured' if self.costs.measured else 'estimated'}), more than the {max(left, 0):.1f} s "
+            f"the {self.notice_s:g} s notice leaves (preemption.notice_s less preemption.margin_s)"
+        )
+        if upload is not None and not self._settle(state, final=True):
+            reason += f"; and {self._stop_reason}"
+        self._report_stop(state, batch, stored=False, reason=reason, started=False)
+        return False
 
     def _start_end(self, state: State) -> bool:
         """Whether this save is the run's last (the end of training, or on a signal); if so, start
@@ -197,15 +265,24 @@ class CheckpointPublisher(Callback):
             return False
         cb = preemption_callback(state)
         since = cb.received_at if cb is not None and cb.stop_signal is not None else None
-        self.deadline.start(self.wait_limit_s, since=since)
+        bound = self.wait_limit_s
+        if since is not None and self.notice_s is not None and self.notice_s - self.margin_s < bound:
+            bound = max(0.0, self.notice_s - self.margin_s)  # the notice is what the signal leaves
+            self._bound_text = f"{bound:g} s (preemption.notice_s less preemption.margin_s)"
+        self.deadline.start(bound, since=since)
         return True
 
-    def _store(self, records, files: list[Path], manifest: dict[str, Any]) -> None:
-        """The upload thread's job: the run's records (rank 0), then this rank's files and manifest."""
+    def _store(self, write, records, files: list[Path], manifest: dict[str, Any]) -> None:
+        """The upload thread's job: the snapshot's write (the saver's), the run's records (rank 0),
+        then this rank's files and manifest."""
+        started = time.monotonic()
+        if write is not None:
+            write()
         if records is not None:
             records()
         if files:
             self._store_rank_files(files, manifest)
+        self.costs.record(background_s=time.monotonic() - started)  # what the next save will take
 
     def _settle(self, state: State, *, next_save: int | None = None, final: bool = False) -> bool:
         """Wait for the pending upload (at the end: until the deadline), agree with the other ranks
@@ -217,7 +294,8 @@ class CheckpointPublisher(Callback):
         if next_save is not None and not upload.stored.is_set():
             log.warning(
                 "checkpoint at batch %d waits for the upload of batch %d, still in flight after %.1f s "
-                "(uploads take longer than checkpoint.save_interval)",
+                "(writing and storing a save take longer than checkpoint.save_interval; "
+                "checkpoint.when_busy=skip skips a save instead)",
                 next_save,
                 upload.batch,
                 time.monotonic() - upload.started,
@@ -231,13 +309,10 @@ class CheckpointPublisher(Callback):
                 self.uploader.pending = None
                 self.newest_complete = upload.batch
                 return True
-            reason = (
-                upload.error
-                or f"latest.json was not moved within {self.wait_limit_s:g} s (checkpoint.upload_wait_s)"
-            )
+            reason = upload.error or f"latest.json was not moved within {self._bound_text}"
         else:
             reason = upload.error or (
-                f"its upload did not finish within {self.wait_limit_s:g} s (checkpoint.upload_wait_s)"
+                f"its upload did not finish within {self._bound_text}"
                 if not stored
                 else "another rank failed to store its part"
             )
@@ -245,7 +320,11 @@ class CheckpointPublisher(Callback):
         self.uploader.pending = None
         if not upload.finished.is_set():
             self._abandoned = upload  # still running: nothing of this run's saves is removed now
-        failure = self._failure(upload.batch, upload.error, reason)
+        failure = (
+            upload.error
+            if isinstance(upload.error, DiskFull)
+            else self._failure(upload.batch, upload.error, reason)
+        )
         if final:  # the end stopped waiting for the storage: nothing may wait on it, or print, after
             close_storage(f"the run stopped waiting for it at the end ({failure})")
         if stop_requested(state):
@@ -259,11 +338,13 @@ class CheckpointPublisher(Callback):
             return False
         raise failure
 
-    def _report_stop(self, state: State, batch: int, *, stored: bool, reason: str) -> None:
+    def _report_stop(
+        self, state: State, batch: int, *, stored: bool, reason: str, started: bool = True
+    ) -> None:
         """Tell the preemption callback what became of the save on the signal."""
         cb = preemption_callback(state)
         if cb is not None:
-            cb.save_outcome = StopSave(batch, stored, self.newest_complete, reason)
+            cb.save_outcome = StopSave(batch, stored, self.newest_complete, reason, started)
 
     def _abandon(self, upload: Upload, limit: float) -> None:
         self._abandoned = upload
@@ -441,6 +522,16 @@ def check_order(callbacks: list) -> None:
             "callback order: CheckpointPublisher must come right after Composer's CheckpointSaver "
             "(build them with llm.checkpoint.plan_checkpointing)"
         )
+
+
+def saver_write(saver: CheckpointSaver):
+    """The write of the saver's snapshot (`llm.checkpoint.saver.Saver.pending`), if it took one."""
+    pending = getattr(saver, "pending", None)
+    return pending.write if pending is not None else None
+
+
+def _any_rank(state: State, flag: bool) -> bool:
+    return not _all_ranks_ok(state, not flag)
 
 
 def _all_ranks_ok(state: State, ok: bool) -> bool:
