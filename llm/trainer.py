@@ -34,7 +34,7 @@ from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint import restart
 from llm.checkpoint.plan import plan_checkpointing
 from llm.composer_model import LanguageModel
-from llm.config import TrainConfig, save_resolved, to_yaml
+from llm.config import TrainConfig, counted_in_time, save_resolved, to_yaml
 from llm.data import (
     all_stream_locals,
     build_dataloader,
@@ -198,7 +198,7 @@ class Schedule:
     max_batches: int
     warmup_batches: int
     eval_batches: int
-    save_batches: int
+    save_batches: int | None  # None: checkpoint.save_interval is wall-clock time or auto
 
 
 def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedule:
@@ -213,7 +213,9 @@ def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedul
         eval_batches=max(1, steps(cfg.training.eval_interval)),
         # Not passed on (llm/checkpoint's saver takes checkpoint.save_interval as written): computed
         # so that an interval in a unit the schedule cannot convert is refused before training.
-        save_batches=max(1, steps(cfg.checkpoint.save_interval)),
+        save_batches=None
+        if counted_in_time(cfg.checkpoint.save_interval)
+        else max(1, steps(cfg.checkpoint.save_interval)),
     )
 
 
