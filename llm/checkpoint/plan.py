@@ -104,7 +104,8 @@ def plan_checkpointing(
     - `checkpoint.num_to_keep` and the load-path safety rule (ConfigError: a `load_path` outside
       `save_folder` needs `checkpoint.allow_untrusted_load_path: true`, because Composer 0.32.1
       unpickles checkpoints);
-    - rank 0 checks that `save_folder` can be written and has room for one checkpoint, and takes
+    - rank 0 checks that this node's memory holds a checkpoint's snapshots (`checkpoint.snapshot`),
+      that `save_folder` can be written and has room for `num_to_keep` + 1 checkpoints, and takes
       its run lock (RunLockHeld, naming the holder, if another run has it); every rank learns
       the outcome, so all of them stop together;
     - deletes the stale `./s3:/<bucket>/...` copy Composer's autoresume leaves in the working
@@ -212,8 +213,8 @@ def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | 
     if rank == 0:
         store = open_store(cfg.checkpoint.save_folder)
         try:
-            check_save_folder(cfg, store, world_size)
             check_host_memory(cfg, world_size)
+            check_save_folder(cfg, store, world_size)
             try:
                 lock = RunLock(store, cfg.run_name).acquire()
             except StorageError as err:  # the lease is the first write: the folder refuses writes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from tests.support.resume import (
     SAVE_EVERY,
     assert_continues,
     assert_same_weights,
+    finish,
     interrupt,
     release,
     run,
@@ -261,8 +263,10 @@ def test_a_disk_that_fills_during_a_save_ends_in_one_line_and_keeps_the_previous
     tmp_path, shards
 ):
     # Issue 36 item 1: rc 1 with two tracebacks (ENOSPC, then torch's "unexpected pos") and the
-    # partial file left. The save folder is a tmpfs that holds two checkpoints, not three: the save
-    # at 12 fills it (num_to_keep=2 keeps 4 and 8 until 12 is complete).
+    # partial file left. The save folder is a tmpfs with room for 3.5 checkpoints: the start check
+    # (num_to_keep=2 kept + the one being written) passes; once the checkpoint at 8 is stored, the
+    # run holds at batch 9 while another tenant takes one checkpoint's room, so the save at 12 (with
+    # 4 and 8 still kept until it is complete) finds the disk full half-way.
     import sys
 
     from llm.config import load_config
@@ -274,18 +278,25 @@ def test_a_disk_that_fills_during_a_save_ends_in_one_line_and_keeps_the_previous
     save = tmp_path / "ckpt"
     save.mkdir()
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(save), cache=tmp_path / "cache")
-    size = int(2.6 * 12 * count_params(load_config(recipe).model).total)  # a checkpoint is ~12 B/param
-    # Mounted in the process's own mount namespace; what it holds is copied out before it goes.
+    one = 12 * count_params(load_config(recipe).model).total  # a checkpoint is ~12 B/param
+    record = tmp_path / "first.jsonl"  # the harness's record of this run (tag "first")
+    # Mounted in the process's own mount namespace (the filler is written there too); what it holds
+    # is copied out before it goes.
     script = (
-        f'mount -t tmpfs -o size={size} tmpfs "$0" || exit 99; "$@"; rc=$?; '
-        'mkdir -p "$0.after" && cp -a "$0"/. "$0.after"; exit $rc'
+        f'mount -t tmpfs -o size={int(3.5 * one)} tmpfs "$0" || exit 99; "$@" & pid=$!; '
+        f"until grep -qs '\"batch\": 9,' {record}; do sleep 0.1; done; "
+        f'fallocate -l {one} "$0/another-tenant.bin"; touch {record}.go.9; '
+        'wait $pid; rc=$?; rm -f "$0/another-tenant.bin"; mkdir -p "$0.after" && cp -a "$0"/. "$0.after"; exit $rc'
     )
-    first = run(
+    started = time.monotonic()
+    proc, record, weights = start(
         recipe,
         "first",
         cwd=tmp_path,
         launcher=["unshare", "--mount", "sh", "-c", script, str(save), sys.executable],
+        pause_at=9,
     )
+    first = finish(proc, record, weights, started)
     assert first.returncode == 1, first.output[-4000:]
     errors = [line for line in first.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, first.output[-4000:]
