@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     # The dry run is `llm inspect`: the same arguments, defaults and output.
     from llm.commands.inspect_recipe import add_arguments
 
@@ -23,7 +23,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="print sizes and the memory plan (as `llm inspect`), do not train",
     )
-    return parser.parse_args(list(argv))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
 
 
 def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:

@@ -4,7 +4,9 @@ The dataclasses below are the schema; OmegaConf's structured configs read the re
 so `${...}` interpolation works (`run_dir: runs/${run_name}`) and unknown keys and wrong types are
 refused. Overrides are `key=value` strings with dotted keys (`optimizer.lr=1e-4`,
 `data.train.0.remote=s3://bkt/wiki/train`). Everything is validated once, here, and every error
-is one line: an unknown key names the closest valid one, a wrong type names the expected type.
+is one line: an unknown key names the closest valid one, a wrong type names the expected type, a
+number out of its range (declared beside its field with `bounded`; every float must be finite)
+names the range.
 The rest of the code receives a `TrainConfig`, never a raw dict.
 """
 
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +39,69 @@ from storage.local import atomic_write_text
 DEFAULT_PROMPTS = ["床前明月光", "请你讲一个童话故事：", "感冒的症状是"]
 DATA_KINDS = ("pretrain", "sft")
 SPLITS = ("train", "eval")  # the recipe's data.train and data.eval
+# The most batches a profiler window may trace: torch holds every traced batch's events in memory
+# until the window ends, and a trace of a few batches is what a reader opens.
+PROFILE_MAX_ACTIVE = 100
+
+
+# --- the ranges of numbers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range a number of the recipe must lie in (a field's metadata, see `bounded`).
+
+    `validate` checks every number of the recipe once: a float must be finite (nan, inf and
+    1e400 are refused everywhere), and a field with bounds must lie in them. An element of a list
+    or tuple field (`optimizer.betas`, `training.profile.ranks`) is checked against the field's bounds.
+    """
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    words: str = ""  # how the range is said after "must be"; default: from the bounds
+
+    def holds(self, value: float) -> bool:
+        return not (
+            (self.ge is not None and value < self.ge)
+            or (self.gt is not None and value <= self.gt)
+            or (self.le is not None and value > self.le)
+            or (self.lt is not None and value >= self.lt)
+        )
+
+    def says(self) -> str:
+        if self.words:
+            return self.words
+        low, high = (
+            _num(self.ge if self.gt is None else self.gt),
+            _num(self.le if self.lt is None else self.lt),
+        )
+        if low is not None and high is not None:
+            return f"in {'[' if self.gt is None else '('}{low}, {high}{']' if self.lt is None else ')'}"
+        if self.gt == 0:
+            return "positive"
+        if self.gt is not None:
+            return f"above {low}"
+        if self.ge is not None:
+            return f"{low} or more" if self.ge == 0 else f"at least {low}"
+        return f"at most {high}" if self.lt is None else f"below {high}"
+
+
+def _num(value: float | None) -> str | None:
+    return None if value is None else f"{value:g}"
+
+
+def bounded(default: Any = MISSING, *, factory: Any = MISSING, **bounds: Any) -> Any:
+    """A dataclass field whose value (or each element) must lie in `Bounds(**bounds)`."""
+    return field(default=default, default_factory=factory, metadata={"bounds": Bounds(**bounds)})
 
 
 @dataclass
 class StreamConfig:
     remote: str  # a split folder (holds index.json + meta.json): local path or s3://bucket/prefix
     local: str | None = None  # cache folder; None -> <data.cache_root>/<run_name>/<train|eval>/<i>-<hash>
-    proportion: float | None = None  # mixing weight; all streams set it or none does
+    proportion: float | None = bounded(None, gt=0)  # mixing weight; all streams set it or none does
     # An eval stream's label in metrics (eval_loss/<name>); None: from remote (s3://b/wiki/val -> wiki).
     name: str | None = None
 
@@ -58,6 +117,9 @@ class StreamConfig:
 
 
 _SPLIT_FOLDERS = {"train", "val", "valid", "validation", "eval", "test", "dev"}
+
+
+_POSITIVE_OR_NULL = "positive (or null for the default)"
 
 
 @dataclass
@@ -76,14 +138,17 @@ class DataConfig:
     keep_zip: bool = False  # keep a remote shard's compressed file in the cache once decompressed
     shuffle: bool = True
     shuffle_seed: int = 9176
-    shuffle_block_size: int | None = None  # samples shuffled together; null: streaming's default
-    num_canonical_nodes: int | None = None  # null: streaming's default, then kept by checkpoints
-    predownload: int | None = None  # samples per rank fetched ahead; null: 8 x the batch
-    download_retry: int | None = (
-        None  # re-fetches of a shard failing its hash; null: 2 (outages: LLM_S3_OUTAGE_S)
-    )
-    download_timeout: float | None = None  # seconds per shard request; null: LLM_S3_READ_TIMEOUT
-    num_workers: int = 0
+    # samples shuffled together; null: streaming's default
+    shuffle_block_size: int | None = bounded(None, ge=1, words=_POSITIVE_OR_NULL)
+    # null: streaming's default, then kept by checkpoints
+    num_canonical_nodes: int | None = bounded(None, ge=1, words=_POSITIVE_OR_NULL)
+    # samples per rank fetched ahead; null: 8 x the batch
+    predownload: int | None = bounded(None, ge=1, words=_POSITIVE_OR_NULL)
+    # re-fetches of a shard failing its hash; null: 2 (outages: LLM_S3_OUTAGE_S)
+    download_retry: int | None = bounded(None, ge=0, words="0 or more (or null for the default)")
+    # seconds per shard request; null: LLM_S3_READ_TIMEOUT
+    download_timeout: float | None = bounded(None, gt=0, words="positive seconds (or null for the default)")
+    num_workers: int = bounded(0, ge=0)
     check_tokenizer_hash: bool = True  # refuse shards made with a different tokenizer file
     # Checked on every shard as it enters the cache (xxh64 or sha1, both written by convert);
     # null turns the check off. Cost: `make bench-train`'s data-wait figure.
@@ -99,15 +164,18 @@ class DataConfig:
         return self.train if split == "train" else self.eval
 
 
+_PENALTY = "0 (off) or positive, e.g. 1e-4"
+
+
 @dataclass
 class ModelSection(ModelConfig):
     """The recipe's `model:` section: the shape (`llm.model.ModelConfig`) and two penalties on the
     logits that the loss adds (`llm.composer_model`; the model itself knows nothing of them)."""
 
     # PaLM's z-loss: z_loss x log(Z)^2 per scored token, Z the softmax normaliser (PaLM: 1e-4); 0: off.
-    z_loss: float = 0.0
+    z_loss: float = bounded(0.0, ge=0, words=_PENALTY)
     # Baichuan 2's max-z loss: max_z_loss x (the largest logit)^2 per scored token (2e-4); 0: off.
-    max_z_loss: float = 0.0
+    max_z_loss: float = bounded(0.0, ge=0, words=_PENALTY)
 
 
 @dataclass
@@ -117,13 +185,14 @@ class TokenizerConfig:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1  # 2-D weights only (matrices, embeddings); norms are not decayed
+    lr: float = bounded(3e-4, gt=0)
+    betas: tuple[float, float] = bounded((0.9, 0.95), ge=0, lt=1)  # each in [0, 1)
+    eps: float = bounded(1e-8, gt=0)
+    # 2-D weights only (matrices, embeddings); norms are not decayed
+    weight_decay: float = bounded(0.1, ge=0, words="0 (off) or more, e.g. 0.1")
     # Peak rate of the token embedding matrix, on the same schedule; null: optimizer.lr. A small
     # model on little data learns its embeddings faster at a far higher rate (recipes/demo.yaml).
-    embedding_lr: float | None = None
+    embedding_lr: float | None = bounded(None, gt=0, words="positive, or null (optimizer.lr)")
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # OmegaConf 2.3 hands tuple fields over as lists
@@ -132,7 +201,7 @@ class OptimizerConfig:
 @dataclass
 class SchedulerConfig:
     warmup: str = "1000ba"  # linear warmup, then cosine from optimizer.lr to min_lr at max_duration
-    min_lr: float = 1e-5
+    min_lr: float = bounded(1e-5, ge=0, words="0 or more, and at most optimizer.lr")
 
 
 @dataclass
@@ -150,24 +219,25 @@ class ProfileConfig:
     """A torch profiler window (Chrome/Perfetto trace) and, on GPUs, a CUDA memory snapshot."""
 
     enabled: bool = False
-    wait: int = 1  # batches skipped before the window (after the first batch)
-    warmup: int = 1  # batches traced but discarded (the profiler's own warm-up)
-    active: int = 2  # batches in the trace
-    ranks: list[int] = field(default_factory=lambda: [0])  # global ranks that write traces
+    wait: int = bounded(1, ge=0)  # batches skipped before the window (after the first batch)
+    warmup: int = bounded(1, ge=0)  # batches traced but discarded (the profiler's own warm-up)
+    active: int = bounded(2, ge=1, le=PROFILE_MAX_ACTIVE)  # batches in the trace
+    # global ranks that write traces (each below the world size: checked when training starts)
+    ranks: list[int] = bounded(factory=lambda: [0], ge=0, words="a global rank (0, 1, ...)")
 
 
 @dataclass
 class TrainingConfig:
-    global_batch_size: int = 32  # samples per optimizer step, all ranks together
-    device_microbatch_size: int = 32  # samples per forward/backward on one device
+    global_batch_size: int = bounded(32, gt=0)  # samples per optimizer step, all ranks together
+    device_microbatch_size: int = bounded(32, gt=0)  # samples per forward/backward on one device
     max_duration: str = "1000ba"  # batches ("2000ba") or tokens ("50000000tok")
-    grad_clip_norm: float = 1.0  # 0 disables clipping
+    grad_clip_norm: float = bounded(1.0, ge=0, words="0 (no clipping) or positive, e.g. 1.0")
     precision: str = "auto"  # auto | fp32 | amp_bf16 | amp_fp16 (auto: amp_bf16 on GPU, fp32 on CPU)
     device: str = "auto"  # auto | cpu | gpu
     eval_interval: str = "500ba"
     eval_subset_num_batches: int = -1  # -1: the whole validation split
     compile: bool = False  # torch.compile each decoder block (training path; llm/parallelism.py)
-    log_interval: int = 10  # batches between console lines
+    log_interval: int = bounded(10, ge=1, words="at least 1 (batches between lines)")
     float8: Float8Config = field(default_factory=lambda: Float8Config())
     profile: ProfileConfig = field(default_factory=lambda: ProfileConfig())
 
@@ -180,14 +250,14 @@ class FSDPConfig:
     version: int = 2  # FSDP2 only: FSDP1 (GPU-only, untestable on CPUs) was removed
     # Replica groups: 1 = shard over every rank (FSDP); N > 1 = HSDP, ranks split into N groups
     # (one per node, say) that each hold a full sharded copy, gradients all-reduced between them.
-    replicate: int = 1
+    replicate: int = bounded(1, ge=1, words="at least 1 (1 = plain FSDP, N = HSDP)")
     mixed_precision: str = "DEFAULT"  # DEFAULT: params in the compute dtype, fp32 reduction; PURE; FULL
     # none: keep every activation; full: recompute each decoder block in backward; selective: keep
     # the outputs of the matmuls and attention, recompute the cheap ops (torch's selective
     # checkpoint API). The old true/false still read as full/none. Memory: llm/memory_plan.py.
     activation_checkpointing: str = "full"
     # selective only: every k-th block (k, 2k, ...) is recomputed in full instead; 0: none is.
-    checkpoint_full_every: int = 0
+    checkpoint_full_every: int = bounded(0, ge=0, words="0 (never) or more")
     state_dict_type: str = "sharded"  # full | sharded
     init_on_meta: bool = True  # build on the meta device; FSDP materialises each rank's shard (GPU)
 
@@ -195,16 +265,40 @@ class FSDPConfig:
 @dataclass
 class CheckpointConfig:
     save_folder: str | None = None  # local folder or s3://...; None disables saving
+    # 500ba / 1000000tok / 1ep; wall-clock 90s / 10m / 1h; or auto: as often as max_stall and the
+    # uploads allow, from this run's measurements (llm/checkpoint/schedule.py)
     save_interval: str = "500ba"
+    max_stall: float = 0.01  # auto: the share of training time the saves may stall it
     num_to_keep: int = 3  # -1 keeps every checkpoint
     autoresume: bool = True  # effective whenever run_name and save_folder are set
     load_path: str | None = None  # a checkpoint to start from
     load_weights_only: bool = False
-    allow_untrusted_load_path: bool = False  # checkpoints are pickles: see README "Checkpoint safety"
+    allow_untrusted_load_path: bool = False  # checkpoints are pickles: docs/resume.md, "Checkpoint safety"
     # Store each save while training goes on (llm/checkpoint/uploader.py); false: the step waits.
     background_upload: bool = True
-    upload_wait_s: float = 600.0  # the most fit end, SIGTERM and close wait for a pending upload
+    # the most fit end, SIGTERM and close wait for a pending upload
+    upload_wait_s: float = bounded(
+        600.0,
+        gt=0,
+        words="positive seconds (how long the end of training waits for a checkpoint upload), e.g. 600",
+    )
     staging_folder: str | None = None  # where an s3:// save is written first; None: the temp folder
+    # Copy the state to host memory on the training thread, write and store it in the background
+    # (llm/checkpoint/saver.py); false: Composer writes it on the training thread (the step waits).
+    snapshot: bool = True
+    when_busy: str = "wait"  # a save due while the previous one is still written or stored: wait | skip
+
+
+@dataclass
+class PreemptionConfig:
+    """What a SIGTERM may use (llm/checkpoint/preemption.py, docs/resume.md)."""
+
+    # Seconds between SIGTERM and the kill (30 and 120 are the common clouds'); null: unknown, a
+    # save is attempted and waited for up to checkpoint.upload_wait_s. With a notice, a save whose
+    # projected time (this run's measured snapshot, write and upload) does not fit the notice less
+    # margin_s is not started: the upload in flight finishes if it fits, and the process exits.
+    notice_s: float | None = None
+    margin_s: float = 5.0  # kept free of the notice for the exit itself
 
 
 @dataclass
@@ -212,23 +306,24 @@ class GenerateCallbackConfig:
     enabled: bool = True
     prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
     interval: str = "500ba"
-    max_new_tokens: int = 64
-    temperature: float = 0.8
-    top_k: int = 50
-    top_p: float = 1.0
+    max_new_tokens: int = bounded(64, ge=1)
+    temperature: float = bounded(0.8, ge=0, words="0 (greedy) or more")
+    top_k: int = bounded(50, ge=0, words="0 (no cut) or more")
+    top_p: float = bounded(1.0, gt=0, le=1)
     seed: int = 1234
 
 
 @dataclass
 class EvalTasksCallbackConfig:
-    """Multiple-choice tasks scored during training (llm/callbacks/task_eval.py, docs: README)."""
+    """Multiple-choice tasks scored during training (llm/callbacks/task_eval.py, docs/eval.md)."""
 
     tasks: list[str] = field(default_factory=list)  # task folders (C-Eval/CMMLU CSV layout) or s3://; []: off
     interval: str = "500ba"  # and at the end of training
-    shots: int = 0  # few-shot examples, the first of each subject's dev split
+    shots: int = bounded(0, ge=0)  # few-shot examples, the first of each subject's dev split
     split: str | None = None  # None: val if the task has it, else test
-    max_questions: int | None = None  # the first N questions of each subject; None: all
-    batch_size: int = 8  # rows per forward pass
+    # the first N questions of each subject; None: all
+    max_questions: int | None = bounded(None, ge=1, words="at least 1, or null for all")
+    batch_size: int = bounded(8, ge=1)  # rows per forward pass
     shared_prompt: bool = True  # all options of a question in one row (one pass over the prompt)
 
 
@@ -236,7 +331,7 @@ class EvalTasksCallbackConfig:
 class CallbacksConfig:
     generate: GenerateCallbackConfig = field(default_factory=GenerateCallbackConfig)
     eval_tasks: EvalTasksCallbackConfig = field(default_factory=EvalTasksCallbackConfig)
-    speed_window: int = 10
+    speed_window: int = bounded(10, ge=1, words="at least 1 (batches the tokens/s is averaged over), e.g. 10")
     memory_monitor: bool = True  # GPU only
     loss_plot: bool = True  # <run_dir>/loss.png at the end of training
 
@@ -249,8 +344,10 @@ class MLflowConfig:
     tracking_uri: str | None = None  # http://host:5000, databricks, ...; None: env MLFLOW_TRACKING_URI
     experiment_name: str = "llm-pretrain"
     run_name: str | None = None  # None: the recipe's run_name
-    flush_interval: float = 5.0  # seconds between sends; points logged meanwhile go in one request
-    close_timeout: float = 30.0  # seconds the end of a run waits for an unreachable server
+    # seconds between sends; points logged meanwhile go in one request
+    flush_interval: float = bounded(5.0, gt=0, words="positive seconds")
+    # seconds the end of a run waits for an unreachable server
+    close_timeout: float = bounded(30.0, ge=0, words="0 or more seconds")
 
 
 @dataclass
@@ -275,6 +372,9 @@ class LoggersConfig:
     wandb: WandBConfig = field(default_factory=WandBConfig)
 
 
+_FACTOR = "above 1 (e.g. 1.5), or 0 to turn that rule off"
+
+
 @dataclass
 class GuardConfig:
     """Loss spikes and non-finite steps: detected, rolled back and skipped (llm/callbacks/guard.py,
@@ -284,15 +384,18 @@ class GuardConfig:
     # A step is a spike when its loss or gradient norm is not finite (its update is never applied),
     # or when its loss exceeds loss_factor x the median loss of the last `window` good steps, or its
     # gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
-    loss_factor: float = 1.5
-    grad_factor: float = 10.0
-    window: int = 100  # good steps in the running medians
-    warmup: int = 100  # the factor rules start once this many good steps were seen (kept across resumes)
-    # On a spike at batch S: back to the rollback point R, and batches [R, S + skip) are never
-    # trained on (added to data.skip): the stretch since R, the spike's batch and `skip` after it.
-    skip: int = 200
-    max_rollbacks: int = 3  # at most this many rollbacks within max_rollbacks_window batches,
-    max_rollbacks_window: int = 1000  # then the run stops (exit 3), its newest checkpoint kept
+    loss_factor: float = bounded(1.5, ge=0, words=_FACTOR)
+    grad_factor: float = bounded(10.0, ge=0, words=_FACTOR)
+    window: int = bounded(100, ge=1)  # good steps in the running medians
+    # the factor rules start once this many good steps were seen (kept across resumes)
+    warmup: int = bounded(100, ge=0)
+    # On a spike at batch S: back to the rollback point R, the newest checkpoint at least `rewind`
+    # batches before S (0: the newest; none that old: the newest), and batches [R, S + skip) are
+    # never trained on (added to data.skip): the stretch since R, the spike's batch and `skip` more.
+    rewind: int = bounded(0, ge=0)
+    skip: int = bounded(200, ge=0)
+    max_rollbacks: int = bounded(3, ge=0)  # at most this many rollbacks within max_rollbacks_window
+    max_rollbacks_window: int = bounded(1000, ge=1)  # batches; past that the run stops (exit 3)
 
 
 @dataclass
@@ -308,6 +411,7 @@ class TrainConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     loggers: LoggersConfig = field(default_factory=LoggersConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -322,6 +426,16 @@ class TrainConfig:
                 f"choose a global batch that is a multiple of {world_size * t.device_microbatch_size}"
             )
         return t.global_batch_size // world_size
+
+    def check_profile_ranks(self, world_size: int) -> None:
+        """ConfigError if `training.profile` names a rank that `world_size` ranks do not have."""
+        p = self.training.profile
+        beyond = [r for r in p.ranks if r >= world_size] if p.enabled else []
+        if beyond:
+            raise ConfigError(
+                f"training.profile.ranks={p.ranks}: rank {beyond[0]} does not exist in a world of "
+                f"{world_size} rank(s); name ranks below {world_size}, e.g. training.profile.ranks=[0]"
+            )
 
     def to_dict(self, redact: bool = True) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -460,14 +574,12 @@ def parse_duration(
 
 def validate(cfg: TrainConfig) -> None:
     """Checks that involve more than one field; raises ConfigError."""
+    check_numbers(cfg)
     try:
         cfg.model.validate()
     except ValueError as err:
         raise ConfigError(f"model: {err}") from None
     t = cfg.training
-    for name in ("global_batch_size", "device_microbatch_size"):
-        if getattr(t, name) <= 0:
-            raise ConfigError(f"training.{name} must be positive, got {getattr(t, name)}")
     if t.global_batch_size % t.device_microbatch_size:
         raise ConfigError(
             f"training.global_batch_size={t.global_batch_size} is not a multiple of "
@@ -477,19 +589,14 @@ def validate(cfg: TrainConfig) -> None:
     parse_duration(t.max_duration, "training.max_duration", ("ba", "tok", "ep"))
     parse_duration(cfg.scheduler.warmup, "scheduler.warmup", ("ba", "tok"))
     ck, gen = cfg.checkpoint, cfg.callbacks.generate
+    _check_save_interval(ck)
     for key, value, off in (  # zero: Composer would never save, and evaluate after every batch
         ("training.eval_interval", t.eval_interval, "leave data.eval empty"),
-        ("checkpoint.save_interval", ck.save_interval, "leave checkpoint.save_folder unset"),
         ("callbacks.generate.interval", gen.interval, "set callbacks.generate.enabled=false"),
         ("callbacks.eval_tasks.interval", cfg.callbacks.eval_tasks.interval, "leave its tasks empty"),
     ):
         if parse_duration(value, key, ("ba", "tok", "ep"))[0] == 0:
             raise ConfigError(f"{key}={value!r} is zero; use a positive interval such as 500ba, or {off}")
-    if ck.upload_wait_s <= 0:
-        raise ConfigError(
-            f"checkpoint.upload_wait_s={ck.upload_wait_s} must be positive seconds (how long the end "
-            "of training waits for a checkpoint upload), e.g. 600"
-        )
     _check_choice("training.precision", t.precision, ("auto", "fp32", "amp_bf16", "amp_fp16"))
     _check_choice("training.device", t.device, ("auto", "cpu", "gpu"))
     if cfg.fsdp.version != 2:
@@ -497,29 +604,15 @@ def validate(cfg: TrainConfig) -> None:
             f"fsdp.version={cfg.fsdp.version!r}: only FSDP2 is supported (FSDP1 was removed, see "
             "docs/scaling.md); use fsdp.version=2 or leave it out"
         )
-    if cfg.fsdp.replicate < 1:
-        raise ConfigError(
-            f"fsdp.replicate={cfg.fsdp.replicate} must be at least 1 (1 = plain FSDP, N = HSDP)"
-        )
     _check_activation_checkpointing(cfg)
-    _check_profile(cfg.training.profile)
+    _check_profile(cfg)
     _check_choice("fsdp.mixed_precision", cfg.fsdp.mixed_precision, ("DEFAULT", "PURE", "FULL"))
     _check_choice("fsdp.state_dict_type", cfg.fsdp.state_dict_type, ("full", "sharded"))
     _check_choice("data.validate_hash", cfg.data.validate_hash, (None, "xxh64", "sha1"))
     _check_choice("data.kind", cfg.data.kind, DATA_KINDS)
     _check_choice("loggers.wandb.mode", cfg.loggers.wandb.mode, (None, "online", "offline", "disabled"))
-    if cfg.loggers.mlflow.flush_interval <= 0 or cfg.loggers.mlflow.close_timeout < 0:
-        raise ConfigError(
-            "loggers.mlflow.flush_interval must be positive and close_timeout 0 or more (seconds)"
-        )
     if cfg.data.cache_limit not in (None, "auto"):
         parse_bytes(cfg.data.cache_limit, "data.cache_limit")
-    for key in ("predownload", "download_retry", "shuffle_block_size", "num_canonical_nodes"):
-        value = getattr(cfg.data, key)
-        if value is not None and value < (0 if key == "download_retry" else 1):
-            raise ConfigError(f"data.{key}={value} must be positive (or null for the default)")
-    if cfg.data.download_timeout is not None and cfg.data.download_timeout <= 0:
-        raise ConfigError(f"data.download_timeout={cfg.data.download_timeout} must be positive seconds")
     if not cfg.data.train:
         raise ConfigError("data.train needs at least one stream (remote: <folder or s3:// of a split>)")
     _check_tokenizer_path(cfg.tokenizer.path)
@@ -528,45 +621,68 @@ def validate(cfg: TrainConfig) -> None:
         given = [s.proportion is not None for s in streams]
         if any(given) and not all(given):
             raise ConfigError(f"data.{section}: set proportion on every stream or on none")
-        for i, s in enumerate(streams):
-            if s.proportion is not None and s.proportion <= 0:
-                raise ConfigError(f"data.{section}.{i}.proportion must be positive, got {s.proportion}")
     _check_eval_names(cfg.data.eval)
-    _check_eval_tasks(cfg.callbacks.eval_tasks)
     if len(cfg.optimizer.betas) != 2:  # OmegaConf 2.4 checks this itself, 2.3 does not
         raise ConfigError(f"optimizer.betas must be a list of 2 values, got {list(cfg.optimizer.betas)}")
-    if not 0 < cfg.optimizer.lr:
-        raise ConfigError(f"optimizer.lr must be positive, got {cfg.optimizer.lr}")
-    if cfg.optimizer.embedding_lr is not None and not 0 < cfg.optimizer.embedding_lr:
-        raise ConfigError(
-            f"optimizer.embedding_lr={cfg.optimizer.embedding_lr} must be positive, or null (optimizer.lr)"
-        )
     _check_small_numbers(cfg)
+    _check_preemption(cfg.preemption)
     _check_guard(cfg)
     if cfg.scheduler.min_lr > cfg.optimizer.lr:
         raise ConfigError(f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}")
 
 
+WALL_CLOCK_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)$")  # checkpoint.save_interval in time
+
+
+def wall_clock_seconds(interval: str) -> float | None:
+    """Seconds of a wall-clock `checkpoint.save_interval` (`10m` -> 600.0), or None if it is not one."""
+    match = WALL_CLOCK_INTERVAL.match(str(interval).strip())
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)] if match else None
+
+
+def counted_in_time(interval: str) -> bool:
+    """Whether a `checkpoint.save_interval` is wall-clock time or `auto`, not a training duration."""
+    return interval.strip() == "auto" or wall_clock_seconds(interval) is not None
+
+
+def _check_save_interval(ck: CheckpointConfig) -> None:
+    """`checkpoint.save_interval` (a duration, wall-clock time or auto) and its companions."""
+    seconds = wall_clock_seconds(ck.save_interval)
+    if ck.save_interval.strip() != "auto" and seconds is None:
+        try:
+            amount, _ = parse_duration(ck.save_interval, "checkpoint.save_interval", ("ba", "tok", "ep"))
+        except ConfigError:
+            raise ConfigError(
+                f"checkpoint.save_interval={ck.save_interval!r} is not an interval; use batches, tokens or "
+                "epochs (500ba, 1000000tok, 1ep), wall-clock time (90s, 10m, 1h) or auto"
+            ) from None
+        if amount == 0:
+            raise ConfigError(
+                f"checkpoint.save_interval={ck.save_interval!r} is zero; use a positive interval such as "
+                "500ba, 10m or auto, or leave checkpoint.save_folder unset"
+            )
+    if seconds is not None and not seconds > 0:
+        raise ConfigError(f"checkpoint.save_interval={ck.save_interval!r} is zero; use e.g. 10m, 1h or auto")
+    if not 0 < ck.max_stall < 1:  # also refuses nan
+        raise ConfigError(
+            f"checkpoint.max_stall={ck.max_stall} must be a fraction of the training time in (0, 1), e.g. 0.01"
+        )
+    _check_choice("checkpoint.when_busy", ck.when_busy, ("wait", "skip"))
+
+
+def _check_preemption(p: PreemptionConfig) -> None:
+    if p.notice_s is not None and not 0 < p.notice_s < float("inf"):
+        raise ConfigError(
+            f"preemption.notice_s={p.notice_s} must be positive seconds (30 or 120 on the common clouds), "
+            "or null when unknown"
+        )
+    if not 0 <= p.margin_s < float("inf"):
+        raise ConfigError(f"preemption.margin_s={p.margin_s} must be 0 or more seconds, e.g. 5")
+
+
 def _check_small_numbers(cfg: TrainConfig) -> None:
-    """Values that Composer would take and then crash on (or silently misuse)."""
+    """Values that Composer would take and then crash on (or silently misuse), beyond their ranges."""
     t = cfg.training
-    if cfg.callbacks.speed_window < 1:
-        raise ConfigError(
-            f"callbacks.speed_window={cfg.callbacks.speed_window} must be at least 1 (batches the "
-            "tokens/s is averaged over), e.g. 10"
-        )
-    if cfg.optimizer.weight_decay < 0:
-        raise ConfigError(
-            f"optimizer.weight_decay={cfg.optimizer.weight_decay} must be 0 (off) or more, e.g. 0.1"
-        )
-    if t.log_interval < 1:
-        raise ConfigError(
-            f"training.log_interval={t.log_interval} must be at least 1 (batches between lines)"
-        )
-    if t.grad_clip_norm < 0:
-        raise ConfigError(
-            f"training.grad_clip_norm={t.grad_clip_norm} must be 0 (no clipping) or positive, e.g. 1.0"
-        )
     if t.eval_subset_num_batches == 0 or t.eval_subset_num_batches < -1:
         raise ConfigError(
             f"training.eval_subset_num_batches={t.eval_subset_num_batches} must be positive, or -1 "
@@ -580,16 +696,14 @@ def _check_small_numbers(cfg: TrainConfig) -> None:
 
 
 def _check_guard(cfg: TrainConfig) -> None:
-    """data.skip's windows, the logit penalties and the guard's numbers (docs/guard.md)."""
+    """data.skip's windows and the guard's settings (docs/guard.md); their numbers' ranges are
+    `bounded`'s, checked with the others."""
     for i, window in enumerate(cfg.data.skip):
         if len(window) != 2 or not 0 <= window[0] < window[1]:
             raise ConfigError(
                 f"data.skip.{i}={window} must be a window [from, to) of batches with 0 <= from < to, "
                 "e.g. data.skip=[[1150,1350]]"
             )
-    for key in ("z_loss", "max_z_loss"):
-        if getattr(cfg.model, key) < 0:
-            raise ConfigError(f"model.{key}={getattr(cfg.model, key)} must be 0 (off) or positive, e.g. 1e-4")
     g = cfg.guard
     if not g.enabled:
         return
@@ -598,19 +712,10 @@ def _check_guard(cfg: TrainConfig) -> None:
             "guard.enabled=true needs checkpoint.save_folder: the guard rolls back to the newest "
             "checkpoint; set a save folder, or guard.enabled=false"
         )
-    for key in ("loss_factor", "grad_factor"):
+    for key in ("loss_factor", "grad_factor"):  # the bounds say 0 or more; between 0 and 1 flags every step
         value = getattr(g, key)
-        if value != 0 and value <= 1:
-            raise ConfigError(f"guard.{key}={value} must be above 1 (e.g. 1.5), or 0 to turn that rule off")
-    for key, least in (
-        ("window", 1),
-        ("warmup", 0),
-        ("skip", 0),
-        ("max_rollbacks", 0),
-        ("max_rollbacks_window", 1),
-    ):
-        if getattr(g, key) < least:
-            raise ConfigError(f"guard.{key}={getattr(g, key)} must be at least {least}")
+        if 0 < value <= 1:
+            raise ConfigError(f"guard.{key}={value} must be {_FACTOR}")
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
@@ -656,16 +761,6 @@ def _check_eval_names(streams: list[StreamConfig]) -> None:
         seen[label] = i
 
 
-def _check_eval_tasks(tasks: EvalTasksCallbackConfig) -> None:
-    key = "callbacks.eval_tasks"
-    if tasks.shots < 0:
-        raise ConfigError(f"{key}.shots={tasks.shots} must be 0 or more")
-    if tasks.batch_size < 1:
-        raise ConfigError(f"{key}.batch_size={tasks.batch_size} must be at least 1")
-    if tasks.max_questions is not None and tasks.max_questions < 1:
-        raise ConfigError(f"{key}.max_questions={tasks.max_questions} must be at least 1, or null for all")
-
-
 CHECKPOINTING_POLICIES = ("none", "full", "selective")
 _LEGACY_CHECKPOINTING = {"true": "full", "false": "none"}  # the old on/off key
 
@@ -676,8 +771,6 @@ def _check_activation_checkpointing(cfg: TrainConfig) -> None:
         str(f.activation_checkpointing).lower(), f.activation_checkpointing
     )
     _check_choice("fsdp.activation_checkpointing", f.activation_checkpointing, CHECKPOINTING_POLICIES)
-    if f.checkpoint_full_every < 0:
-        raise ConfigError(f"fsdp.checkpoint_full_every={f.checkpoint_full_every} must be 0 (never) or more")
     if f.checkpoint_full_every and f.activation_checkpointing != "selective":
         raise ConfigError(
             "fsdp.checkpoint_full_every applies to fsdp.activation_checkpointing=selective only; "
@@ -690,15 +783,48 @@ def _check_activation_checkpointing(cfg: TrainConfig) -> None:
         )
 
 
-def _check_profile(p: ProfileConfig) -> None:
+def _check_profile(cfg: TrainConfig) -> None:
+    """The profiler window must name ranks and end within the run (ranges: the schema's bounds)."""
+    p = cfg.training.profile
     if not p.enabled:
         return
-    if p.wait < 0 or p.warmup < 0 or p.active < 1:
-        raise ConfigError(
-            f"training.profile: wait={p.wait} and warmup={p.warmup} must be 0 or more, active={p.active} at least 1"
-        )
-    if not p.ranks or min(p.ranks) < 0:
+    if not p.ranks:
         raise ConfigError(f"training.profile.ranks={p.ranks} must list global ranks (0, 1, ...)")
+    amount, unit = parse_duration(cfg.training.max_duration, "training.max_duration", ("ba", "tok", "ep"))
+    run = -(-amount // (cfg.training.global_batch_size * cfg.model.max_seq_len)) if unit == "tok" else amount
+    window = p.wait + p.warmup + p.active  # Composer's cyclic schedule, from the run's first batch
+    if unit != "ep" and window > run:
+        raise ConfigError(
+            f"training.profile: the window (wait {p.wait} + warmup {p.warmup} + active {p.active} = {window} "
+            f"batches) ends after the run's {run} (training.max_duration={cfg.training.max_duration}); "
+            "profile a few batches, e.g. training.profile.active=2"
+        )
+
+
+def check_numbers(node: Any, prefix: str = "") -> None:
+    """Every number of the recipe in its range, one line naming the first that is not: a float
+    must be finite (nan and infinities are refused everywhere), and a field declared with
+    `bounded` (each element of a list or tuple field) must lie in its `Bounds`."""
+    for f in dataclasses.fields(node):
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        bounds = f.metadata.get("bounds")
+        items = enumerate(value) if isinstance(value, list | tuple) else [(None, value)]
+        for i, item in items:
+            where = key if i is None else f"{key}.{i}"
+            if dataclasses.is_dataclass(item):
+                check_numbers(item, where + ".")
+            else:
+                _check_number(where, item, bounds)
+
+
+def _check_number(key: str, value: Any, bounds: Bounds | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if not math.isfinite(value):
+        says = f": {bounds.says()}" if bounds else ""
+        raise ConfigError(f"{key}={value} must be a finite number{says}")
+    if bounds is not None and not bounds.holds(value):
+        raise ConfigError(f"{key}={value} must be {bounds.says()}")
 
 
 def _check_choice(key: str, value: Any, choices: tuple) -> None:

@@ -12,7 +12,9 @@ and the same seed gives the same text on every rank (FSDP needs all ranks to run
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +22,28 @@ from torch import Tensor, nn
 from llm.errors import ConfigError
 
 PAD_ID = 0  # any id works: padded positions are masked out of attention
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a command picks new tokens: `llm generate`'s and `llm chat`'s settings, one default each
+    (their flags are made from these: `llm.commands.generate.add_sampling_arguments`)."""
+
+    max_new_tokens: int = 256  # at most this many new tokens, and never past the model's context
+    temperature: float = 0.8  # 0: greedy, the same text every time
+    top_k: int = 50  # sample among the k most likely tokens; 0: all
+    top_p: float = 1.0  # and among the fewest whose probability reaches p; 1: all
+    seed: int | None = None  # None: a fresh sample each time (seeded from the OS)
+
+    def fitted(self, prompts: Sequence[Sequence[int]], context: int) -> Sampling:
+        """These settings with `max_new_tokens` cut to the room the longest prompt leaves in a
+        `context`-token model; ConfigError if it leaves none."""
+        longest = max(len(p) for p in prompts)
+        if longest >= context:
+            raise ConfigError(
+                f"the prompt takes {longest} tokens, the model's whole context of {context}: shorten it"
+            )
+        return dataclasses.replace(self, max_new_tokens=min(self.max_new_tokens, context - longest))
 
 
 def generate(

@@ -8,7 +8,8 @@ runs with different batch sizes or sequence lengths line up.
 
 A run is found as a folder (local or `s3://`) holding `metrics.jsonl` (a `run_dir`) or
 `records/metrics.jsonl` (a checkpoint save folder, llm/run_dir.py). No Composer import:
-`llm plot` stays quick.
+`llm plot` stays quick. What a run's loss counts comes from its config.yaml (`data.kind`): every
+token of pretraining, only the answer tokens of SFT; runs that differ are labelled with it.
 
 The guard's work is marked (llm/callbacks/guard.py, docs/guard.md): each rollback as a dotted line
 at its spike, each window of skipped batches as a shaded band. The windows come from the run's
@@ -32,15 +33,19 @@ from llm.errors import ConfigError
 from llm.run_dir import CONFIG, METRICS, RECORDS_DIR
 from storage import StorageError, open_store
 
+# What the loss of a run of each `data.kind` averages over (llm/composer_model.py).
+LOSS_COUNTS = {"pretrain": "all tokens", "sft": "answer tokens only"}
+
 
 @dataclass
 class RunCurves:
-    """One run's records: where they came from, a label, its metrics.jsonl rows and the windows of
-    batches it skipped (`data.skip` from its config.yaml)."""
+    """One run's records: where they came from, a label, its metrics.jsonl rows, its `data.kind`
+    (None when the records hold no config.yaml) and the windows of batches it skipped (`data.skip`)."""
 
     source: str
     label: str
     rows: list[dict[str, Any]] = field(default_factory=list)
+    kind: str | None = None
     skip: list[list[int]] = field(default_factory=list)
 
     def rollbacks(self) -> list[tuple[int, int]]:
@@ -135,23 +140,20 @@ def load_run(source: str) -> RunCurves:
             raise
         if text is None:
             continue
-        config = _config(store, prefix)
-        name = config.get("run_name")
-        skip = (config.get("data") or {}).get("skip") if isinstance(config.get("data"), dict) else None
-        return RunCurves(
-            source=source,
-            label=str(name) if name else source.rstrip("/").rsplit("/", 1)[-1] or source,
-            rows=parse_metrics(text),
-            skip=[list(w) for w in skip or [] if isinstance(w, list) and len(w) == 2],
-        )
+        config = _run_config(store, prefix)
+        name = config.get("run_name") or source.rstrip("/").rsplit("/", 1)[-1] or source
+        data = config.get("data") if isinstance(config.get("data"), dict) else {}
+        kind = str(data.get("kind", "pretrain")) if config else None  # data.kind's default: pretrain
+        skip = [list(w) for w in data.get("skip") or [] if isinstance(w, list) and len(w) == 2]
+        return RunCurves(source=source, label=str(name), rows=parse_metrics(text), kind=kind, skip=skip)
     raise ConfigError(
         f"{source} is not a run: it has no {METRICS} (a run_dir such as runs/demo) and no "
         f"{RECORDS_DIR}/{METRICS} (a checkpoint save folder, e.g. s3://bucket/ckpt/run)"
     )
 
 
-def _config(store, prefix: str) -> dict[str, Any]:
-    """The run's config.yaml as a dict; empty when it is missing or unreadable."""
+def _run_config(store, prefix: str) -> dict[str, Any]:
+    """The run's config.yaml (the resolved recipe), or {} if it has none or it cannot be read."""
     try:
         config = yaml.safe_load(store.read_text(prefix + CONFIG) or "") or {}
     except (yaml.YAMLError, StorageError):
@@ -159,12 +161,16 @@ def _config(store, prefix: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def unique_labels(runs: list[RunCurves]) -> None:
-    """Give runs that share a label their source instead, so the legend tells them apart."""
+def label_runs(runs: list[RunCurves]) -> None:
+    """Give runs that share a label their source instead, so the legend tells them apart; when
+    the runs' losses count different tokens (pretraining and SFT), say in each label what it counts."""
     labels = [r.label for r in runs]
     for run in runs:
         if labels.count(run.label) > 1:
             run.label = run.source
+    if len({r.kind for r in runs}) > 1:
+        for run in runs:
+            run.label += f" (loss over {LOSS_COUNTS.get(run.kind or '', 'unrecorded tokens')})"
 
 
 # --- drawing --------------------------------------------------------------------------------
@@ -229,6 +235,13 @@ def run_figure(run: RunCurves, title: str | None = None):
 def plot_compare(runs: list[RunCurves], path: str | Path, title: str = "loss vs tokens") -> Path:
     """Several runs in one figure: smoothed train loss (line) and eval loss (markers), one colour each."""
     plt, eng = _pyplot()
+    fig = compare_figure(runs, title)
+    return _save(fig, plt, eng, fig.axes[1], path)
+
+
+def compare_figure(runs: list[RunCurves], title: str = "loss vs tokens"):
+    """The matplotlib figure `plot_compare` saves: the runs' losses above, their rates below."""
+    plt, _ = _pyplot()
     fig, (ax, ax_lr) = plt.subplots(
         2, 1, figsize=(9, 6.5), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
@@ -249,7 +262,7 @@ def plot_compare(runs: list[RunCurves], path: str | Path, title: str = "loss vs 
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     _lr_panel(ax_lr, coloured)
-    return _save(fig, plt, eng, ax_lr, path)
+    return fig
 
 
 def mark_guard(ax, run: RunCurves, colour: str, prefix: str = "") -> None:

@@ -38,7 +38,7 @@ from llm.checkpoint import restart
 from llm.checkpoint.plan import plan_checkpointing
 from llm.checkpoint.rollback import NewestCheckpoint, RollbackPoint
 from llm.composer_model import LanguageModel
-from llm.config import TrainConfig, save_resolved, to_yaml
+from llm.config import TrainConfig, counted_in_time, save_resolved, to_yaml
 from llm.data import (
     all_stream_locals,
     build_dataloader,
@@ -47,7 +47,7 @@ from llm.data import (
     train_data_spec,
 )
 from llm.errors import ConfigError
-from llm.float8 import apply_float8
+from llm.float8 import apply_float8, check_float8
 from llm.loggers import MetricsFile, ProgressLine, build_trackers, check_extras
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import (
@@ -171,7 +171,10 @@ def guard_callbacks(ctx: BuildContext) -> list[Callback]:
     skips = SkipWindowsCallback(ctx.train_loader, ctx.cfg)
     if not ctx.cfg.guard.enabled:
         return [skips]
-    keep = 2 * ctx.schedule.save_batches if ctx.schedule is not None else 0
+    # How far back a rollback goes with exact medians: two save intervals; a wall-clock or `auto`
+    # interval has no batch count, then the window once more.
+    saves = ctx.schedule.save_batches if ctx.schedule is not None else None
+    keep = 2 * saves if saves is not None else ctx.cfg.guard.window
     guard = SpikeGuard(
         ctx.cfg.guard, rollback_point(ctx.cfg), skips, clip=ctx.cfg.training.grad_clip_norm, keep=keep
     )
@@ -230,7 +233,7 @@ class Schedule:
     max_batches: int
     warmup_batches: int
     eval_batches: int
-    save_batches: int
+    save_batches: int | None  # None: checkpoint.save_interval is wall-clock time or auto
 
 
 def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedule:
@@ -245,7 +248,9 @@ def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedul
         eval_batches=max(1, steps(cfg.training.eval_interval)),
         # Not passed on (llm/checkpoint's saver takes checkpoint.save_interval as written): computed
         # so that an interval in a unit the schedule cannot convert is refused before training.
-        save_batches=max(1, steps(cfg.checkpoint.save_interval)),
+        save_batches=None
+        if counted_in_time(cfg.checkpoint.save_interval)
+        else max(1, steps(cfg.checkpoint.save_interval)),
     )
 
 
@@ -262,13 +267,17 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
+    # The launcher's world size (its environment; the process group, started below, agrees with it).
+    world_size = dist.get_world_size()
+    per_rank_batch = cfg.check_world_size(world_size)
+    cfg.check_profile_ranks(world_size)
     restart.mark("setup")  # imports and config done: the `[restart]` line's first phase ends here
     check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
-    # Start the process group now: the per-rank batch and the datasets' partitioning need it.
-    dist.initialize_dist(device)
-    world_size = dist.get_world_size()
-    per_rank_batch = cfg.check_world_size(world_size)
+    # Start the process group now: the datasets' partitioning and checkpointing need it.
+    dist.initialize_dist(device)  # on GPUs it also makes this rank's GPU the current one
+    if cfg.training.float8.enabled:  # asks this rank's GPU; refused before the run folder is made
+        check_float8(cfg.training.float8.emulate, device)
     parallelism = parallelism_config(cfg, world_size)
     # Where to start (fresh, newest verified checkpoint, or an allowed load_path), and the
     # callbacks that save, publish and handle preemption: see llm/checkpoint and docs/resume.md.

@@ -18,6 +18,10 @@ $LLM_TEST_UPLOAD_HOLD=<batch> holds the storing of that batch's checkpoint files
 background upload thread, before the storage layer's upload starts): the driver touches
 `$LLM_TEST_RECORD.uploading.<batch>` and waits for `$LLM_TEST_RECORD.go.upload.<batch>`, so that a
 test acts while an upload is in flight (kill the process, break the storage) without timing.
+$LLM_TEST_WRITE_HOLD=<batch> holds the background write of that batch's snapshot (in the upload
+thread, inside `torch.save` after the file's first bytes, llm/checkpoint/saver.py): the driver
+touches `$LLM_TEST_RECORD.writing.<batch>` and waits for `$LLM_TEST_RECORD.go.write.<batch>`, so
+that a test trains on, or kills the process, while a snapshot is half written.
 $LLM_TEST_LOG_INFO=<logger>[,<logger>...] prints those loggers' INFO lines too (a benchmark reads
 the publisher's "stored in ... s after the save").
 $LLM_TEST_SPIKE_AT=<batch>:<factor>[,...] multiplies the loss of that batch (the N-th, metrics.jsonl's
@@ -63,7 +67,8 @@ class Recorder(Callback):
         self.started = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        if int(state.timestamp.batch) in self.pause_at and not os.environ.get("LLM_TEST_UPLOAD_HOLD"):
+        held = os.environ.get("LLM_TEST_UPLOAD_HOLD") or os.environ.get("LLM_TEST_WRITE_HOLD")
+        if int(state.timestamp.batch) in self.pause_at and not held:
             _settle_uploads(state)
         batch = state.batch["input_ids"].cpu().contiguous()
         ids = batch.numpy().tobytes()
@@ -238,10 +243,13 @@ class _StallingFile:
 
 
 def _stall_checkpoint_writes(seconds: float, record: str) -> None:
-    """Composer opens each checkpoint file with the `open` of its checkpoint module: wrap it."""
+    """Composer (checkpoint.snapshot: false) and the saver's background write open each checkpoint
+    file with the `open` of their module: wrap both."""
     import builtins
 
     import composer.utils.checkpoint as composer_checkpoint
+
+    import llm.checkpoint.saver as saver_module
 
     def stalling_open(file, mode="r", *args, **kwargs):
         opened = builtins.open(file, mode, *args, **kwargs)
@@ -252,6 +260,7 @@ def _stall_checkpoint_writes(seconds: float, record: str) -> None:
         )
 
     composer_checkpoint.open = stalling_open
+    saver_module.open = stalling_open
 
 
 def _hold_uploads(batch: int, record: str) -> None:
@@ -272,6 +281,33 @@ def _hold_uploads(batch: int, record: str) -> None:
         cls.upload = held
 
 
+def _hold_writes(batch: int, record: str) -> None:
+    """Wrap the `open` of the saver's background write: the file of `batch` is held after its first
+    bytes (a partial file on disk, as a write cut short leaves), until released (see above)."""
+    import builtins
+
+    import llm.checkpoint.saver as saver_module
+
+    marker, release = Path(f"{record}.writing.{batch}"), Path(f"{record}.go.write.{batch}")
+
+    class HeldFile(_StallingFile):
+        def write(self, data):
+            written = self._file.write(data)
+            self._writes += 1
+            if self._writes == 2:
+                self._file.flush()
+                marker.touch()
+                while not release.exists():
+                    time.sleep(0.02)  # the upload thread's wait; the training thread goes on
+            return written
+
+    def held_open(file, mode="r", *args, **kwargs):
+        opened = builtins.open(file, mode, *args, **kwargs)
+        return HeldFile(opened, 0.0, marker) if "w" in mode and f"-ba{batch}-" in str(file) else opened
+
+    saver_module.open = held_open
+
+
 def main() -> int:
     global IMPORTED
     import llm.trainer  # noqa: F401  (the import cost, measured apart from the restart itself)
@@ -289,6 +325,8 @@ def main() -> int:
         logger.propagate = False
     if os.environ.get("LLM_TEST_UPLOAD_HOLD"):
         _hold_uploads(int(os.environ["LLM_TEST_UPLOAD_HOLD"]), os.environ["LLM_TEST_RECORD"])
+    if os.environ.get("LLM_TEST_WRITE_HOLD"):
+        _hold_writes(int(os.environ["LLM_TEST_WRITE_HOLD"]), os.environ["LLM_TEST_RECORD"])
     if os.environ.get("LLM_TEST_SAVE_STALL"):
         _stall_checkpoint_writes(float(os.environ["LLM_TEST_SAVE_STALL"]), os.environ["LLM_TEST_RECORD"])
     extra = [_LazyRecorder()]

@@ -48,7 +48,7 @@ class QualityFilters:
     """Per-document quality filters (this module); each is off at its default here.
 
     `--filters` turns every one on at `QualityFilters.recommended()`, values suited to Chinese
-    web and encyclopedia text (measured in the README's conversion section).
+    web and encyclopedia text (what they drop: docs/benchmarks.md).
     """
 
     min_chars: int | None = None  # None: 1, or the shingle size when near-duplicates are removed

@@ -21,7 +21,8 @@ code on the same numbers and ends in the same decision; three events of each ste
      the last `guard.max_rollbacks_window` batches, or if there is nothing to roll back to yet:
      nothing is saved after the spike, so the newest checkpoint is the last good state;
   2. else restores model, optimizer, scheduler and RNG from the rollback point
-     (`llm.checkpoint.rollback.RollbackPoint`; today the newest complete checkpoint, batch R);
+     (`llm.checkpoint.rollback.RollbackPoint`; today the newest complete checkpoint at least
+     `guard.rewind` batches before the spike, batch R);
   3. adds the window [R, S + skip) to the skip windows (`SkipWindowsCallback`): the batches since
      R, the spike's own and `guard.skip` more are never trained on, and the batch counter moves
      over them, as in a run told `data.skip: [[R, S + skip]]` from the start (llm/data/skip.py);
@@ -227,7 +228,7 @@ class SpikeGuard(Callback):
                 f"{SpikeStop.EXIT_CODE}, the newest checkpoint is the last good state: look at the "
                 "data and the learning rate before resuming",
             )
-        restored = self.point.restore(state, logger)
+        restored = self.point.restore(state, logger, at_most=spike.batch - self.cfg.rewind)
         if restored is None:
             self._stop(
                 state,

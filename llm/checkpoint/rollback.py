@@ -1,13 +1,14 @@
 """The rollback point: the state the guard (llm/callbacks/guard.py) goes back to after a spike.
 
-`RollbackPoint` is the one interface: `restore(state, logger)` puts the model, the optimizer, the
-learning-rate scheduler and the RNG back to the newest good state this run can reach, on every
-rank, and returns that state's batch (None when there is none yet). Nothing else is restored: the
+`RollbackPoint` is the one interface: `restore(state, logger, at_most)` puts the model, the
+optimizer, the learning-rate scheduler and the RNG back to the newest good state at or before batch
+`at_most` this run can reach (the newest there is, when none is that old), on every rank, and
+returns that state's batch (None when there is none yet). Nothing else is restored: the
 batch counter, the data position and the callbacks' state stay where they are, because the data
 stream only moves forward (the guard's skip window starts at the returned batch, llm/data/skip.py).
 
 `NewestCheckpoint` is the implementation used today: the newest complete checkpoint in
-`checkpoint.save_folder` that verifies, chosen exactly as a resume chooses it
+`checkpoint.save_folder` at or before `at_most` that verifies, chosen as a resume chooses one
 (`resume.newest_usable_checkpoint`), and loaded with Composer's own loader (monolithic or sharded,
 local or S3: `composer.utils.checkpoint.load_checkpoint`, as the Trainer loads at start) with
 everything but those four parts filtered out. Before choosing, each rank waits until its
@@ -44,9 +45,10 @@ RESTORED = ("model", "optimizers", "schedulers")  # the parts of Composer's stat
 class RollbackPoint(Protocol):
     """Where a rollback goes: the newest good training state (see the module docstring)."""
 
-    def restore(self, state: State, logger: Logger) -> int | None:
-        """Load the model, optimizer, scheduler and RNG of the newest good state into `state` on
-        every rank (a collective: all ranks call it together); its batch, or None if there is none."""
+    def restore(self, state: State, logger: Logger, at_most: int) -> int | None:
+        """Load the model, optimizer, scheduler and RNG of the newest good state at or before batch
+        `at_most` (else the newest there is) into `state` on every rank (a collective: all ranks
+        call it together); its batch, or None if there is none."""
         ...
 
 
@@ -56,10 +58,12 @@ class NewestCheckpoint:
     def __init__(self, save_folder: str):
         self.save_folder = save_folder
 
-    def restore(self, state: State, logger: Logger) -> int | None:
+    def restore(self, state: State, logger: Logger, at_most: int) -> int | None:
         _wait_for_uploads(state)
         rank = dist.get_global_rank()
-        point = newest_usable_checkpoint(self.save_folder, rank=rank)
+        point = newest_usable_checkpoint(self.save_folder, rank=rank, at_most=at_most)
+        if point is None:  # none that old: the newest there is
+            point = newest_usable_checkpoint(self.save_folder, rank=rank)
         if point is None:
             return None
         object_store = maybe_create_object_store_from_uri(point.load_path)
@@ -92,8 +96,9 @@ def _wait_for_uploads(state: State) -> None:
     from llm.checkpoint.publisher import CheckpointPublisher
 
     for callback in state.callbacks:
-        if isinstance(callback, CheckpointPublisher):
-            callback.uploader.wait_stored()
+        upload = callback.uploader.pending if isinstance(callback, CheckpointPublisher) else None
+        if upload is not None:  # bounded: every request of the storage layer has its timeouts
+            upload.stored.wait()
     dist.barrier()
 
 

@@ -15,6 +15,10 @@ from llm.errors import ConfigError
 from shards.errors import ShardsError
 from storage import StorageError
 
+# Where a command's output goes when no --out is given: the folder of run folders (a recipe's run_dir
+# is runs/${run_name}), which git ignores; never the working folder itself.
+RUNS = "runs"
+
 # sub-command -> (module, one-line help)
 COMMANDS = {
     "inspect": (

@@ -1,9 +1,10 @@
 """`llm chat CHECKPOINT --tokenizer T.model [--prompt TEXT | --prompts-file F]`: ask a fine-tuned model.
 
     llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model            # interactive
+    llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model < questions.txt   # piped
     llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model --prompt '...' --temperature 0
     llm chat s3://bkt/ckpt/sft-001 --tokenizer tok.model --prompts-file questions.txt --json
-    llm chat export/sft --tokenizer export/sft/tokenizer.model
+    llm chat runs/demo-sft/export --tokenizer runs/demo-sft/export/tokenizer.model
 
 Each prompt is put in the chat template the model was fine-tuned with (`shards.chat_template`): the
 one the checkpoint records (the trainer records it in every checkpoint of an SFT run; `llm export`
@@ -12,6 +13,10 @@ meta.json, or a JSON file with prompt and answer lists; needed for weights fine-
 e.g. imported from baby-llama2-chinese, or to ask a model before its fine-tuning). Generation uses
 the KV cache, prints the answer as it is written, and stops at EOS or when the context is full.
 Each prompt is a conversation of its own: the templates are single-turn, as in training.
+Typed prompts get a `> ` prompt only on a terminal: piped in, stdout holds nothing but the answers.
+The sampling flags are `llm generate`'s (`add_sampling_arguments`, defaults `llm.generate.Sampling`,
+said by --help): sampled at temperature 0.8 unless `--temperature 0` (greedy, the same answer
+every time).
 
 CHECKPOINT is read as `llm generate` reads it (a file, a run's checkpoint folder, an `llm import`
 output or an export; local or s3://; no code run from it without --trust).
@@ -20,15 +25,16 @@ output or an export; local or s3://; no code run from it without --trust).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 import torch
 
 from llm.commands import add_trust_argument
-from llm.commands.generate import read_prompts
+from llm.commands.generate import add_sampling_arguments, read_prompts, sampling_from, typed_prompts
 from llm.errors import ConfigError
-from llm.generate import generate
+from llm.generate import Sampling, generate
 from llm.weights.build import model_from_weights
 from llm.weights.read import read_weights
 from shards.chat_template import ChatTemplate, read_template
@@ -50,11 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help='one JSON line {"prompt", "answer"} per prompt')
     parser.add_argument("--recipe", help="recipe whose model: section gives the shape")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="at most this many (and the context)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=50, help="0 = no top-k cut")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None, help="fix the sample (default: random)")
+    add_sampling_arguments(parser)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     add_trust_argument(parser)
 
@@ -68,23 +70,17 @@ def run(args: argparse.Namespace) -> int:
     template = given or recorded_template(weights.chat_template, args.checkpoint)
     model = model_from_weights(weights, args.checkpoint, args.recipe, device)
     tokenizer.check_fits(model.cfg.vocab_size)
-    chat = Chat(model, tokenizer, template, args)
+    chat = Chat(model, tokenizer, template, sampling_from(args))
     if prompts:
         for prompt in prompts:
             chat.answer(prompt, json_line=args.json)
         return 0
-    print("type a prompt and press Enter; an empty line or Ctrl-D ends", file=sys.stderr)
-    while True:
-        try:
-            prompt = input("> ")
-        except EOFError:
-            return 0
-        if not prompt.strip():
-            return 0
+    for prompt in typed_prompts():
         try:
             chat.answer(prompt, json_line=args.json)
         except (ConfigError, ShardsError) as err:  # a prompt too long or empty: say so and go on
             print(f"error: {err}", file=sys.stderr)
+    return 0
 
 
 def recorded_template(recorded: dict | None, checkpoint: str) -> ChatTemplate:
@@ -99,27 +95,19 @@ def recorded_template(recorded: dict | None, checkpoint: str) -> ChatTemplate:
 class Chat:
     """Answers one prompt at a time with the model, printing the answer as it is written."""
 
-    def __init__(self, model, tokenizer: Tokenizer, template: ChatTemplate, args: argparse.Namespace) -> None:
-        self.model, self.tokenizer, self.template = model, tokenizer, template
-        self.max_new_tokens = args.max_new_tokens
-        self.sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    def __init__(self, model, tokenizer: Tokenizer, template: ChatTemplate, sampling: Sampling) -> None:
+        self.model, self.tokenizer, self.template, self.sampling = model, tokenizer, template, sampling
 
     def answer(self, prompt: str, *, json_line: bool = False) -> str:
-        ids = self.template.prompt_ids(self.tokenizer, prompt)
-        room = self.model.cfg.max_seq_len - len(ids)
-        if room < 1:
-            raise ConfigError(
-                f"the prompt takes {len(ids)} tokens with its template, the model's whole context of "
-                f"{self.model.cfg.max_seq_len}: shorten it"
-            )
+        ids = self.template.prompt_ids(self.tokenizer, prompt)  # with its template
+        fitted = self.sampling.fitted([ids], self.model.cfg.max_seq_len)
         stream = None if json_line else TextStream(self.tokenizer)
         outputs = generate(
             self.model,
             [ids],
-            max_new_tokens=min(self.max_new_tokens, room),
             eos_id=self.tokenizer.eos_id,
             on_step=stream.add if stream else None,
-            **self.sampling,
+            **dataclasses.asdict(fitted),
         )
         text = self.tokenizer.decode(outputs[0])
         if stream:

@@ -1,7 +1,7 @@
 """`llm eval CHECKPOINT --tasks PATH... [--shots 5] [--out results.json]`: multiple-choice accuracy.
 
     llm eval runs/demo/checkpoints --tokenizer data/demo/tokenizer.model --tasks data/demo/tasks/zh-demo
-    llm eval export/demo --tasks data/ceval data/cmmlu --shots 5          # an `llm export` folder
+    llm eval runs/demo/export --tasks data/ceval data/cmmlu --shots 5     # an `llm export` folder
     llm eval s3://bkt/ckpt/ep0-ba2000-rank0.pt --tokenizer tok.model --tasks s3://bkt/ceval
 
 CHECKPOINT is whatever `llm generate` takes: a checkpoint file, a run's checkpoint folder (its
@@ -10,16 +10,20 @@ s3://. Each PATH is a task folder in C-Eval's / CMMLU's CSV layout (llm/eval/tas
 table (accuracy per subject and per task, and the prompt protocol: by default lm-eval 0.4.13's stock
 ceval-valid / cmmlu prompts, comparable with published figures; `--protocol compact` is the earlier
 format) and writes JSON with every question's id and option log-likelihoods (`--prompts`: also the
-prompt text and the continuations scored, to line up with another tool's samples).
+prompt text and the continuations scored, to line up with another tool's samples): by default
+into the run folder under `runs/` that CHECKPOINT lies in (runs/demo/checkpoints ->
+runs/demo/eval_results.json), else `runs/eval/<CHECKPOINT's name>.json`; never the working folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
+from llm.commands import RUNS
 from llm.errors import ConfigError
 from llm.eval import harness
 from llm.eval.tasks import PROTOCOLS
@@ -63,7 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", help="recipe whose model: section gives the shape")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--out", default="eval_results.json", help="JSON results (local or s3://)")
+    parser.add_argument(
+        "--out",
+        help="JSON results (local or s3://); default: runs/<run>/eval_results.json for a checkpoint in "
+        "the run folder runs/<run>, else runs/eval/<checkpoint's name>.json",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,9 +105,20 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         **report.to_json(prompts=args.prompts),
     }
-    write_json(args.out, result)
-    print(f"results: {args.out}")
+    out = args.out or default_out(args.checkpoint)
+    write_json(out, result)
+    print(f"results: {out}")
     return 0
+
+
+def default_out(checkpoint: str) -> str:
+    """Where results go without --out: `eval_results.json` in the run folder under `runs/` that
+    `checkpoint` lies in, else `runs/eval/<its name>.json` (runs/ is git-ignored)."""
+    runs, path = Path(RUNS).absolute(), Path(checkpoint).absolute()
+    if not is_remote(checkpoint) and path.is_relative_to(runs) and path != runs:
+        return f"{RUNS}/{path.relative_to(runs).parts[0]}/eval_results.json"
+    name = checkpoint.rstrip("/").rsplit("/", 1)[-1].removesuffix(".pt") or "checkpoint"
+    return f"{RUNS}/eval/{name}.json"
 
 
 def tokenizer_path(checkpoint: str, given: str | None, recipe: str | None) -> str:

@@ -13,9 +13,17 @@ from __future__ import annotations
 
 import argparse
 
-from llm.checkpoint.sizes import DEFAULT_DISK_BANDWIDTH, DEFAULT_UPLOAD_BANDWIDTH
+from llm.checkpoint.sizes import DEFAULT_DISK_BANDWIDTH, DEFAULT_SNAPSHOT_BANDWIDTH, DEFAULT_UPLOAD_BANDWIDTH
 from llm.config import load_config
-from llm.memory_plan import DEFAULT_GPU_GB, DEFAULT_GPU_TYPE, DEFAULT_GPUS, PEAK_BF16_FLOPS, describe_run
+from llm.memory_plan import (
+    DEFAULT_GPU_GB,
+    DEFAULT_GPU_TYPE,
+    DEFAULT_GPUS,
+    MAX_GPU_GB,
+    MAX_GPUS,
+    PEAK_BF16_FLOPS,
+    describe_run,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,13 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides", nargs="*", help="dotted key=value overrides, e.g. training.device_microbatch_size=2"
     )
     parser.add_argument(
-        "--gpus", type=int, default=DEFAULT_GPUS, help=f"GPUs to plan for (default {DEFAULT_GPUS})"
+        "--gpus",
+        type=int,
+        default=DEFAULT_GPUS,
+        help=f"GPUs to plan for, 1 to {MAX_GPUS:,} (default {DEFAULT_GPUS})",
     )
     parser.add_argument(
         "--gpu-gb",
         type=float,
         default=DEFAULT_GPU_GB,
-        help=f"memory per GPU in GB (default {DEFAULT_GPU_GB:g})",
+        help=f"memory per GPU in GB, at most {MAX_GPU_GB:g} (default {DEFAULT_GPU_GB:g})",
     )
     add_cost_arguments(parser)
 
@@ -51,13 +62,20 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upload-bandwidth",
         default=DEFAULT_UPLOAD_BANDWIDTH,
-        help="a node's upload rate to the checkpoint store, a size per second "
+        help="a node's upload rate to the checkpoint store, a size per second from 1MB/s to 1TB/s "
         f"(default {DEFAULT_UPLOAD_BANDWIDTH}: 10 Gbit/s)",
     )
     parser.add_argument(
         "--disk-bandwidth",
         default=DEFAULT_DISK_BANDWIDTH,
-        help=f"a node's local disk write rate for a save, a size per second (default {DEFAULT_DISK_BANDWIDTH})",
+        help="a node's local disk write rate for a save, a size per second from 1MB/s to 1TB/s "
+        f"(default {DEFAULT_DISK_BANDWIDTH})",
+    )
+    parser.add_argument(
+        "--snapshot-bandwidth",
+        default=DEFAULT_SNAPSHOT_BANDWIDTH,
+        help="one GPU's device-to-host copy rate into pinned memory while all copy, a size per second "
+        f"(default {DEFAULT_SNAPSHOT_BANDWIDTH}; make gpu-check measures it)",
     )
 
 
@@ -72,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             mfu=args.mfu,
             upload_bandwidth=args.upload_bandwidth,
             disk_bandwidth=args.disk_bandwidth,
+            snapshot_bandwidth=args.snapshot_bandwidth,
         )
     )
     return 0

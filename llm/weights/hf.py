@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
@@ -100,7 +100,15 @@ def from_hf(tensors: dict[str, Tensor], source: str) -> dict[str, Tensor]:
     return out
 
 
-def hf_config(cfg: ModelConfig, bos_id: int | None, eos_id: int | None, dtype: str) -> dict[str, Any]:
+class SpecialIds(NamedTuple):
+    """The BOS, EOS and pad ids an export's files name (each None when the tokenizer has none)."""
+
+    bos: int | None
+    eos: int | None
+    pad: int | None
+
+
+def hf_config(cfg: ModelConfig, ids: SpecialIds, dtype: str) -> dict[str, Any]:
     """`config.json` for `transformers.LlamaForCausalLM`."""
     values = dataclasses.asdict(cfg) | {"n_kv_heads": cfg.kv_heads, "hidden_dim": cfg.ffn_hidden_dim}
     return {
@@ -114,8 +122,9 @@ def hf_config(cfg: ModelConfig, bos_id: int | None, eos_id: int | None, dtype: s
         "attention_dropout": 0.0,
         "mlp_bias": False,
         "initializer_range": cfg.init_std,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
+        "bos_token_id": ids.bos,
+        "eos_token_id": ids.eos,
+        "pad_token_id": ids.pad,
         "torch_dtype": dtype,
         "use_cache": True,
     }

@@ -7,7 +7,7 @@ The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
     tokenizer.model          the SentencePiece model, copied
     tokenizer_config.json    LlamaTokenizer settings and the special tokens (the start token as BOS)
     special_tokens_map.json  the same special tokens
-    generation_config.json   `llm generate`'s defaults and token ids, for `model.generate`
+    generation_config.json   the same start, stop and pad ids, greedy, at most the model's context
     chat_template.json       an SFT model's chat template (`shards.chat_template`), for `llm chat`
 Names and config keys come from `llm.weights.hf`, which also reads such a folder back. Our rotary
 embeddings already use HF's rotate_half layout, so q/k rows are copied as they are.
@@ -16,8 +16,14 @@ Reproducing our commands with no edit: `llm generate` and `llm eval` start every
 tokenizer's start token (EOS: every document of our shards begins after one; `Tokenizer.start_id`).
 The exported tokenizer therefore names that token as its BOS and adds it (`add_bos_token: true`), so
 `AutoTokenizer(...)(text)`, transformers' `generate` and `lm_eval --model hf` see the same ids as our
-commands; generation_config.json carries the same start/stop ids and `llm generate`'s sampling
-defaults. (The SentencePiece model's own BOS piece, `<s>`, is never used by our models.)
+commands, and config.json, generation_config.json and the tokenizer files name the same BOS, EOS
+and pad ids (`special_ids`). The SentencePiece model's own BOS piece, `<s>`, is no document start
+for our models (an SFT template may use it as a separator). The pad id is the unknown piece's
+(`<unk>`, which a byte-fallback tokenizer never produces): a pad distinct from EOS lets
+transformers' `generate` run on bare input ids without asking for an attention mask.
+generation_config.json is greedy (`llm generate --temperature 0`, token for token) and stops at the
+model's context, as our commands do; sampling like `llm generate` is
+`generate(..., do_sample=True, temperature=0.8, top_k=50)` (`llm.generate.Sampling`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch
 from safetensors.torch import save_file
 
 from llm.model import Transformer
-from llm.weights.hf import hf_config, to_hf
+from llm.weights.hf import SpecialIds, hf_config, to_hf
 from shards.chat_template import TEMPLATE_FILE
 from shards.tokenizer import Tokenizer
 
@@ -52,25 +58,26 @@ def export_hf(
     save_file(
         to_hf(tensors, model.cfg.tie_embeddings), str(out / "model.safetensors"), metadata={"format": "pt"}
     )
-    bos, eos = (tok.bos_id, tok.eos_id) if tok else (None, None)
-    write_json(out / "config.json", hf_config(model.cfg, bos, eos, str(dtype).removeprefix("torch.")))
+    ids = special_ids(tok) if tok else SpecialIds(None, None, None)
+    write_json(out / "config.json", hf_config(model.cfg, ids, str(dtype).removeprefix("torch.")))
     if tok is not None:
-        write_tokenizer_files(tok, out, model.cfg.max_seq_len)
+        write_tokenizer_files(tok, ids, out, model.cfg.max_seq_len)
     if chat_template is not None:
         write_json(out / TEMPLATE_FILE, chat_template)
     return out
 
 
-# `llm generate`'s defaults (llm/commands/generate.py), written into generation_config.json.
-GENERATE_DEFAULTS = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 1.0, "max_new_tokens": 128}
+def special_ids(tok: Tokenizer) -> SpecialIds:
+    """The export's BOS (our start token), EOS and pad (`<unk>`, when it is neither): module docstring."""
+    pad = tok.unk_id if tok.unk_id not in (None, tok.start_id, tok.eos_id) else None
+    return SpecialIds(bos=tok.start_id, eos=tok.eos_id, pad=pad)
 
 
-def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
+def write_tokenizer_files(tok: Tokenizer, ids: SpecialIds, out: Path, max_len: int) -> None:
     """tokenizer.model, tokenizer_config.json, special_tokens_map.json and generation_config.json:
     what makes transformers and lm-eval tokenize and generate as our commands do (module docstring)."""
     (out / "tokenizer.model").write_bytes(tok.model_bytes)
-    start = tok.start_id
-    special = {"bos_token": start, "eos_token": tok.eos_id, "unk_token": tok.unk_id}
+    special = {"bos_token": ids.bos, "eos_token": ids.eos, "unk_token": tok.unk_id, "pad_token": ids.pad}
     special = {k: tok.piece(i) for k, i in special.items() if i is not None}
     write_json(
         out / "tokenizer_config.json",
@@ -78,7 +85,7 @@ def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
             "tokenizer_class": "LlamaTokenizer",
             # Our prompts start a document after the start token (EOS; Tokenizer.encode_prompt):
             # it is this tokenizer's BOS, added to every encoding as our commands add it.
-            "add_bos_token": start is not None,
+            "add_bos_token": ids.bos is not None,
             "add_eos_token": False,
             "legacy": False,
             # HF must add the "▁" word prefix exactly when SentencePiece itself does.
@@ -89,8 +96,8 @@ def write_tokenizer_files(tok: Tokenizer, out: Path, max_len: int) -> None:
         },
     )
     write_json(out / "special_tokens_map.json", special)
-    generation = {"bos_token_id": start, "eos_token_id": tok.eos_id, "pad_token_id": tok.eos_id}
-    write_json(out / "generation_config.json", {**generation, **GENERATE_DEFAULTS})
+    generation = {"bos_token_id": ids.bos, "eos_token_id": ids.eos, "pad_token_id": ids.pad}
+    write_json(out / "generation_config.json", {**generation, "do_sample": False, "max_length": max_len})
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

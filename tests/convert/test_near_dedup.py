@@ -178,7 +178,7 @@ def test_the_pair_sample_is_the_same_whatever_the_batches(articles):
 
 
 def test_the_threshold_is_a_jaccard_of_5_grams_not_a_share_of_edited_characters(articles):
-    """The README's table (`make bench-dedup`'s --edit-table): at 0.8, copies with 1 % of their
+    """docs/benchmarks.md's table (`make bench-dedup`'s --edit-table): at 0.8, copies with 1 % of their
     characters substituted at scattered places go, with 5 % they stay (Jaccard about 0.63),
     while a copy with 5 % replaced in one block (Jaccard about 0.89) goes."""
     docs = [a for a in articles if len(a) >= 300][:60]

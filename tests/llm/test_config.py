@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -266,3 +269,96 @@ def test_values_composer_would_crash_on_or_misuse_are_refused_in_one_line_with_e
             "optimizer.embedding_lr=null",
         ],
     )
+
+
+# Issue 36 item 7: values that gave a traceback, or trained on NaN losses or a negative rate.
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("optimizer.eps=-1", "optimizer.eps=-1.0 must be positive"),
+        ("optimizer.eps=0", "optimizer.eps=0.0 must be positive"),
+        ("optimizer.betas=[1.5, 0.9]", "optimizer.betas.0=1.5 must be in [0, 1)"),
+        ("optimizer.betas=[0.9, -0.1]", "optimizer.betas.1=-0.1 must be in [0, 1)"),
+        ("optimizer.weight_decay=nan", "optimizer.weight_decay=nan must be a finite number: 0 (off) or more"),
+        ("optimizer.weight_decay=inf", "optimizer.weight_decay=inf must be a finite number: 0 (off) or more"),
+        ("optimizer.lr=inf", "optimizer.lr=inf must be a finite number: positive"),
+        (
+            "optimizer.embedding_lr=inf",
+            "optimizer.embedding_lr=inf must be a finite number: positive, or null",
+        ),
+        (
+            "optimizer.embedding_lr=1e400",
+            "optimizer.embedding_lr=inf must be a finite number: positive, or null",
+        ),
+        ("scheduler.min_lr=-1", "scheduler.min_lr=-1.0 must be 0 or more, and at most optimizer.lr"),
+        ("scheduler.min_lr=nan", "scheduler.min_lr=nan must be a finite number: 0 or more"),
+        (
+            "training.grad_clip_norm=nan",
+            "training.grad_clip_norm=nan must be a finite number: 0 (no clipping)",
+        ),
+        (
+            "checkpoint.upload_wait_s=inf",
+            "checkpoint.upload_wait_s=inf must be a finite number: positive seconds",
+        ),
+        (
+            "checkpoint.upload_wait_s=nan",
+            "checkpoint.upload_wait_s=nan must be a finite number: positive seconds",
+        ),
+        ("training.profile.active=1000000000", "training.profile.active=1000000000 must be in [1, 100]"),
+        ("training.profile.ranks=[0, -1]", "training.profile.ranks.1=-1 must be a global rank"),
+        ("model.rope_theta=inf", "model.rope_theta=inf must be a finite number"),
+        ("callbacks.generate.top_p=0", "callbacks.generate.top_p=0.0 must be in (0, 1]"),
+        ("data.train.1.proportion=-inf", "data.train.1.proportion=-inf must be a finite number: positive"),
+    ],
+)
+def test_numbers_out_of_range_or_not_finite_are_one_line_before_the_run_folder_exists(
+    recipe, tmp_path, override, named, capsys
+):
+    import train
+
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config(recipe, [override])
+    run_dir = tmp_path / "run"
+    assert train.main([str(recipe), override, f"run_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and named in err
+    assert not run_dir.exists()
+
+
+def _float_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every float setting of the schema as a dotted key (a list of sections: its first item)."""
+    keys = []
+    for f in dataclasses.fields(schema):
+        kind = typing.get_type_hints(schema)[f.name]
+        if isinstance(kind, types.UnionType):  # `float | None`
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        if typing.get_origin(kind) is list and dataclasses.is_dataclass(typing.get_args(kind)[0]):
+            keys += _float_keys(typing.get_args(kind)[0], f"{prefix}{f.name}.0.")
+        elif dataclasses.is_dataclass(kind):
+            keys += _float_keys(kind, f"{prefix}{f.name}.")
+        elif kind is float:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def test_every_float_setting_refuses_nan_and_infinities_naming_its_key(recipe):
+    keys = _float_keys(TrainConfig)
+    assert len(keys) >= 15 and "loggers.mlflow.close_timeout" in keys and "data.eval.0.proportion" in keys
+    for key in keys:
+        for value in ("nan", "inf", "-inf", "1e400"):
+            with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=(nan|-?inf) must be a finite number"):
+                load_config(recipe, [f"{key}={value}"])
+
+
+def test_a_profiler_window_must_end_within_the_run(recipe):
+    on = ["training.profile.enabled=true", "training.profile.wait=1", "training.profile.warmup=1"]
+    assert (
+        load_config(recipe, [*on, "training.profile.active=18"]).training.profile.active == 18
+    )  # 20 batches
+    with pytest.raises(
+        ConfigError, match=r"window \(wait 1 \+ warmup 1 \+ active 19 = 21 batches\) ends after"
+    ):
+        load_config(recipe, [*on, "training.profile.active=19"])
+    tokens = "training.max_duration=2560tok"  # 10 steps of 8 x 32 tokens
+    with pytest.raises(ConfigError, match=r"ends after the run's 10 \(training.max_duration=2560tok\)"):
+        load_config(recipe, [*on, "training.profile.active=9", tokens])

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
+import yaml
 
 from llm.callbacks.generation import first_and_last_samples
 from llm.commands import main as llm_main
-from llm.plots import load_run, run_figure
+from llm.plots import compare_figure, label_runs, load_run, run_figure
 from tests.support.training import load, read_metrics, write_recipe
 
 
@@ -78,6 +80,41 @@ def test_llm_plot_compares_two_runs_in_one_figure_and_a_table(two_runs, tmp_path
         assert float(cells[5].replace(",", "")) > 0
     assert float(fast.split()[3]) < float(slow.split()[3])  # the higher rate learned faster here
     assert f"wrote {out}" in stdout
+
+
+def test_runs_whose_losses_count_different_tokens_say_what_each_counts(two_runs, tmp_path, capsys):
+    """An SFT loss (answer tokens only) once shared the axis with a pretraining loss (all tokens)
+    unlabelled (issue 36). The SFT run's records: the fast run's metrics, its config's data.kind sft."""
+    sft = tmp_path / "fast-sft"
+    sft.mkdir()
+    shutil.copy(two_runs[1] / "metrics.jsonl", sft / "metrics.jsonl")
+    config = yaml.safe_load((two_runs[1] / "config.yaml").read_text(encoding="utf-8"))
+    config["run_name"], config["data"]["kind"] = "fast-sft", "sft"
+    (sft / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    assert llm_main(["plot", str(two_runs[0]), str(sft), "--out", str(tmp_path / "compare.png")]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].startswith("slow (loss over all tokens) ")
+    assert rows[2].startswith("fast-sft (loss over answer tokens only) ")
+    runs = [load_run(str(two_runs[0])), load_run(str(sft))]
+    label_runs(runs)
+    legend = [t.get_text() for t in compare_figure(runs).axes[0].get_legend().get_texts()]
+    assert legend == [
+        "slow (loss over all tokens) train",
+        "slow (loss over all tokens) eval",
+        "fast-sft (loss over answer tokens only) train",
+        "fast-sft (loss over answer tokens only) eval",
+    ]
+    same = [load_run(str(run)) for run in two_runs]  # runs of one kind keep their plain names
+    label_runs(same)
+    assert [run.label for run in same] == ["slow", "fast"]
+
+
+def test_without_out_the_figure_goes_under_runs(two_runs, tmp_path, monkeypatch, capsys):
+    """It once went to compare.png in the working folder (the repository's root)."""
+    monkeypatch.chdir(tmp_path)
+    assert llm_main(["plot", *map(str, two_runs)]) == 0
+    assert "wrote runs/compare.png" in capsys.readouterr().out
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.png")] == ["runs/compare.png"]
 
 
 def test_llm_plot_on_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):

@@ -146,6 +146,26 @@ def test_settings_the_cpu_cannot_run_are_refused(tmp_path, train_data, overrides
         build_trainer(cfg)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["training.float8.enabled=true"], "training.float8"),  # was refused after 28 s, the run folder made
+        (
+            ["training.profile.enabled=true", "training.profile.ranks=[0, 5]"],
+            "training.profile.ranks=[0, 5]: rank 5 does not exist in a world of 1 rank(s)",
+        ),
+    ],
+)
+def test_what_this_machine_or_world_cannot_run_is_one_line_before_the_run_folder_exists(
+    tmp_path, train_data, capsys, overrides, message
+):
+    recipe = write_recipe(tmp_path / "r.yaml", train_data, checkpoint={"save_folder": str(tmp_path / "ck")})
+    assert train_py(str(recipe), *overrides) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "ck").exists()
+
+
 def test_batch_that_does_not_divide_over_ranks_is_refused(tmp_path, train_data):
     cfg = load(write_recipe(tmp_path / "r.yaml", train_data), "training.device_microbatch_size=4")
     assert cfg.check_world_size(2) == 4

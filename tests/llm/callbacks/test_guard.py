@@ -78,7 +78,7 @@ def test_a_factor_of_zero_turns_its_rule_off():
             "guard.loss_factor=0.9 must be above 1 (e.g. 1.5), or 0 to turn that rule off",
         ),
         (["guard.window=0"], "guard.window=0 must be at least 1"),
-        (["guard.max_rollbacks=-1"], "guard.max_rollbacks=-1 must be at least 0"),
+        (["guard.max_rollbacks=-1"], "guard.max_rollbacks=-1 must be 0 or more"),
         (["model.z_loss=-1e-4"], "model.z_loss=-0.0001 must be 0 (off) or positive"),
     ],
 )
@@ -120,8 +120,9 @@ class Capped:
 
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory, train_data, s3_server) -> Capped:
-    """`train.py` in this process, checkpoints on S3 every 4 batches, guard.max_rollbacks=1: batch
-    6's loss x 50 rolls back to 4 (skipping 4-8), batch 10's NaN loss is one spike too many."""
+    """`train.py` in this process, checkpoints on S3 every 4 batches, guard.rewind=5 and
+    max_rollbacks=1: batch 9's loss x 50 rolls back past the checkpoint at 8 to the one at 4
+    (skipping 4-11), batch 12's NaN loss is one spike too many."""
     import train
 
     root = tmp_path_factory.mktemp("guard-capped")
@@ -130,7 +131,7 @@ def capped(tmp_path_factory, train_data, s3_server) -> Capped:
         root / "r.yaml",
         train_data,
         checkpoint={"save_folder": save_folder, "save_interval": "4ba"},
-        guard={"enabled": True, "max_rollbacks": 1, "window": 4, "warmup": 3, "skip": 2},
+        guard={"enabled": True, "max_rollbacks": 1, "rewind": 5, "window": 4, "warmup": 3, "skip": 2},
         training={
             "global_batch_size": 8,
             "device_microbatch_size": 4,
@@ -138,17 +139,17 @@ def capped(tmp_path_factory, train_data, s3_server) -> Capped:
             "log_interval": 1,
         },
     )
-    before = Before(10)
+    before = Before(12)
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = train.main([str(recipe)], extra_callbacks=[before, LossSpike({6: 50.0, 10: float("nan")})])
+        code = train.main([str(recipe)], extra_callbacks=[before, LossSpike({9: 50.0, 12: float("nan")})])
     return Capped(code, stdout.getvalue(), stderr.getvalue(), before, root / "run", save_folder)
 
 
 @pytest.mark.s3
 def test_the_update_of_a_non_finite_step_is_never_applied(capped):
     before, state = capped.before, capped.before.state
-    assert before.weights, "the probe saw batch 10 start"
+    assert before.weights, "the probe saw batch 12 start"
     weights = state.model.state_dict()
     assert all(torch.isfinite(v).all() for v in weights.values())
     assert all(torch.equal(weights[k], v) for k, v in before.weights.items())
@@ -167,23 +168,21 @@ def test_a_loss_spike_rolls_back_and_past_max_rollbacks_the_run_stops_with_exit_
 
     assert capped.code == SpikeStop.EXIT_CODE == 3, capped.stderr[-3000:]
     (rollback,) = [line for line in capped.stdout.splitlines() if line.startswith("[guard]")]
-    assert rollback.startswith("[guard] loss ") and " at batch 6 (median " in rollback
-    assert rollback.endswith("rolled back to batch 4, skipping batches 4-8")
+    # guard.rewind=5: the newest checkpoint at or before batch 4, not the one at 8.
+    assert rollback.startswith("[guard] loss ") and " at batch 9 (median " in rollback
+    assert rollback.endswith("rolled back to batch 4, skipping batches 4-11")
     stop = capped.stderr.strip().splitlines()[-1]
-    assert stop.startswith("[guard] loss nan at batch 10 (median ")
+    assert stop.startswith("[guard] loss nan at batch 12 (median ")
     assert stop.endswith(
         "1 rollback(s) within the last 1000 batches (guard.max_rollbacks=1); stopping with exit code 3, "
         "the newest checkpoint is the last good state: look at the data and the learning rate before resuming"
     )
     assert "Traceback" not in capped.stderr
-    # The save at 8 fell in the window, and nothing is saved after a spike: 4 is the newest.
+    # Nothing is saved after a spike: the checkpoints of 4 and 8 stay, 8 the newest.
     checkpoints, _ = cm.scan(open_store(capped.save_folder))
-    assert [c.batch for c in checkpoints if c.complete] == [4]
+    assert sorted(c.batch for c in checkpoints if c.complete) == [4, 8]
     rows = read_metrics(capped.run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 9, 10]
-    assert rows[5]["guard/rolled_back_to"] == 4 and rows[5]["loss"] > 50
-    assert (
-        rows[-1]["guard/stopped"] == 1
-        and rows[-1]["guard/spike_batch"] == 10
-        and math.isnan(rows[-1]["loss"])
-    )
+    assert [r["step"] for r in rows] == [*range(1, 10), 12]
+    assert rows[8]["guard/rolled_back_to"] == 4 and rows[8]["guard/skip_to"] == 11 and rows[8]["loss"] > 50
+    assert rows[-1]["guard/stopped"] == 1 and rows[-1]["guard/spike_batch"] == 12
+    assert math.isnan(rows[-1]["loss"])

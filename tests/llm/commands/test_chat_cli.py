@@ -96,11 +96,35 @@ def test_a_template_from_an_sft_split_and_json_lines(plain, split, small_tokeniz
     assert capsys.readouterr().out.strip() == lines[0]["answer"].strip()
 
 
+class Terminal(io.StringIO):
+    """Typed input: what `sys.stdin` is when a person types at a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_interactive_chat_reads_until_an_empty_line(fine_tuned, small_tokenizer, monkeypatch, capsys):
-    monkeypatch.setattr("sys.stdin", io.StringIO(f"{PROMPT}\n{PROMPT}\n\nignored\n"))
+    monkeypatch.setattr("sys.stdin", Terminal(f"{PROMPT}\n{PROMPT}\n\nignored\n"))
     assert chat(fine_tuned, "--tokenizer", small_tokenizer) == 0
     answer = expected_answer(fine_tuned, small_tokenizer, PROMPT)
-    assert capsys.readouterr().out == f"> {answer}\n> {answer}\n> "
+    out, err = capsys.readouterr()
+    assert out == f"> {answer}\n> {answer}\n> " and "an empty line or Ctrl-D ends" in err
+
+
+def test_piped_chat_prints_only_the_answers(fine_tuned, small_tokenizer, monkeypatch, capsys):
+    """`llm chat ... < questions.txt`: no `> ` input prompt on stdout, no hint (issue 36)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{PROMPT}\n{PROMPT}\n"))
+    assert chat(fine_tuned, "--tokenizer", small_tokenizer) == 0
+    answer = expected_answer(fine_tuned, small_tokenizer, PROMPT)
+    assert capsys.readouterr() == (f"{answer}\n{answer}\n", "")
+
+
+def test_the_help_says_how_answers_are_sampled(capsys):
+    with pytest.raises(SystemExit):
+        llm_main(["chat", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--temperature TEMPERATURE 0 = greedy, the same text every time (default 0.8: sampled)" in text
+    assert "--top-k TOP_K sample among the k most likely tokens; 0 = all (default 50)" in text
 
 
 def test_an_export_carries_the_template(tmp_path, fine_tuned, small_tokenizer, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -152,3 +153,22 @@ def test_a_question_whose_option_merges_with_the_prompt_is_scored_counted_and_ma
     expected = sum(float(logprobs[i - 1, whole[i]]) for i in range(head, len(whole)))
     assert details[0]["loglikelihoods"][0] == pytest.approx(expected, abs=1e-4)
     assert all(ll < 0 for ll in details[0]["loglikelihoods"])  # never lm-eval's free 0.0
+
+
+def test_without_out_the_results_go_under_runs_never_into_the_working_folder(
+    setup, small_tokenizer, tmp_path, monkeypatch, capsys
+):
+    """`llm eval` once wrote eval_results.json into the working folder (the repository's root)."""
+    root, ckpt, hf = setup
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(hf, tmp_path / "runs" / "demo" / "export")
+    tasks = ["--tasks", str(root / "zh-demo"), "--max-questions", "1"]
+    assert llm_main(["eval", "runs/demo/export", *tasks]) == 0  # in a run folder: beside the run
+    assert "results: runs/demo/eval_results.json" in capsys.readouterr().out
+    assert llm_main(["eval", str(ckpt), "--tokenizer", small_tokenizer, *tasks]) == 0  # elsewhere
+    assert "results: runs/eval/w.json" in capsys.readouterr().out
+    written = sorted(
+        str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.json") if "export" not in p.parts
+    )
+    assert written == ["runs/demo/eval_results.json", "runs/eval/w.json"]
+    assert json.loads((tmp_path / "runs/eval/w.json").read_text())["checkpoint"] == str(ckpt)

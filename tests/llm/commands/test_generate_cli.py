@@ -71,8 +71,79 @@ def test_an_exported_folder_generates_the_same_text(tmp_path, checkpoint, tokeni
 def test_interactive_mode_reads_prompts_until_an_empty_line(monkeypatch, checkpoint, tokenizer_path, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("中国\n北京\n\n经济\n"))
     assert generate(checkpoint, "--tokenizer", tokenizer_path, "--interactive") == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "中国" in out and "北京" in out and "经济" not in out
+    assert "> " not in out and err == ""  # piped: no input prompt, no hint
+
+
+def test_json_gives_one_object_per_prompt_for_scripts(checkpoint, tokenizer_path, capsys, monkeypatch):
+    """Plain output separates prompts by blank lines, which a continuation may also hold (issue 36)."""
+    from llm.generate import generate as lib_generate
+    from shards.tokenizer import Tokenizer
+
+    args = [checkpoint, "--tokenizer", tokenizer_path, "--temperature", "0", "--json"]
+    assert generate(*args, "--prompt", "中国", "--prompt", "经济发展") == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines]
+    tok, model = Tokenizer(tokenizer_path), load_model(checkpoint)
+    expected = [
+        tok.decode(
+            lib_generate(model, [tok.encode_prompt(p)], max_new_tokens=5, temperature=0, eos_id=tok.eos_id)[0]
+        )
+        for p in ("中国", "经济发展")
+    ]
+    assert rows == [
+        {"prompt": "中国", "continuation": expected[0]},
+        {"prompt": "经济发展", "continuation": expected[1]},
+    ]
+    monkeypatch.setattr("sys.stdin", io.StringIO("中国\n"))
+    assert (
+        generate(checkpoint, "--tokenizer", tokenizer_path, "--temperature", "0", "--json", "--interactive")
+        == 0
+    )
+    assert capsys.readouterr().out == lines[0] + "\n"
+
+
+def sampling_defaults(command: str) -> tuple[dict, str]:
+    """The sampling flags' defaults of `llm COMMAND` and its --help text."""
+    import argparse
+    import importlib
+    import re
+
+    parser = argparse.ArgumentParser(prog=f"llm {command}")
+    importlib.import_module(f"llm.commands.{command}").add_arguments(parser)
+    args = vars(parser.parse_args(["ckpt", "--tokenizer", "t.model"]))
+    names = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+    return {name: args[name] for name in names}, re.sub(r"\s+", " ", parser.format_help())
+
+
+def test_chat_and_generate_share_one_set_of_sampling_flags_with_one_default():
+    """The flags were copied into both commands, with --max-new-tokens 256 in one and 128 in the other."""
+    import dataclasses
+
+    from llm.generate import Sampling
+
+    chat, chat_help = sampling_defaults("chat")
+    gen, gen_help = sampling_defaults("generate")
+    assert chat == gen == dataclasses.asdict(Sampling())
+    for text in (chat_help, gen_help):
+        assert "sampling:" in text and "(default 0.8: sampled)" in text and "0 = greedy" in text
+        assert "(default 256)" in text and "never past the model's context" in text and "(default 50)" in text
+
+
+def test_the_default_of_new_tokens_stops_at_the_models_context(tmp_path, tokenizer_path, capsys):
+    from llm.generate import generate as lib_generate
+    from shards.tokenizer import Tokenizer
+
+    short = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=8, tie_embeddings=True)
+    path = save_composer_weights(dict(Transformer(short, seed=1).state_dict()), short, tmp_path / "w.pt")
+    args = [str(path), "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0", "--json"]
+    assert llm_main(["generate", *args]) == 0  # 256 new tokens by default: the 8-token context gives the rest
+    tok = Tokenizer(tokenizer_path)
+    ids = tok.encode_prompt("中国")
+    model = load_model(str(path))
+    room = lib_generate(model, [ids], max_new_tokens=8 - len(ids), temperature=0, eos_id=tok.eos_id)[0]
+    assert json.loads(capsys.readouterr().out)["continuation"] == tok.decode(room)
 
 
 @pytest.mark.s3

@@ -49,3 +49,39 @@ def test_per_question_log_likelihoods_and_answers_agree_with_lm_eval(exported, s
     assert found.ours.keys() == found.theirs.keys()
     for key in found.ours:  # acc and acc_norm per subject
         assert found.ours[key] == pytest.approx(found.theirs[key], abs=1e-9), key
+
+
+def test_lm_eval_scores_a_fully_merged_option_0_beside_a_one_token_option_and_stops_without_one(
+    exported, small_tokenizer, monkeypatch
+):
+    """What docs/eval.md says lm-eval 0.4.13's hf backend does with an option that merges entirely
+    into the prompt's last token (the README said it always stops; issue 36 saw it score 0.0): it
+    splits by the context's own token count, so the option gets no tokens; when another option of
+    the question is one token, it takes that option's cached logits and scores 0.0 (so it wins);
+    otherwise it fails `assert len(continuation_enc) > 0` and the run stops."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from shards.tokenizer import Tokenizer
+    from tests.support.tokens import merging_pair
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lm = HFLM(pretrained=exported[0], device="cpu", batch_size=4, dtype="float32")
+    tok = Tokenizer(small_tokenizer)
+    context, merged = merging_pair(tok)
+    assert lm._encode_pair(context, merged)[1] == []  # no token of its own under lm-eval's split
+    own_tokens = {
+        text: len(lm._encode_pair(context, text)[1])
+        for text in ("北京市经济发展", *map(tok.piece, range(300)))
+    }
+    one = next(text for text, n in own_tokens.items() if n == 1 and "▁" not in text)
+    several = next(text for text, n in own_tokens.items() if n >= 3)
+
+    def loglikelihoods(options: list[str]) -> list[float]:
+        requests = [Instance("loglikelihood", {}, (context, o), i) for i, o in enumerate(options)]
+        return [ll for ll, _ in lm.loglikelihood(requests, disable_tqdm=True)]
+
+    scored = loglikelihoods([merged, one, several])
+    assert scored[0] == 0.0 and max(scored[1:]) < 0.0  # the empty option wins
+    with pytest.raises(AssertionError):
+        loglikelihoods([merged, several])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 
 import pytest
 import torch
@@ -119,15 +121,57 @@ def test_transformers_greedy_generation_of_the_export_equals_llm_generate(tmp_pa
     assert hf.generation_config.eos_token_id == tok.eos_id == hf.generation_config.bos_token_id
 
 
-def test_the_exports_generation_defaults_are_llm_generates():
-    import argparse
+def test_the_exports_files_name_the_same_special_ids(tmp_path, tokenizer_path):
+    """config.json once said bos_token_id 1 while the tokenizer files and generation_config.json said 2."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from llm.commands import generate as command
-    from llm.weights.hf_export import GENERATE_DEFAULTS
+    from shards.tokenizer import Tokenizer
 
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    defaults = vars(parser.parse_args(["x", "--tokenizer", "t"]))
-    assert defaults["temperature"] > 0 and GENERATE_DEFAULTS["do_sample"]
-    for key in ("temperature", "top_k", "top_p", "max_new_tokens"):
-        assert GENERATE_DEFAULTS[key] == defaults[key], key
+    out = export_hf(_perturbed(CONFIGS["tied"]), tmp_path / "hf", tokenizer_path)
+    config, generation = AutoConfig.from_pretrained(out), GenerationConfig.from_pretrained(out)
+    hf_tok, ours = AutoTokenizer.from_pretrained(out), Tokenizer(tokenizer_path)
+    for name, expected in (("bos", ours.start_id), ("eos", ours.eos_id), ("pad", ours.unk_id)):
+        named = [getattr(x, f"{name}_token_id") for x in (config, generation, hf_tok)]
+        assert named == [expected] * 3, name
+    assert hf_tok.pad_token_id != hf_tok.eos_token_id  # so generate() needs no attention mask
+
+
+class Warnings(logging.Handler):
+    """The warnings transformers logs (its loggers do not propagate to the root logger)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_transformers_loads_the_export_and_generates_greedily_without_a_warning(tmp_path, tokenizer_path):
+    """Untouched: no "generation flags are not valid: ['temperature']", no "attention mask is not set"."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm.generate import generate
+    from shards.tokenizer import Tokenizer
+
+    model = _perturbed(CONFIGS["untied-gqa"])
+    out = export_hf(model, tmp_path / "hf", tokenizer_path)
+    logging.Logger.warning_once.cache_clear()  # transformers says some things once per process
+    caught = Warnings()
+    transformers.logging.get_logger().addHandler(caught)
+    try:
+        with warnings.catch_warnings(record=True) as python_warnings:
+            warnings.simplefilter("always")
+            hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+            ids = AutoTokenizer.from_pretrained(out)("我们要发展经济", return_tensors="pt").input_ids
+            with torch.no_grad():
+                greedy = hf.generate(ids, do_sample=False, max_new_tokens=12)[0, ids.shape[1] :].tolist()
+                by_default = hf.generate(ids)[0, ids.shape[1] :].tolist()  # greedy, up to the context
+    finally:
+        transformers.logging.get_logger().removeHandler(caught)
+    assert caught.messages == [] and [str(w.message) for w in python_warnings] == []
+    tok = Tokenizer(tokenizer_path)
+    ours = generate(model, [ids[0].tolist()], max_new_tokens=12, temperature=0, eos_id=tok.eos_id)[0]
+    assert greedy[: len(ours)] == ours and by_default[:12] == greedy
+    assert ids.shape[1] + len(by_default) <= CONFIGS["untied-gqa"].max_seq_len
