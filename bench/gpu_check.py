@@ -193,7 +193,8 @@ def _sha256(path: Path) -> str:
 
 
 def common_overrides(work: Path, name: str, shards: Path, tokenizer: Path, device: str) -> list[str]:
-    """A bare, local run: no eval, no checkpoints, no plots, its own run and cache folders."""
+    """A bare, local run: no eval, no checkpoints (so no guard: it rolls back to one), no plots,
+    its own run and cache folders."""
     return [
         f"run_name={name}",
         f"run_dir={work / 'runs' / name}",
@@ -202,6 +203,7 @@ def common_overrides(work: Path, name: str, shards: Path, tokenizer: Path, devic
         "data.eval=[]",
         f"data.cache_root={work / 'cache' / name}",
         "checkpoint.save_folder=null",
+        "guard.enabled=false",
         "callbacks.generate.enabled=false",
         "callbacks.loss_plot=false",
         "loggers.metrics_file=false",
@@ -505,6 +507,7 @@ def check_resume_and_generation(ctx: Context, timeout: float) -> list[Row]:
         *common_overrides(folder, "resume", ctx.data["tiny"], ctx.data["tokenizer"], ctx.device),
         *sizes.tiny_model,
         f"training.max_duration={steps}ba",
+        "guard.enabled=true",  # as the recipe has it: its state resumes from a sharded checkpoint too
         f"checkpoint.save_interval={sizes.resume_save_every}ba",
         "checkpoint.num_to_keep=2",
     ]

@@ -36,11 +36,14 @@ code on the same numbers and ends in the same decision; three events of each ste
 
 Its checkpointed state (Composer stores callbacks' `state_dict`) is the medians' history and the
 rollbacks, so a resumed run judges its first steps against the same medians (no new warm-up) and
-counts earlier rollbacks toward the limit.
+counts earlier rollbacks toward the limit. Both are stored as JSON text: a sharded checkpoint
+(torch.distributed.checkpoint) flattens a list of dicts into one key per entry, and a resumed run,
+whose fresh guard has none yet, would ask for keys the checkpoint does not have.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import deque
@@ -123,11 +126,19 @@ class SpikeDetector:
         self.history = deque(kept, maxlen=self.history.maxlen)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": [asdict(s) for s in self.history], "seen": self.seen}
+        return {"history": json.dumps([asdict(s) for s in self.history]), "seen": self.seen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.history = deque((Step(**s) for s in state.get("history", [])), maxlen=self.history.maxlen)
+        history = _records(state.get("history"))
+        self.history = deque((Step(**s) for s in history), maxlen=self.history.maxlen)
         self.seen = int(state.get("seen", len(self.history)))
+
+
+def _records(value: str | list | None) -> list[dict]:
+    """A list of records stored as JSON text (or, in checkpoints saved before, as the list itself)."""
+    if value is None:
+        return []
+    return json.loads(value) if isinstance(value, str) else list(value)
 
 
 @dataclass(frozen=True)
@@ -259,8 +270,8 @@ class SpikeGuard(Callback):
         raise SpikeStop(f"[guard] {spike.describe()}: {why}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.detector.state_dict(), "rollbacks": [asdict(r) for r in self.rollbacks]}
+        return {**self.detector.state_dict(), "rollbacks": json.dumps([asdict(r) for r in self.rollbacks])}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.detector.load_state_dict(state)
-        self.rollbacks = [Rollback(**r) for r in state.get("rollbacks", [])]
+        self.rollbacks = [Rollback(**r) for r in _records(state.get("rollbacks"))]

@@ -62,6 +62,27 @@ def test_the_medians_cover_the_last_window_good_steps_and_a_rollback_forgets_the
     assert restored.judge(Step(4, 6.1, 1.0)) is not None and restored.judge(Step(4, 5.9, 1.0)) is None
 
 
+def test_the_guards_state_resumes_from_a_sharded_checkpoint_into_a_fresh_guard(tmp_path):
+    """torch.distributed.checkpoint loads into the fresh guard's own state dict: its keys have to
+    be the ones the saved guard had (a list of records is stored as one value, not one per entry)."""
+    import torch.distributed.checkpoint as dcp
+
+    from llm.callbacks.guard import Rollback, SpikeGuard
+
+    cfg = GuardConfig(enabled=True, window=3, warmup=0)
+    saved = SpikeGuard(cfg, point=None, skips=None, keep=2)
+    for step in _steps([5.0, 4.0, 3.0, 2.0]):
+        saved.detector.judge(step)
+    saved.rollbacks.append(Rollback(9, 4, 4, 12))
+    dcp.save({"guard": saved.state_dict()}, checkpoint_id=tmp_path, no_dist=True)
+    fresh = SpikeGuard(cfg, point=None, skips=None, keep=2)
+    into = {"guard": fresh.state_dict()}
+    dcp.load(into, checkpoint_id=tmp_path, no_dist=True)
+    fresh.load_state_dict(into["guard"])
+    assert [s.batch for s in fresh.detector.history] == [1, 2, 3, 4] and fresh.detector.seen == 4
+    assert fresh.rollbacks == [Rollback(9, 4, 4, 12)] and fresh.state_dict() == saved.state_dict()
+
+
 def test_a_factor_of_zero_turns_its_rule_off():
     detector = SpikeDetector(GuardConfig(enabled=True, window=2, warmup=0, loss_factor=0, grad_factor=0))
     detector.judge(Step(1, 1.0, 1.0))
