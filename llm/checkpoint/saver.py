@@ -22,6 +22,11 @@ default):
    gloo process group of the writing ranks of its own, so its collectives never race the training
    step's), to the same file names Composer uses; then it is stored and completed as before.
 
+The newest monolithic snapshot stays in host memory until the next save overwrites its buffers
+(`Saver.held`): the guard rolls back from it without reading storage (`llm.checkpoint.rollback`).
+Restores and saves both run on the training thread, and the upload thread only reads the buffers,
+so nothing overwrites them during a restore.
+
 Composer loads these files as its own (same names, same dict). A process killed while a snapshot
 is written leaves a file no manifest claims: the previous complete checkpoint is the resume point
 and the next start removes the file. `checkpoint.snapshot: false` keeps Composer's own write on the
@@ -81,6 +86,18 @@ class PendingWrite:
     write: Callable[[], None]
 
 
+@dataclass
+class HeldSnapshot:
+    """The newest snapshot of a monolithic save, kept for the guard (`llm.checkpoint.rollback`).
+
+    `state_dict` is what `HostStager.stage` returned: its tensors are the stager's buffers (no
+    second copy), so it is valid until the next save overwrites them, and the saver replaces it then.
+    """
+
+    batch: int
+    state_dict: dict[str, Any]
+
+
 class Saver(CheckpointSaver):
     """`CheckpointSaver` that snapshots and writes in the background (module docstring).
 
@@ -106,6 +123,7 @@ class Saver(CheckpointSaver):
         self.snapshot = snapshot
         self.stager = HostStager()
         self.pending: PendingWrite | None = None  # taken by the publisher at the same event
+        self.held: HeldSnapshot | None = None  # the newest monolithic snapshot: the guard's rollback point
         self._state_s = 0.0  # the last snapshot's time in Composer's state_dict (the rest: the copy)
         self._group: Any = None  # the gloo process group of a sharded save's writers
 
@@ -167,7 +185,9 @@ class Saver(CheckpointSaver):
             )
             write = future.result
         else:
-            write = functools.partial(write_file, self.stager.stage(state_dict), path)
+            staged = self.stager.stage(state_dict)
+            self.held = HeldSnapshot(int(state.timestamp.batch), staged)
+            write = functools.partial(write_file, staged, path)
         self.saved_checkpoints.append(str(path))
         guarded = functools.partial(self._guarded, write, path, int(state.timestamp.batch))
         self.pending = PendingWrite(int(state.timestamp.batch), path, guarded)
