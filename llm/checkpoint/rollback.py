@@ -11,23 +11,24 @@ returned batch, llm/data/skip.py). Two implementations; `llm.trainer.rollback_po
 `HostSnapshot` (with `checkpoint.snapshot: true`, the default): the snapshot of the newest save,
 still in host memory (`llm.checkpoint.saver.Saver.held`: the stager's buffers, kept until the next
 save overwrites them; no second copy), loaded with no storage round trip. The snapshot is the dict
-Composer writes to that checkpoint (`{"state": State.state_dict(), "rng": ...}`), copied at a batch
-boundary, so it is a valid rollback point from the moment it is taken, written yet or not, and it
-is loaded as Composer loads that file (`State.load_state_dict` on the same four parts, then the
-RNG): the restored state is bit-identical to loading the checkpoint from disk. The live state never
-shares memory with the snapshot: its containers and non-tensor values are copied, the model's
-weights are copied into the parameters, and an optimizer tensor that would be the buffer itself
-(on the CPU, torch's `Optimizer.load_state_dict` keeps a tensor already on the right device) is
-cloned, so later steps cannot change the snapshot that a second rollback or the background write
-still reads. Restores and saves both run on the training thread, one save in flight at most
-(`CheckpointPublisher.make_room`), so no save overwrites the buffers during a restore. It falls
-back to `NewestCheckpoint` when the snapshot is newer than `at_most` (a `guard.rewind` longer than
-the save interval), when there is none yet (before the first save of this process, e.g. right
-after a resume), and, saying why once, on more than one rank: a sharded (FSDP) save stages each
-rank's shards inside torch.distributed.checkpoint's `async_save`, and a monolithic one only on
-rank 0, so no rank holds what every rank would need to restore alone; restoring sharded snapshots
-into DTensors is not done yet. Cost: a host-to-device copy of the state (about a second for the
-7B recipe's 10 GB per rank on a GPU).
+Composer writes to that checkpoint (`{"state": State.state_dict(), "rng": ...}`; a sharded save:
+each rank's shards, as DTensors), copied at a batch boundary, so it is a valid rollback point from
+the moment it is taken, written yet or not, and it is loaded as Composer loads that checkpoint
+(`State.load_state_dict` on the same four parts, on every rank its own shards; then the RNG, every
+rank's from rank 0, where a sharded save keeps them): the restored state is bit-identical to
+loading the checkpoint from storage. The live state never shares memory with the snapshot: its
+containers and non-tensor values are copied, the model's weights are copied into the parameters,
+and an optimizer tensor that would be the buffer itself (torch's `Optimizer.load_state_dict` keeps
+a tensor already on its parameter's device, as on the CPU) is cloned, so later steps cannot change
+the snapshot that a second rollback or the background write still reads. Restores and saves both
+run on the training thread, one save in flight at most (`CheckpointPublisher.make_room`), so no
+save overwrites the buffers during a restore. The ranks agree first (`all_reduce`) that each
+holds its part of the same save. It falls back to `NewestCheckpoint` when the snapshot is newer
+than `at_most` (a `guard.rewind` longer than the save interval), when there is none yet (before
+the first save of this process, e.g. right after a resume), and, saying why once, when not every
+rank holds its part: a monolithic save on more than one rank (DDP) is staged on rank 0 only, an
+HSDP save on the first replica's ranks only. Cost: a copy of the state from host memory (for the
+7B recipe's 10 GB per rank, a host-to-device copy: about a second on a GPU).
 
 `NewestCheckpoint`: the newest complete checkpoint in `checkpoint.save_folder` at or before
 `at_most` that verifies, chosen as a resume chooses one (`resume.newest_usable_checkpoint`), and
@@ -130,27 +131,42 @@ class HostSnapshot:
         parts = {k: _containers_copied(v) for k, v in snapshot["state"].items() if k in RESTORED}
         state.load_state_dict(parts, logger)  # as Composer's loader does with the checkpoint's file
         _unshare(state, _storages(snapshot))
-        rng = snapshot.get("rng")
-        if rng:
-            reproducibility.load_rng_state(_containers_copied(rng))
+        rng = snapshot.get("rng")  # every rank's; a sharded save keeps them on rank 0 only
+        if dist.get_world_size() > 1:
+            shared = [rng]
+            dist.broadcast_object_list(shared, src=0)
+            rng = shared[0]
+        if rng and len(rng) > dist.get_global_rank():
+            reproducibility.load_rng_state(_containers_copied(rng))  # indexed by global rank inside
         log.info("rolled back to the snapshot in host memory at batch %d", held.batch)
         return Restored(held.batch, IN_MEMORY)
 
     def _usable(self, state: State, at_most: int) -> HeldSnapshot | None:
-        """The saver's snapshot if it can be restored here and is at or before `at_most`."""
-        if dist.get_world_size() > 1:  # the same answer on every rank: no collective needed
-            if not self._said and dist.get_global_rank() == 0:
-                print(
-                    f"[guard] rolling back from checkpoints in storage, not the snapshot in host "
-                    f"memory: on {dist.get_world_size()} ranks no rank holds the whole state "
-                    "(llm/checkpoint/rollback.py)",
-                    flush=True,
-                )
-            self._said = True
-            return None
+        """The saver's snapshot if every rank holds its part of the same save and it is at or
+        before `at_most` (a collective on more than one rank: all take the same decision)."""
         saver = next((cb for cb in state.callbacks if isinstance(cb, Saver)), None)
         held = saver.held if saver is not None else None
+        if dist.get_world_size() > 1:
+            batch = held.batch if held is not None else -1
+            both = state.device.tensor_to_device(torch.tensor([batch, -batch], dtype=torch.int64))
+            dist.all_reduce(both, reduce_operation="MIN")
+            oldest, newest = int(both[0].item()), -int(both[1].item())
+            if newest < 0:  # no rank has saved yet (e.g. right after a resume)
+                return None
+            if oldest != newest:
+                self._say_why_not()
+                return None
         return held if held is not None and held.batch <= at_most else None
+
+    def _say_why_not(self) -> None:
+        if not self._said and dist.get_global_rank() == 0:
+            print(
+                "[guard] rolling back from checkpoints in storage, not the snapshot in host memory: "
+                "not every rank holds its part of the last save (a monolithic save is staged on rank "
+                "0 only, an HSDP save on the first replica's ranks; llm/checkpoint/rollback.py)",
+                flush=True,
+            )
+        self._said = True
 
 
 def _training_state_only(state_dict: dict[str, Any]) -> None:

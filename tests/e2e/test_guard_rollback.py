@@ -9,7 +9,7 @@ What is promised (docs/guard.md), on 16 batches with a checkpoint every 4:
   skipping 7-13); the run ends bit-identical (losses, sample order,
   weights) to a run told `data.skip: [[4, 13]]` from the start;
 - on two ranks under FSDP2 (sharded checkpoints on S3), with the spike on rank 1's loss only, both
-  ranks take the same decision (a rollback from the checkpoint in storage, the line says why) and the run ends bit-identical to the two-rank skip-from-start run.
+  ranks take the same decision (each restores its shards from its snapshot in host memory) and the run ends bit-identical to the two-rank skip-from-start run.
 
 One single-process scenario (`single`: the stopped and resumed run, the skip-from-start run) and
 one two-rank scenario (`two_ranks`), each run once for the module. The limit and its exit code,
@@ -212,13 +212,9 @@ def test_two_fsdp2_ranks_take_the_same_decision_and_end_as_the_skip_from_the_sta
     assert rolled.returncode == 0, rolled.output[-4000:]
     assert skipped.returncode == 0, skipped.output[-4000:]
     lines = [line for line in rolled.output.splitlines() if "[guard]" in line]
-    # Two ranks: from the sharded checkpoint in storage, not a snapshot in memory; said once, why.
-    assert lines[0] == (
-        "[guard] rolling back from checkpoints in storage, not the snapshot in host memory: on 2 ranks "
-        "no rank holds the whole state (llm/checkpoint/rollback.py)"
-    )
-    assert len(lines) == 2 and lines[1].endswith(
-        "rolled back to batch 4, skipping batches 4-9 (from the checkpoint s3://guard-fsdp2/ckpt/ep0-ba4)"
+    # Two ranks: each restores its shards of the save at 4 from its snapshot in host memory.
+    assert len(lines) == 1 and lines[0].endswith(
+        "rolled back to batch 4, skipping batches 4-9 (from the snapshot in host memory)"
     )
     ranks = _per_rank(rolled)
     assert len(ranks) == 2
