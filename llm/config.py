@@ -389,8 +389,9 @@ class GuardConfig:
     window: int = bounded(100, ge=1)  # good steps in the running medians
     # the factor rules start once this many good steps were seen (kept across resumes)
     warmup: int = bounded(100, ge=0)
-    # On a spike at batch S: back to the rollback point R, the newest checkpoint at least `rewind`
-    # batches before S (0: the newest; none that old: the newest), and batches [R, S + skip) are
+    # On a spike at batch S: back to the rollback point R, the newest save at least `rewind` batches
+    # before S (0: the newest; none that old: the newest; from its snapshot in host memory when it
+    # is there, llm/checkpoint/rollback.py), and batches [R, S + skip) are
     # never trained on (added to data.skip): the stretch since R, the spike's batch and `skip` more.
     rewind: int = bounded(0, ge=0)
     skip: int = bounded(200, ge=0)

@@ -36,7 +36,7 @@ from llm.callbacks.skip_windows import SkipWindowsCallback
 from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint import restart
 from llm.checkpoint.plan import plan_checkpointing
-from llm.checkpoint.rollback import NewestCheckpoint, RollbackPoint
+from llm.checkpoint.rollback import HostSnapshot, NewestCheckpoint, RollbackPoint
 from llm.composer_model import LanguageModel
 from llm.config import TrainConfig, counted_in_time, save_resolved, to_yaml
 from llm.data import (
@@ -160,9 +160,11 @@ def loss_plot_callbacks(ctx: BuildContext) -> list[Callback]:
 
 
 def rollback_point(cfg: TrainConfig) -> RollbackPoint:
-    """Where the guard rolls back to: the newest complete checkpoint (llm/checkpoint/rollback.py).
-    A host-memory snapshot taken at each save would be returned here instead."""
-    return NewestCheckpoint(cfg.checkpoint.save_folder)
+    """Where the guard rolls back to (llm/checkpoint/rollback.py): the newest save's snapshot in host
+    memory when saves take one (`checkpoint.snapshot`), else (and where it does not fit) the newest
+    complete checkpoint."""
+    newest = NewestCheckpoint(cfg.checkpoint.save_folder)
+    return HostSnapshot(newest) if cfg.checkpoint.snapshot else newest
 
 
 def guard_callbacks(ctx: BuildContext) -> list[Callback]:

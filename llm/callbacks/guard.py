@@ -21,14 +21,15 @@ code on the same numbers and ends in the same decision; three events of each ste
      the last `guard.max_rollbacks_window` batches, or if there is nothing to roll back to yet:
      nothing is saved after the spike, so the newest checkpoint is the last good state;
   2. else restores model, optimizer, scheduler and RNG from the rollback point
-     (`llm.checkpoint.rollback.RollbackPoint`; today the newest complete checkpoint at least
-     `guard.rewind` batches before the spike, batch R);
+     (`llm.checkpoint.rollback.RollbackPoint`: the state of the newest save at least
+     `guard.rewind` batches before the spike, batch R, from its snapshot still in host memory, or
+     else from its checkpoint in storage);
   3. adds the window [R, S + skip) to the skip windows (`SkipWindowsCallback`): the batches since
      R, the spike's own and `guard.skip` more are never trained on, and the batch counter moves
      over them, as in a run told `data.skip: [[R, S + skip]]` from the start (llm/data/skip.py);
   4. forgets the steps after R in its medians, prints one line
      (`[guard] loss 9.8 at batch 1200 (median 2.31): rolled back to batch 1150, skipping batches
-     1150-1350`), logs the event (`guard/*` metrics: metrics.jsonl's line of step S and every
+     1150-1350 (from the snapshot in host memory)`, or the checkpoint's path), logs the event (`guard/*` metrics: metrics.jsonl's line of step S and every
      tracker) and trains on.
   It runs before the other callbacks' BATCH_END and before BATCH_CHECKPOINT, so no checkpoint
   ever holds the spike's state, and what the others record (the learning rate, a preemption's
@@ -249,14 +250,14 @@ class SpikeGuard(Callback):
                 f"To start over without this batch and the {self.cfg.skip} after it: "
                 f"data.skip=[[{spike.batch - 1},{spike.batch + self.cfg.skip}]]",
             )
-        rollback = Rollback(spike.batch, restored, restored, spike.batch + self.cfg.skip)
+        rollback = Rollback(spike.batch, restored.batch, restored.batch, spike.batch + self.cfg.skip)
         self.rollbacks.append(rollback)
         self.skips.add(rollback.skip_from, rollback.skip_to)
-        self.detector.rewind(restored)
+        self.detector.rewind(restored.batch)
         if dist.get_global_rank() == 0:
             print(
-                f"[guard] {spike.describe()}: rolled back to batch {restored}, "
-                f"skipping batches {rollback.skip_from}-{rollback.skip_to}",
+                f"[guard] {spike.describe()}: rolled back to batch {restored.batch}, "
+                f"skipping batches {rollback.skip_from}-{rollback.skip_to} (from {restored.source})",
                 flush=True,
             )
         logger.log_metrics({f"guard/{k}": v for k, v in asdict(rollback).items()})

@@ -22,6 +22,11 @@ default):
    gloo process group of the writing ranks of its own, so its collectives never race the training
    step's), to the same file names Composer uses; then it is stored and completed as before.
 
+Each rank's newest snapshot stays in host memory until the next save overwrites its buffers
+(`Saver.held`): the guard rolls back from it without reading storage (`llm.checkpoint.rollback`).
+Restores and saves both run on the training thread, and the upload thread only reads the buffers,
+so nothing overwrites them during a restore.
+
 Composer loads these files as its own (same names, same dict). A process killed while a snapshot
 is written leaves a file no manifest claims: the previous complete checkpoint is the resume point
 and the next start removes the file. `checkpoint.snapshot: false` keeps Composer's own write on the
@@ -81,6 +86,17 @@ class PendingWrite:
     write: Callable[[], None]
 
 
+@dataclass
+class HeldSnapshot:
+    """This rank's newest snapshot (a sharded save: its shards), kept for the guard
+    (`llm.checkpoint.rollback`). `state_dict` is what `HostStager.stage` returned: its tensors are
+    the stager's buffers (no second copy), so it is valid until the next save overwrites them, and
+    the saver replaces it then."""
+
+    batch: int
+    state_dict: dict[str, Any]
+
+
 class Saver(CheckpointSaver):
     """`CheckpointSaver` that snapshots and writes in the background (module docstring).
 
@@ -106,6 +122,7 @@ class Saver(CheckpointSaver):
         self.snapshot = snapshot
         self.stager = HostStager()
         self.pending: PendingWrite | None = None  # taken by the publisher at the same event
+        self.held: HeldSnapshot | None = None  # this rank's newest snapshot: the guard's rollback point
         self._state_s = 0.0  # the last snapshot's time in Composer's state_dict (the rest: the copy)
         self._group: Any = None  # the gloo process group of a sharded save's writers
 
@@ -158,6 +175,7 @@ class Saver(CheckpointSaver):
         if dist.get_global_rank() not in writers:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.stager.staged = None
         if sharded:
             future = dcp.async_save(
                 state_dict,
@@ -168,6 +186,8 @@ class Saver(CheckpointSaver):
             write = future.result
         else:
             write = functools.partial(write_file, self.stager.stage(state_dict), path)
+        if self.stager.staged is not None:  # staged just now (a sharded save: inside async_save)
+            self.held = HeldSnapshot(int(state.timestamp.batch), self.stager.staged)
         self.saved_checkpoints.append(str(path))
         guarded = functools.partial(self._guarded, write, path, int(state.timestamp.batch))
         self.pending = PendingWrite(int(state.timestamp.batch), path, guarded)
@@ -258,22 +278,24 @@ class HostStager(BlockingAsyncStager):
     def __init__(self) -> None:
         super().__init__(cache_staged_state_dict=True, type_check=False)
         self.pinned = torch.cuda.is_available()
+        self.staged: dict[str, Any] | None = None  # what the last `stage` returned
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         cache = self.state_dict_cache
         if cache is None or not _same_layout(state_dict, cache):
             cache = self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=self.pinned)
         if self.pinned:
-            staged = _copy_state_dict(state_dict, cache, non_blocking=True, type_check=False)
+            self.staged = _copy_state_dict(state_dict, cache, non_blocking=True, type_check=False)
             torch.cuda.synchronize()
-            return staged
+            return self.staged
         # Host to host: one thread. torch splits each tensor's copy over its intra-op threads, and
         # with the cores busy a small copy then waits milliseconds for a thread to be scheduled
         # (measured here: median 19 ms with 2 threads, 3 ms with one, for a 10 MB state).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return _copy_state_dict(state_dict, cache, type_check=False)
+            self.staged = _copy_state_dict(state_dict, cache, type_check=False)
+            return self.staged
         finally:
             torch.set_num_threads(threads)
 

@@ -1,14 +1,15 @@
 """The guard in real `train.py` processes: spikes rolled back and their windows skipped, bit for bit.
 
 What is promised (docs/guard.md), on 16 batches with a checkpoint every 4:
-- a run whose batch 7 is non-finite rolls back to the checkpoint at 4 and skips batches 4-9
-  (`guard.skip=2`); stopped by SIGTERM right at the rollback (a checkpoint at 7 that holds the
+- a run whose batch 7 is non-finite rolls back to the save at 4 (its snapshot in host memory) and
+  skips batches 4-9 (`guard.skip=2`); stopped by SIGTERM right at the rollback (a checkpoint at 7 that holds the
   window), the resumed run keeps the window (it does not train on batches 8 and 9), and a spike on
   its second batch (11, loss x 50) is judged against the medians the checkpoint kept (no new
-  warm-up) and rolled back to 7 (skipping 7-13); the run ends bit-identical (losses, sample order,
+  warm-up) and rolled back to 7 (no save since the resume: the checkpoint at 7 from storage,
+  skipping 7-13); the run ends bit-identical (losses, sample order,
   weights) to a run told `data.skip: [[4, 13]]` from the start;
 - on two ranks under FSDP2 (sharded checkpoints on S3), with the spike on rank 1's loss only, both
-  ranks take the same decision and the run ends bit-identical to the two-rank skip-from-start run.
+  ranks take the same decision (each restores its shards from its snapshot in host memory) and the run ends bit-identical to the two-rank skip-from-start run.
 
 One single-process scenario (`single`: the stopped and resumed run, the skip-from-start run) and
 one two-rank scenario (`two_ranks`), each run once for the module. The limit and its exit code,
@@ -44,7 +45,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 GUARD = ["guard.enabled=true", "guard.window=4", "guard.warmup=3", "guard.skip=2"]
 LONGER = ["training.max_duration=16ba"]
-FIRST = "[guard] loss nan at batch 7 (median 5.554): rolled back to batch 4, skipping batches 4-9"
+FIRST = (
+    "[guard] loss nan at batch 7 (median 5.554): rolled back to batch 4, skipping batches 4-9 "
+    "(from the snapshot in host memory)"
+)
 
 
 @dataclass
@@ -143,7 +147,8 @@ def test_a_resumed_run_keeps_the_window_and_judges_its_first_steps_against_the_k
     # Batch 11 is the resumed run's second step: judged only because the medians came back.
     (line,) = [line for line in resumed.output.splitlines() if line.startswith("[guard]")]
     assert line.startswith("[guard] loss ") and " at batch 11 (median 5.561)" in line
-    assert line.endswith("rolled back to batch 7, skipping batches 7-13")
+    # No save since the resume: no snapshot in memory, the checkpoint at 7 is loaded from storage.
+    assert line.endswith(f"rolled back to batch 7, skipping batches 7-13 (from the checkpoint {checkpoint})")
 
 
 def test_the_loss_plot_and_llm_plot_mark_the_rollbacks_and_the_skipped_window(single):
@@ -207,7 +212,10 @@ def test_two_fsdp2_ranks_take_the_same_decision_and_end_as_the_skip_from_the_sta
     assert rolled.returncode == 0, rolled.output[-4000:]
     assert skipped.returncode == 0, skipped.output[-4000:]
     lines = [line for line in rolled.output.splitlines() if "[guard]" in line]
-    assert len(lines) == 1 and lines[0].endswith("rolled back to batch 4, skipping batches 4-9")
+    # Two ranks: each restores its shards of the save at 4 from its snapshot in host memory.
+    assert len(lines) == 1 and lines[0].endswith(
+        "rolled back to batch 4, skipping batches 4-9 (from the snapshot in host memory)"
+    )
     ranks = _per_rank(rolled)
     assert len(ranks) == 2
     assert [[b for b, _ in rank] for rank in ranks] == [[1, 2, 3, 4, 5, 6, 7, 10, 11, 12]] * 2
