@@ -29,8 +29,8 @@ code on the same numbers and ends in the same decision; three events of each ste
      over them, as in a run told `data.skip: [[R, S + skip]]` from the start (llm/data/skip.py);
   4. forgets the steps after R in its medians, prints one line
      (`[guard] loss 9.8 at batch 1200 (median 2.31): rolled back to batch 1150, skipping batches
-     1150-1350 (from the snapshot in host memory)`, or the checkpoint's path), logs the event (`guard/*` metrics: metrics.jsonl's line of step S and every
-     tracker) and trains on.
+     1150-1350 (from the snapshot in host memory)`, or the checkpoint's path), logs the event
+     (`guard/*` metrics: metrics.jsonl's line of step S and every tracker) and trains on.
   It runs before the other callbacks' BATCH_END and before BATCH_CHECKPOINT, so no checkpoint
   ever holds the spike's state, and what the others record (the learning rate, a preemption's
   checkpoint) is the restored state.
