@@ -15,11 +15,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-_NAME = re.compile(r"^convert-(spool|sketches)-(\d+)-")
+_NAME = re.compile(r"^convert-(spool|sketches|merge)-(\d+)-")
 
 
 def make_scratch(kind: str) -> str:
-    """A new scratch folder of this process (`kind`: spool or sketches), after removing stale ones."""
+    """A new scratch folder of this process (`kind`: spool, sketches or merge), after removing stale ones."""
     remove_stale_scratch()
     return tempfile.mkdtemp(prefix=f"convert-{kind}-{os.getpid()}-")
 

@@ -32,7 +32,6 @@ from convert.records import Selected, TokenizedBatch, ToSelect
 
 NEAR_DUPLICATE = "near_duplicate"
 _TOO_SHORT = REASON_CODES["too_short_chars"]
-_MAX_POSITIONS = (1 << 32) - 1  # positions are 32-bit in the band index
 
 
 class _Rows(NamedTuple):
@@ -91,6 +90,11 @@ class Selection:
         if self.processes is not None:
             return self.processes.nbytes
         return self.near.nbytes if self.near is not None else 0
+
+    @property
+    def near_index_bytes(self) -> int | None:
+        """`index_bytes` when this selection decides near duplicates, else None."""
+        return self.index_bytes if self.near is not None or self.near_in_processes else None
 
     def select(self, batch: TokenizedBatch, text: Callable[[int], str | None], *, deduped: bool) -> Selected:
         """One batch decided at once (`select_all`)."""
@@ -195,8 +199,6 @@ class Selection:
             rows, filtered = np.flatnonzero(fresh), np.empty(0, dtype=np.int64)
         first = self.positions
         self.positions += len(rows)
-        if self.positions > _MAX_POSITIONS and (self.near is not None or self.near_in_processes):
-            raise OverflowError("more than 2**32 documents in one near-duplicate index")
         return _Rows(indexed=rows, filtered=filtered, first_position=first)
 
     def _finish(

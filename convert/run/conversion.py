@@ -50,10 +50,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 import xxhash
 
+from convert.dedup.near_dedup import PairSample
 from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.executor import Executor, ordered, start_workers
@@ -246,6 +248,16 @@ def reuse_part(store: Store, chunk: ChunkTokens) -> PartResult | None:
     return PartResult.from_marker(chunk.split, chunk.index, marker)
 
 
+class SelectionReport(Protocol):
+    """What `Conversion.finish` reports of the decisions: a `Selection`'s, or the merge's."""
+
+    dropped_tokens: dict[str, int]
+    sample: PairSample | None
+
+    @property
+    def near_index_bytes(self) -> int | None: ...
+
+
 @dataclass
 class SplitTotals:
     parts: list[PartResult] = field(default_factory=list)
@@ -354,7 +366,7 @@ class Conversion:
         dropped: dict[str, int],
         start: float,
         command: str,
-        selection: Selection | None = None,
+        selection: SelectionReport | None = None,
         tasks: int | None = None,
     ) -> Summary:
         """Check there is something to write; write meta, the near-duplicate report, summary,
@@ -402,18 +414,18 @@ class Conversion:
             )
         return summary
 
-    def _near_report(self, selection: Selection) -> NearDedupSummary | None:
+    def _near_report(self, selection: SelectionReport) -> NearDedupSummary | None:
         """With near-dedup: the sample of removed pairs written beside summary.json, and its summary."""
         near = self.options.near_dedup
         if near is None:
             return None
         pairs = selection.sample.pairs(near.ngram) if selection.sample is not None else []
         self.store.write_json(NEAR_REPORT, {"threshold": near.threshold, "ngram": near.ngram, "pairs": pairs})
-        index_bytes = (
-            selection.index_bytes if selection.near is not None or selection.near_in_processes else None
-        )
         return NearDedupSummary(
-            options=near, report=NEAR_REPORT, pairs_in_report=len(pairs), index_bytes=index_bytes
+            options=near,
+            report=NEAR_REPORT,
+            pairs_in_report=len(pairs),
+            index_bytes=selection.near_index_bytes,
         )
 
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:

@@ -20,9 +20,10 @@ from convert.reading.bin_files import bin_documents
 from convert.reading.options import ReadOptions
 from convert.records import Doc
 from convert.run.conversion import Conversion, digest_of, split_of, tokenize_in_workers
+from convert.run.merge import merge_tasks
 from convert.run.options import ShardOptions
 from convert.run.report import Summary, counted_texts, progress_bar
-from convert.run.tasks import TaskMarker, TaskSpec, merge_tasks, run_task
+from convert.run.tasks import TaskMarker, TaskSpec, run_task
 
 __all__ = ["TaskSpec", "check_read_options", "convert_corpus", "import_bin", "merge_tasks"]
 

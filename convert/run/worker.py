@@ -56,6 +56,11 @@ def current_cleaner() -> Cleaner | None:
     return _state.cleaner
 
 
+def current_store() -> Store:
+    """This process's output store (`init_worker`)."""
+    return _state.store
+
+
 def clean_batch(texts: list[str], cleaner: Cleaner) -> tuple[TextBatch, np.ndarray]:
     """The texts that survive `cleaner` (drops counted in `cleaner.drops`), with their digests,
     and the index in `texts` of each."""

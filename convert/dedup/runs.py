@@ -1,0 +1,239 @@
+"""Sorted runs on disk: what the de-duplication stages spill, and read back by value range.
+
+A run file holds entries of a few uint64 columns, sorted by all of them, the first column first.
+Its entries are cut into segments by the first column's top bits (`value >> shift`), each with
+an XXH3-64 checksum, so that a reader gets every entry whose first column lies in a range
+[lo, hi) with one ranged read (`RunFile.values`), or walks the file segment by segment
+(`RunCursor`). Two kinds of first column:
+
+  * hash values (band keys, digests), spread evenly: the segments are the top `bits` bits, more
+    of them for a larger run (about `SEGMENT_ENTRIES` entries each, at most 2^16 segments), and a
+    partition of the stages (convert/dedup/stages.py) is a range of values, so it reads a slice of
+    every run whatever the number of partitions;
+  * ids in input order (rows, positions): the writer gives the shift, so a reader going through
+    the ids in order reads one block of entries at a time.
+
+Layout (little-endian):
+
+    segment 0: column 0's entries, column 1's, ...  (8 bytes each)
+    segment 1: ...
+    table:     segment byte offsets (segments + 1 uint64), then one XXH3-64 per segment
+    footer:    magic "convrun1", columns, entries, shift, segments, table offset, table XXH3-64
+
+A file that does not read back as written (shorter, a flipped bit) raises `DamagedFile`.
+Nothing here is kept per entry in Python objects; a run is written with one buffer of its size.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from convert.errors import DamagedFile
+from storage import Store
+
+_MAGIC = b"convrun1"
+_FOOTER = struct.Struct("<8s6Q")
+SEGMENT_ENTRIES = 1024  # entries per segment of a hash-keyed run, about
+_MAX_BITS = 16
+FULL = 1 << 64  # the end of the value range
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """A run written: its name (under its folder), entries and bytes (recorded in task.json)."""
+
+    name: str
+    entries: int
+    bytes: int
+
+
+def hash_shift(entries: int) -> int:
+    """The shift of a hash-keyed run of `entries`: about SEGMENT_ENTRIES per segment."""
+    bits = 0
+    while bits < _MAX_BITS and entries >> bits > SEGMENT_ENTRIES:
+        bits += 1
+    return 64 - bits
+
+
+def _segment_of(values: np.ndarray, shift: int) -> np.ndarray:
+    if shift >= 64:
+        return np.zeros(len(values), dtype=np.int64)
+    return (values >> np.uint64(shift)).astype(np.int64)
+
+
+def write_run(
+    store: Store, rel: str, columns: Sequence[np.ndarray], *, shift: int | None = None, ordered: bool = False
+) -> RunInfo:
+    """Sort the entries (unless `ordered`) and write them as one run file at `rel`.
+    `shift`: for ids in order (segments of 2**shift values); None: hash values."""
+    columns = [np.ascontiguousarray(c, dtype=np.uint64) for c in columns]
+    entries = len(columns[0])
+    if not ordered and entries > 1:
+        order = np.lexsort(columns[::-1])
+        columns = [c[order] for c in columns]
+    segment = _segment_of(columns[0], hash_shift(entries) if shift is None else shift)
+    if shift is None:  # hash values: every segment of the value range, empty or not
+        shift = hash_shift(entries)
+        segments = 1 << (64 - shift)
+    else:
+        segments = int(segment[-1]) + 1 if entries else 1
+    bounds = np.searchsorted(segment, np.arange(segments + 1), side="left")
+    width = 8 * len(columns)
+    offsets = (bounds * width).astype(np.uint64)
+    data_bytes = int(offsets[-1])
+    table_bytes = 8 * (segments + 1) + 8 * segments
+    buffer = bytearray(data_bytes + table_bytes + _FOOTER.size)
+    view = np.frombuffer(buffer, dtype=np.uint8)
+    checksums = np.empty(segments, dtype=np.uint64)
+    for s in range(segments):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        at = int(offsets[s])
+        for column in columns:
+            piece = column[lo:hi].view(np.uint8)
+            view[at : at + len(piece)] = piece
+            at += len(piece)
+        checksums[s] = xxhash.xxh3_64_intdigest(memoryview(buffer)[int(offsets[s]) : at])
+    table = offsets.tobytes() + checksums.tobytes()
+    buffer[data_bytes : data_bytes + table_bytes] = table
+    footer = _FOOTER.pack(
+        _MAGIC, len(columns), entries, shift, segments, data_bytes, xxhash.xxh3_64_intdigest(table)
+    )
+    buffer[data_bytes + table_bytes :] = footer
+    store.write_bytes(rel, buffer)
+    return RunInfo(name=rel.rsplit("/", 1)[-1], entries=entries, bytes=len(buffer))
+
+
+class RunFile:
+    """A run file to read: its footer and segment table are read once (`size`: its known size)."""
+
+    def __init__(self, store: Store, rel: str, size: int | None = None) -> None:
+        self.store, self.rel, self.url = store, rel, store.url(rel)
+        size = store.size(rel) if size is None else size
+        if size is None:
+            raise DamagedFile(self.url, "missing")
+        if size < _FOOTER.size:
+            raise DamagedFile(self.url, f"{size} bytes, shorter than its footer")
+        footer = self._read(size - _FOOTER.size, size)
+        magic, self.columns, self.entries, self.shift, self.segments, table_at, table_sum = _FOOTER.unpack(
+            footer
+        )
+        if magic != _MAGIC or table_at + 16 * self.segments + 8 + _FOOTER.size != size:
+            raise DamagedFile(self.url, "its footer does not describe it (truncated or not a run file)")
+        table = self._read(table_at, size - _FOOTER.size)
+        if xxhash.xxh3_64_intdigest(table) != table_sum:
+            raise DamagedFile(self.url, "its segment table's checksum does not match")
+        self.offsets = np.frombuffer(table, dtype=np.uint64, count=self.segments + 1).astype(np.int64)
+        self.checksums = np.frombuffer(table, dtype=np.uint64, offset=8 * (self.segments + 1))
+
+    def _read(self, start: int, end: int) -> bytes:
+        data = self.store.read_range(self.rel, start, end)
+        if data is None:
+            raise DamagedFile(self.url, "missing")
+        if len(data) != end - start:
+            raise DamagedFile(self.url, "shorter than written")
+        return data
+
+    def segments_of(self, lo: int, hi: int) -> tuple[int, int]:
+        """The segments holding values in [lo, hi)."""
+        if self.shift >= 64:
+            return 0, self.segments
+        first = min(lo >> self.shift, self.segments)
+        return first, min(((hi - 1) >> self.shift) + 1, self.segments) if hi > lo else first
+
+    def read_segments(self, first: int, end: int) -> list[np.ndarray]:
+        """The entries of segments [first, end), checked, as columns."""
+        start, stop = int(self.offsets[first]), int(self.offsets[end])
+        if stop == start:
+            return [np.empty(0, dtype=np.uint64) for _ in range(self.columns)]
+        data = self._read(start, stop)
+        parts: list[list[np.ndarray]] = [[] for _ in range(self.columns)]
+        for s in range(first, end):
+            lo, hi = int(self.offsets[s]) - start, int(self.offsets[s + 1]) - start
+            if hi == lo:
+                continue
+            if xxhash.xxh3_64_intdigest(memoryview(data)[lo:hi]) != int(self.checksums[s]):
+                raise DamagedFile(self.url, f"segment {s}'s checksum does not match")
+            count = (hi - lo) // (8 * self.columns)
+            for c in range(self.columns):
+                parts[c].append(np.frombuffer(data, dtype=np.uint64, count=count, offset=lo + 8 * count * c))
+        return [np.concatenate(p) if p else np.empty(0, dtype=np.uint64) for p in parts]
+
+    def values(self, lo: int = 0, hi: int = FULL) -> list[np.ndarray]:
+        """Every entry whose first column lies in [lo, hi), as columns, in order."""
+        columns = self.read_segments(*self.segments_of(lo, hi))
+        keep = columns[0] >= np.uint64(lo)
+        if hi < FULL:
+            keep &= columns[0] < np.uint64(hi)
+        return columns if keep.all() else [c[keep] for c in columns]
+
+
+class RunCursor:
+    """A run read in order of its first column, a few segments (about `block_bytes`) at a time."""
+
+    def __init__(self, run: RunFile, block_bytes: int = 1 << 20) -> None:
+        self.run, self.block_bytes = run, block_bytes
+        self.next_segment = 0
+        self.buffer = [np.empty(0, dtype=np.uint64) for _ in range(run.columns)]
+
+    def below(self, value: int) -> list[np.ndarray]:
+        """The entries not taken yet whose first column is below `value`."""
+        run = self.run
+        while self.next_segment < run.segments and (
+            run.shift >= 64 or self.next_segment << run.shift < value
+        ):
+            end = self.next_segment + 1
+            while (
+                end < run.segments
+                and run.offsets[end + 1] - run.offsets[self.next_segment] <= self.block_bytes
+            ):
+                end += 1
+            fresh = run.read_segments(self.next_segment, end)
+            self.buffer = [np.concatenate([b, f]) for b, f in zip(self.buffer, fresh, strict=True)]
+            self.next_segment = end
+            if len(self.buffer[0]) and int(self.buffer[0][-1]) >= value:
+                break
+        cut = int(np.searchsorted(self.buffer[0], np.uint64(min(value, FULL - 1)), side="left"))
+        if value >= FULL:
+            cut = len(self.buffer[0])
+        taken = [b[:cut] for b in self.buffer]
+        self.buffer = [b[cut:] for b in self.buffer]
+        return taken
+
+
+class RunSpiller:
+    """Entries gathered in memory and written as sorted runs of about `limit` bytes each,
+    named `<prefix>-NNNNN.run`; `finish` writes the last and returns them all."""
+
+    def __init__(self, store: Store, prefix: str, columns: int, limit: int) -> None:
+        self.store, self.prefix, self.columns, self.limit = store, prefix, columns, max(limit, 8 * columns)
+        self.parts: list[list[np.ndarray]] = []
+        self.bytes = 0
+        self.runs: list[RunInfo] = []
+
+    def add(self, *columns: np.ndarray) -> None:
+        """Entries (columns of equal length); a run is written whenever `limit` bytes are gathered."""
+        per_run = max(1, self.limit // (8 * self.columns))
+        at = 0
+        while at < len(columns[0]):
+            take = min(len(columns[0]) - at, per_run - self.bytes // (8 * self.columns))
+            self.parts.append([np.asarray(c[at : at + take], dtype=np.uint64) for c in columns])
+            self.bytes += 8 * take * self.columns
+            at += take
+            if self.bytes >= 8 * self.columns * per_run:
+                self.spill()
+
+    def spill(self) -> None:
+        if not self.parts:
+            return
+        columns = [np.concatenate([part[c] for part in self.parts]) for c in range(self.columns)]
+        self.parts, self.bytes = [], 0
+        self.runs.append(write_run(self.store, f"{self.prefix}-{len(self.runs):05d}.run", columns))
+
+    def finish(self) -> list[RunInfo]:
+        self.spill()
+        return self.runs
