@@ -18,7 +18,8 @@ Layout (little-endian):
     segment 0: column 0's entries, column 1's, ...  (8 bytes each)
     segment 1: ...
     table:     segment byte offsets (segments + 1 uint64), then one XXH3-64 per segment
-    footer:    magic "convrun1", columns, entries, shift, segments, table offset, table XXH3-64
+    footer:    magic "convrun1", columns, entries, shift, origin (the first segment's value >> shift),
+               segments, table offset, table XXH3-64
 
 A file that does not read back as written (shorter, a flipped bit) raises `DamagedFile`.
 Nothing here is kept per entry in Python objects; a run is written with one buffer of its size.
@@ -37,7 +38,7 @@ from convert.errors import DamagedFile
 from storage import Store
 
 _MAGIC = b"convrun1"
-_FOOTER = struct.Struct("<8s6Q")
+_FOOTER = struct.Struct("<8s7Q")
 SEGMENT_ENTRIES = 1024  # entries per segment of a hash-keyed run, about
 _MAX_BITS = 16
 FULL = 1 << 64  # the end of the value range
@@ -60,50 +61,58 @@ def hash_shift(entries: int) -> int:
     return 64 - bits
 
 
-def _segment_of(values: np.ndarray, shift: int) -> np.ndarray:
-    if shift >= 64:
-        return np.zeros(len(values), dtype=np.int64)
-    return (values >> np.uint64(shift)).astype(np.int64)
+def _id_shift(first: int, last: int, entries: int) -> int:
+    """The shift of an id-keyed run: about SEGMENT_ENTRIES entries a segment however sparse the ids."""
+    target = max(1, -(-entries // SEGMENT_ENTRIES))
+    span = (last - first) if entries else 0
+    shift = 0
+    while (span >> shift) >= target:
+        shift += 1
+    return shift
 
 
 def write_run(
-    store: Store, rel: str, columns: Sequence[np.ndarray], *, shift: int | None = None, ordered: bool = False
+    store: Store, rel: str, columns: Sequence[np.ndarray], *, by_id: bool = False, ordered: bool = False
 ) -> RunInfo:
-    """Sort the entries (unless `ordered`) and write them as one run file at `rel`.
-    `shift`: for ids in order (segments of 2**shift values); None: hash values."""
+    """Sort the entries (unless `ordered`) and write them as one run file at `rel`. `by_id`: the
+    first column holds ids in input order (rows, positions), else hash values."""
     columns = [np.ascontiguousarray(c, dtype=np.uint64) for c in columns]
-    entries = len(columns[0])
+    width, entries = len(columns), len(columns[0])
     if not ordered and entries > 1:
         order = np.lexsort(columns[::-1])
         columns = [c[order] for c in columns]
-    segment = _segment_of(columns[0], hash_shift(entries) if shift is None else shift)
-    if shift is None:  # hash values: every segment of the value range, empty or not
-        shift = hash_shift(entries)
-        segments = 1 << (64 - shift)
+    if by_id:
+        first, last = (int(columns[0][0]), int(columns[0][-1])) if entries else (0, 0)
+        shift = _id_shift(first, last, entries)
+        origin = first >> shift
+        segments = ((last >> shift) - origin + 1) if entries else 1
     else:
-        segments = int(segment[-1]) + 1 if entries else 1
+        shift, origin = hash_shift(entries), 0
+        segments = 1 << (64 - shift)
+    segment = (columns[0] >> np.uint64(shift)).astype(np.int64) - origin if shift < 64 else np.zeros(entries, np.int64)
     bounds = np.searchsorted(segment, np.arange(segments + 1), side="left")
-    width = 8 * len(columns)
-    offsets = (bounds * width).astype(np.uint64)
-    data_bytes = int(offsets[-1])
-    table_bytes = 8 * (segments + 1) + 8 * segments
-    buffer = bytearray(data_bytes + table_bytes + _FOOTER.size)
-    view = np.frombuffer(buffer, dtype=np.uint8)
-    checksums = np.empty(segments, dtype=np.uint64)
-    for s in range(segments):
-        lo, hi = int(bounds[s]), int(bounds[s + 1])
-        at = int(offsets[s])
-        for column in columns:
-            piece = column[lo:hi].view(np.uint8)
-            view[at : at + len(piece)] = piece
-            at += len(piece)
-        checksums[s] = xxhash.xxh3_64_intdigest(memoryview(buffer)[int(offsets[s]) : at])
+    # Segment s holds column 0's entries bounds[s]:bounds[s+1], then column 1's, ...: one scatter.
+    data = np.empty(entries * width, dtype=np.uint64)
+    start = np.repeat(bounds[:-1], np.diff(bounds))
+    count = np.repeat(np.diff(bounds), np.diff(bounds))
+    within = np.arange(entries) - start
+    for c, column in enumerate(columns):
+        data[start * width + c * count + within] = column
+    offsets = (bounds * 8 * width).astype(np.uint64)
+    raw = memoryview(data).cast("B")
+    empty = xxhash.xxh3_64_intdigest(b"")
+    checksums = np.full(segments, empty, dtype=np.uint64)
+    for s in np.flatnonzero(np.diff(bounds)).tolist():
+        checksums[s] = xxhash.xxh3_64_intdigest(raw[int(offsets[s]) : int(offsets[s + 1])])
     table = offsets.tobytes() + checksums.tobytes()
-    buffer[data_bytes : data_bytes + table_bytes] = table
     footer = _FOOTER.pack(
-        _MAGIC, len(columns), entries, shift, segments, data_bytes, xxhash.xxh3_64_intdigest(table)
+        _MAGIC, width, entries, shift, origin, segments, data.nbytes, xxhash.xxh3_64_intdigest(table)
     )
-    buffer[data_bytes + table_bytes :] = footer
+    buffer = bytearray(data.nbytes + len(table) + len(footer))
+    buffer[: data.nbytes] = raw
+    del data, raw
+    buffer[-len(table) - len(footer) : -len(footer)] = table
+    buffer[-len(footer) :] = footer
     store.write_bytes(rel, buffer)
     return RunInfo(name=rel.rsplit("/", 1)[-1], entries=entries, bytes=len(buffer))
 
@@ -119,9 +128,8 @@ class RunFile:
         if size < _FOOTER.size:
             raise DamagedFile(self.url, f"{size} bytes, shorter than its footer")
         footer = self._read(size - _FOOTER.size, size)
-        magic, self.columns, self.entries, self.shift, self.segments, table_at, table_sum = _FOOTER.unpack(
-            footer
-        )
+        fields = _FOOTER.unpack(footer)
+        magic, self.columns, self.entries, self.shift, self.origin, self.segments, table_at, table_sum = fields
         if magic != _MAGIC or table_at + 16 * self.segments + 8 + _FOOTER.size != size:
             raise DamagedFile(self.url, "its footer does not describe it (truncated or not a run file)")
         table = self._read(table_at, size - _FOOTER.size)
@@ -142,8 +150,9 @@ class RunFile:
         """The segments holding values in [lo, hi)."""
         if self.shift >= 64:
             return 0, self.segments
-        first = min(lo >> self.shift, self.segments)
-        return first, min(((hi - 1) >> self.shift) + 1, self.segments) if hi > lo else first
+        first = min(max((lo >> self.shift) - self.origin, 0), self.segments)
+        end = min(max(((hi - 1) >> self.shift) - self.origin + 1, 0), self.segments) if hi > lo else first
+        return first, max(first, end)
 
     def read_segments(self, first: int, end: int) -> list[np.ndarray]:
         """The entries of segments [first, end), checked, as columns."""
@@ -184,7 +193,7 @@ class RunCursor:
         """The entries not taken yet whose first column is below `value`."""
         run = self.run
         while self.next_segment < run.segments and (
-            run.shift >= 64 or self.next_segment << run.shift < value
+            run.shift >= 64 or (self.next_segment + run.origin) << run.shift < value
         ):
             end = self.next_segment + 1
             while (

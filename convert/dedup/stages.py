@@ -36,7 +36,6 @@ from convert.dedup.pairs import NONE, RankedBits, best_pairs, candidate_pairs, e
 from convert.dedup.runs import FULL, RunFile, RunInfo, write_run
 from storage import open_store
 
-ID_SHIFT = 16  # output runs keyed by row or position: one segment per 65,536 ids
 # Bytes of memory per entry a partition holds at its peak (entries, their order, sorted copies,
 # pairs), measured by `make bench-dedup-scale`; the merge sizes the partitions with them.
 EXACT_BYTES_PER_ENTRY = 112
@@ -104,8 +103,8 @@ def run_exact(job: ExactJob) -> ExactResult:
     dup_rows, dup_pids = exact_duplicates(high, low, rows, pids)
     return ExactResult(
         index=job.index, entries=len(high),
-        rows=write_run(store, f"{job.output}.rows.run", [dup_rows], shift=ID_SHIFT, ordered=True),
-        pids=write_run(store, f"{job.output}.pids.run", [dup_pids], shift=ID_SHIFT, ordered=True),
+        rows=write_run(store, f"{job.output}.rows.run", [dup_rows], by_id=True, ordered=True),
+        pids=write_run(store, f"{job.output}.pids.run", [dup_pids], by_id=True, ordered=True),
     )  # fmt: skip
 
 
@@ -176,7 +175,7 @@ def run_near(job: NearJob) -> NearResult:
     positions = documents.astype(np.int64) + offset - duplicates.below(documents)
     match_positions = matches.astype(np.int64) + offset - duplicates.below(matches)
     columns = [positions.astype(np.uint64), match_positions.astype(np.uint64), estimates.view(np.uint64)]
-    near = write_run(store, f"{job.output}.run", columns, shift=ID_SHIFT, ordered=True)
+    near = write_run(store, f"{job.output}.run", columns, by_id=True, ordered=True)
     return NearResult(index=job.index, entries=entries, pairs=len(later), near=near)
 
 
