@@ -17,9 +17,12 @@ Layout (little-endian):
 
     segment 0: column 0's entries, column 1's, ...  (8 bytes each)
     segment 1: ...
-    table:     segment byte offsets (segments + 1 uint64), then one XXH3-64 per segment
+    table:     per segment: its byte offset and its XXH3-64; then the end of the last segment, 0
     footer:    magic "convrun1", columns, entries, shift, origin (the first segment's value >> shift),
-               segments, table offset, table XXH3-64
+               segments, the table's offset, the XXH3-64 of these fields
+
+A reader reads the footer, then only the table entries of the segments it needs (a partition's
+range of a large run is a small part of its table).
 
 A file that does not read back as written (shorter, a flipped bit) raises `DamagedFile`.
 Nothing here is kept per entry in Python objects; a run is written with one buffer of its size.
@@ -38,9 +41,11 @@ from convert.errors import DamagedFile
 from storage import Store
 
 _MAGIC = b"convrun1"
+_FIELDS = struct.Struct("<8s6Q")
 _FOOTER = struct.Struct("<8s7Q")
 SEGMENT_ENTRIES = 1024  # entries per segment of a hash-keyed run, about
 _MAX_BITS = 16
+_TABLE_BLOCK = 4096  # segments whose table entries a cursor reads at once
 FULL = 1 << 64  # the end of the value range
 
 
@@ -89,7 +94,11 @@ def write_run(
     else:
         shift, origin = hash_shift(entries), 0
         segments = 1 << (64 - shift)
-    segment = (columns[0] >> np.uint64(shift)).astype(np.int64) - origin if shift < 64 else np.zeros(entries, np.int64)
+    segment = (
+        (columns[0] >> np.uint64(shift)).astype(np.int64) - origin
+        if shift < 64
+        else np.zeros(entries, np.int64)
+    )
     bounds = np.searchsorted(segment, np.arange(segments + 1), side="left")
     # Segment s holds column 0's entries bounds[s]:bounds[s+1], then column 1's, ...: one scatter.
     data = np.empty(entries * width, dtype=np.uint64)
@@ -104,10 +113,11 @@ def write_run(
     checksums = np.full(segments, empty, dtype=np.uint64)
     for s in np.flatnonzero(np.diff(bounds)).tolist():
         checksums[s] = xxhash.xxh3_64_intdigest(raw[int(offsets[s]) : int(offsets[s + 1])])
-    table = offsets.tobytes() + checksums.tobytes()
-    footer = _FOOTER.pack(
-        _MAGIC, width, entries, shift, origin, segments, data.nbytes, xxhash.xxh3_64_intdigest(table)
-    )
+    table = np.zeros((segments + 1, 2), dtype=np.uint64)
+    table[:, 0], table[:-1, 1] = offsets, checksums
+    fields = (_MAGIC, width, entries, shift, origin, segments, data.nbytes)
+    footer = _FOOTER.pack(*fields, xxhash.xxh3_64_intdigest(_FIELDS.pack(*fields)))
+    table = table.tobytes()
     buffer = bytearray(data.nbytes + len(table) + len(footer))
     buffer[: data.nbytes] = raw
     del data, raw
@@ -118,7 +128,7 @@ def write_run(
 
 
 class RunFile:
-    """A run file to read: its footer and segment table are read once (`size`: its known size)."""
+    """A run file to read: its footer is read once, the segment table where a read needs it."""
 
     def __init__(self, store: Store, rel: str, size: int | None = None) -> None:
         self.store, self.rel, self.url = store, rel, store.url(rel)
@@ -127,16 +137,16 @@ class RunFile:
             raise DamagedFile(self.url, "missing")
         if size < _FOOTER.size:
             raise DamagedFile(self.url, f"{size} bytes, shorter than its footer")
-        footer = self._read(size - _FOOTER.size, size)
-        fields = _FOOTER.unpack(footer)
-        magic, self.columns, self.entries, self.shift, self.origin, self.segments, table_at, table_sum = fields
-        if magic != _MAGIC or table_at + 16 * self.segments + 8 + _FOOTER.size != size:
-            raise DamagedFile(self.url, "its footer does not describe it (truncated or not a run file)")
-        table = self._read(table_at, size - _FOOTER.size)
-        if xxhash.xxh3_64_intdigest(table) != table_sum:
-            raise DamagedFile(self.url, "its segment table's checksum does not match")
-        self.offsets = np.frombuffer(table, dtype=np.uint64, count=self.segments + 1).astype(np.int64)
-        self.checksums = np.frombuffer(table, dtype=np.uint64, offset=8 * (self.segments + 1))
+        *fields, checksum = _FOOTER.unpack(self._read(size - _FOOTER.size, size))
+        magic, self.columns, self.entries, self.shift, self.origin, self.segments, self.table_at = fields
+        if (
+            magic != _MAGIC
+            or checksum != xxhash.xxh3_64_intdigest(_FIELDS.pack(*fields))
+            or self.table_at + 16 * (self.segments + 1) + _FOOTER.size != size
+        ):
+            raise DamagedFile(
+                self.url, "its footer does not describe it (truncated, changed or not a run file)"
+            )
 
     def _read(self, start: int, end: int) -> bytes:
         data = self.store.read_range(self.rel, start, end)
@@ -146,6 +156,17 @@ class RunFile:
             raise DamagedFile(self.url, "shorter than written")
         return data
 
+    def table(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Byte offsets of segments first..end (end's is where end - 1 stops), and the checksums
+        of segments first..end - 1."""
+        entries = np.frombuffer(
+            self._read(self.table_at + 16 * first, self.table_at + 16 * (end + 1)), np.uint64
+        )
+        offsets = entries[0::2].astype(np.int64)
+        if (np.diff(offsets) < 0).any() or offsets[-1] > self.table_at or offsets[0] < 0:
+            raise DamagedFile(self.url, "its segment table is not in order")
+        return offsets, entries[1::2][:-1]
+
     def segments_of(self, lo: int, hi: int) -> tuple[int, int]:
         """The segments holding values in [lo, hi)."""
         if self.shift >= 64:
@@ -154,22 +175,26 @@ class RunFile:
         end = min(max(((hi - 1) >> self.shift) - self.origin + 1, 0), self.segments) if hi > lo else first
         return first, max(first, end)
 
-    def read_segments(self, first: int, end: int) -> list[np.ndarray]:
-        """The entries of segments [first, end), checked, as columns."""
-        start, stop = int(self.offsets[first]), int(self.offsets[end])
-        if stop == start:
-            return [np.empty(0, dtype=np.uint64) for _ in range(self.columns)]
-        data = self._read(start, stop)
+    def read_segments(
+        self, first: int, end: int, table: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """The entries of segments [first, end), checked, as columns (`table`: theirs, if read)."""
+        offsets, checksums = table if table is not None else self.table(first, end)
+        start, stop = int(offsets[0]), int(offsets[-1])
         parts: list[list[np.ndarray]] = [[] for _ in range(self.columns)]
-        for s in range(first, end):
-            lo, hi = int(self.offsets[s]) - start, int(self.offsets[s + 1]) - start
-            if hi == lo:
-                continue
-            if xxhash.xxh3_64_intdigest(memoryview(data)[lo:hi]) != int(self.checksums[s]):
-                raise DamagedFile(self.url, f"segment {s}'s checksum does not match")
+        data = self._read(start, stop) if stop > start else b""
+        for s in range(end - first):
+            lo, hi = int(offsets[s]) - start, int(offsets[s + 1]) - start
+            if (hi - lo) % (8 * self.columns):
+                raise DamagedFile(self.url, f"segment {first + s} is not whole entries")
+            if xxhash.xxh3_64_intdigest(memoryview(data)[lo:hi]) != int(checksums[s]):
+                raise DamagedFile(self.url, f"segment {first + s}'s checksum does not match")
             count = (hi - lo) // (8 * self.columns)
             for c in range(self.columns):
-                parts[c].append(np.frombuffer(data, dtype=np.uint64, count=count, offset=lo + 8 * count * c))
+                if count:
+                    parts[c].append(
+                        np.frombuffer(data, dtype=np.uint64, count=count, offset=lo + 8 * count * c)
+                    )
         return [np.concatenate(p) if p else np.empty(0, dtype=np.uint64) for p in parts]
 
     def values(self, lo: int = 0, hi: int = FULL) -> list[np.ndarray]:
@@ -187,6 +212,8 @@ class RunCursor:
     def __init__(self, run: RunFile, block_bytes: int = 1 << 20) -> None:
         self.run, self.block_bytes = run, block_bytes
         self.next_segment = 0
+        self.table: tuple[np.ndarray, np.ndarray] | None = None
+        self.table_start = self.table_end = 0
         self.buffer = [np.empty(0, dtype=np.uint64) for _ in range(run.columns)]
 
     def below(self, value: int) -> list[np.ndarray]:
@@ -195,20 +222,23 @@ class RunCursor:
         while self.next_segment < run.segments and (
             run.shift >= 64 or (self.next_segment + run.origin) << run.shift < value
         ):
-            end = self.next_segment + 1
-            while (
-                end < run.segments
-                and run.offsets[end + 1] - run.offsets[self.next_segment] <= self.block_bytes
-            ):
-                end += 1
-            fresh = run.read_segments(self.next_segment, end)
+            if self.table is None or self.next_segment >= self.table_end:
+                self.table_start = self.next_segment
+                self.table_end = min(run.segments, self.next_segment + _TABLE_BLOCK)
+                self.table = run.table(self.table_start, self.table_end)
+            offsets = self.table[0]
+            at = self.next_segment - self.table_start
+            start = offsets[at]
+            end = at + 1 + int(np.searchsorted(offsets[at + 1 :], start + self.block_bytes, side="right"))
+            end = min(max(end - 1, at + 1), len(offsets) - 1)
+            fresh = run.read_segments(
+                self.next_segment, self.table_start + end, (offsets[at : end + 1], self.table[1][at:end])
+            )
             self.buffer = [np.concatenate([b, f]) for b, f in zip(self.buffer, fresh, strict=True)]
-            self.next_segment = end
+            self.next_segment = self.table_start + end
             if len(self.buffer[0]) and int(self.buffer[0][-1]) >= value:
                 break
-        cut = int(np.searchsorted(self.buffer[0], np.uint64(min(value, FULL - 1)), side="left"))
-        if value >= FULL:
-            cut = len(self.buffer[0])
+        cut = len(self.buffer[0]) if value >= FULL else int(np.searchsorted(self.buffer[0], np.uint64(value)))
         taken = [b[:cut] for b in self.buffer]
         self.buffer = [b[cut:] for b in self.buffer]
         return taken
