@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import textwrap
 from collections.abc import Iterable
+from typing import TextIO
 
 import numpy as np
 
@@ -186,6 +188,19 @@ def prefixed_entries(shards: list[dict], folder: str) -> list[dict]:
 
 def index_json(shards: list[dict]) -> dict:
     return {"version": 2, "shards": shards}
+
+
+def write_index_json(stream: TextIO, shards: Iterable[dict]) -> None:
+    """`index_json(list(shards))` as `Store.write_json` writes it, byte for byte, one entry at a
+    time (a split of a million parts has an index of a million entries: not held in memory)."""
+    stream.write('{\n  "shards": [')
+    first = True
+    for shard in shards:
+        text = json.dumps(shard, indent=2, sort_keys=True, ensure_ascii=False)
+        stream.write(("\n" if first else ",\n") + textwrap.indent(text, "    "))
+        first = False
+    stream.write("]" if first else "\n  ]")
+    stream.write(',\n  "version": 2\n}\n')
 
 
 def write_token_split(store: Store, rows: Iterable[np.ndarray], meta: SplitMeta, *, size_limit: int) -> None:

@@ -27,6 +27,7 @@ outputs in input order.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +82,7 @@ class ExactResult:
     entries: int
     rows: RunInfo
     pids: RunInfo
+    cpu_s: float  # the job's CPU seconds (the merge's marker keeps it: `make bench-dedup-scale` reads it)
 
 
 def _load(store, runs: tuple[RunRef, ...], index: int, count: int) -> list[tuple[RunRef, list[np.ndarray]]]:
@@ -89,6 +91,7 @@ def _load(store, runs: tuple[RunRef, ...], index: int, count: int) -> list[tuple
 
 
 def run_exact(job: ExactJob) -> ExactResult:
+    cpu = time.process_time()
     store = open_store(job.out)
     parts = _load(store, job.runs, job.index, job.count)
     high = np.concatenate([c[0] for _, c in parts]) if parts else np.empty(0, np.uint64)
@@ -105,6 +108,7 @@ def run_exact(job: ExactJob) -> ExactResult:
         index=job.index, entries=len(high),
         rows=write_run(store, f"{job.output}.rows.run", [dup_rows], by_id=True, ordered=True),
         pids=write_run(store, f"{job.output}.pids.run", [dup_pids], by_id=True, ordered=True),
+        cpu_s=round(time.process_time() - cpu, 3),
     )  # fmt: skip
 
 
@@ -128,6 +132,7 @@ class NearResult:
     entries: int
     pairs: int  # candidate pairs verified
     near: RunInfo
+    cpu_s: float
 
 
 class Sketches:
@@ -156,6 +161,7 @@ class Sketches:
 
 
 def run_near(job: NearJob) -> NearResult:
+    cpu = time.process_time()
     store = open_store(job.out)
     parts = _load(store, job.runs, job.index, job.count)
     keys = np.concatenate([c[0] for _, c in parts]) if parts else np.empty(0, np.uint64)
@@ -176,7 +182,13 @@ def run_near(job: NearJob) -> NearResult:
     match_positions = matches.astype(np.int64) + offset - duplicates.below(matches)
     columns = [positions.astype(np.uint64), match_positions.astype(np.uint64), estimates.view(np.uint64)]
     near = write_run(store, f"{job.output}.run", columns, by_id=True, ordered=True)
-    return NearResult(index=job.index, entries=entries, pairs=len(later), near=near)
+    return NearResult(
+        index=job.index,
+        entries=entries,
+        pairs=len(later),
+        near=near,
+        cpu_s=round(time.process_time() - cpu, 3),
+    )
 
 
 def read_all(store, rel: str, size: int) -> list[np.ndarray]:

@@ -694,12 +694,20 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
     window = 2 * workers
     try:
         with start_workers(workers, _no_setup) as executor:
+            stage_start = time.monotonic()
             duplicate_rows, duplicate_pids = _exact_stage(store, executor, tasks, plan, window)
+            line = f"merge: exact duplicates in {time.monotonic() - stage_start:.1f} s"
             near_outputs = []
             if near is not None:
+                stage_start = time.monotonic()
                 near_outputs = _near_stage(
                     store, executor, tasks, plan, near, duplicate_pids, scratch, window
                 )
+                pairs = sum(marker["result"]["pairs"] for marker in near_outputs)
+                line += (
+                    f", near duplicates ({pairs:,} candidate pairs) in {time.monotonic() - stage_start:.1f} s"
+                )
+            print(line, flush=True)
         del duplicate_pids
         texts = _sample_texts(store, markers) if near is not None else {}
         cursor_bytes = min(4 << 20, max(64 << 10, budget // (8 * max(1, len(near_outputs)))))

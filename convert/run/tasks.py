@@ -72,6 +72,7 @@ TASKS = "tasks"
 MARKER = "task.json"
 TASK_FORMAT = 2  # bump when the task's files or task.json change
 _PIECE_TOKENS = 1 << 24  # tokens per piece (32 MiB of uint16 before compression)
+_PIECE_ROWS = 1 << 18  # rows per piece at most: the merge's main process holds one piece's rows
 FRAME_TOKENS = 1 << 18  # tokens per independently compressed frame of a piece's tokens
 _ZSTD_LEVEL = 3
 _TOO_SHORT = REASON_CODES["too_short_chars"]
@@ -331,7 +332,7 @@ class TaskWriter:
         self.pieces: list[TaskPiece] = []
         self.rows = self.passing = 0  # so far: the next row's number and the next pid
         self._parts: list[dict[str, np.ndarray]] = []
-        self._tokens = 0
+        self._tokens = self._rows = 0  # in the piece being gathered
         self._digest_spiller = RunSpiller(store, f"{folder}/digests", 4, budget // _DIGEST_RUN_SHARE)
         self._key_spiller = (
             RunSpiller(store, f"{folder}/keys", 2, budget // _KEY_RUN_SHARE)
@@ -391,7 +392,8 @@ class TaskWriter:
         self.passing += int(passing.sum())
         self._parts.append(part)
         self._tokens += len(part["tokens"])
-        if self._tokens >= _PIECE_TOKENS:
+        self._rows += count
+        if self._tokens >= _PIECE_TOKENS or self._rows >= _PIECE_ROWS:
             self._flush()
 
     def finish(self) -> None:
@@ -412,7 +414,7 @@ class TaskWriter:
         import zstd
 
         arrays = {key: np.concatenate([part[key] for part in self._parts]) for key in self._parts[0]}
-        self._parts, self._tokens = [], 0
+        self._parts, self._tokens, self._rows = [], 0, 0
         tokens = arrays.pop("tokens").astype(self.dtype)
         lengths = arrays["lengths"][arrays["reasons"] == 0]
         frame_rows = frame_bounds(lengths, FRAME_TOKENS)
