@@ -22,7 +22,9 @@ OPTIONS = NearDedupOptions(threshold=0.5, bins=16, bands=4, rows=2, per_key=3).r
 def colliding(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Few distinct keys and sketch values: many candidates, near pairs and pairs that are not."""
     rng = np.random.default_rng(seed)
-    keys = rng.integers(0, 40, size=(n, 4)).astype(np.uint64) + (np.arange(4, dtype=np.uint64) << np.uint64(40))
+    keys = rng.integers(0, 40, size=(n, 4)).astype(np.uint64) + (
+        np.arange(4, dtype=np.uint64) << np.uint64(40)
+    )
     keys *= np.uint64(0x9E3779B97F4A7C15)  # spread over the 64-bit range, as band keys are
     return keys, rng.integers(0, 3, size=(n, 16)).astype(np.uint8)
 
@@ -55,7 +57,11 @@ def near_stage(tmp_path, store, runs, files, count: int, duplicates: RankedBits,
                       options=OPTIONS, duplicates=bits, sketches=files, first_pid=base, first_position=base)  # fmt: skip
         result = run_near(job)
         later, matches, estimates = read_all(store, f"merge/{result.near.name}", result.near.bytes)
-        at, theirs, their_estimate = later.astype(np.int64) - base, matches.astype(np.int64), estimates.view(np.float64)
+        at, theirs, their_estimate = (
+            later.astype(np.int64) - base,
+            matches.astype(np.int64),
+            estimates.view(np.float64),
+        )
         wins = better(match[at], estimate[at], theirs, their_estimate)
         match[at[wins]], estimate[at[wins]] = theirs[wins], their_estimate[wins]
     return np.where(match >= 0, match - base, -1), estimate
@@ -105,14 +111,19 @@ def test_the_exact_stage_keeps_each_digest_first_seen(tmp_path):
         local_pids = np.where(pids[lo:hi] == NONE, NONE, pids[lo:hi] - pids[lo:hi][pids[lo:hi] != NONE].min())
         spiller.add(digests[lo:hi], low[lo:hi], np.arange(hi - lo, dtype=np.uint64), local_pids)
         pid_base = int(pids[lo:hi][pids[lo:hi] != NONE].min())
-        runs += [RunRef(rel=f"t{lo}/{r.name}", bytes=r.bytes, row_base=lo, pid_base=pid_base) for r in spiller.finish()]
+        runs += [
+            RunRef(rel=f"t{lo}/{r.name}", bytes=r.bytes, row_base=lo, pid_base=pid_base)
+            for r in spiller.finish()
+        ]
     _, first = np.unique(digests, return_index=True)
     seen = np.zeros(n, dtype=bool)
     seen[first] = True
     for count in (1, 5):
         rows, dup_pids = [], []
         for p in range(count):
-            result = run_exact(ExactJob(out=store.url(), runs=tuple(runs), index=p, count=count, output=f"e{count}-{p}"))
+            result = run_exact(
+                ExactJob(out=store.url(), runs=tuple(runs), index=p, count=count, output=f"e{count}-{p}")
+            )
             rows.append(read_all(store, result.rows.name, result.rows.bytes)[0])
             dup_pids.append(read_all(store, result.pids.name, result.pids.bytes)[0])
         assert np.array_equal(np.sort(np.concatenate(rows)), np.flatnonzero(~seen))
@@ -133,7 +144,9 @@ def test_run_files_read_back_by_value_range_and_in_order(tmp_path):
     inside = order[(values[order] >= lo) & (values[order] < hi)]
     assert np.array_equal(got[0], values[inside]) and np.array_equal(got[1], other[inside])
     assert np.array_equal(run.values(0, FULL)[0], values[order])
-    positions = np.sort(rng.choice(1 << 40, size=20_000, replace=False)).astype(np.uint64) + np.uint64((1 << 32) - 5)
+    positions = np.sort(rng.choice(1 << 40, size=20_000, replace=False)).astype(np.uint64) + np.uint64(
+        (1 << 32) - 5
+    )
     info = write_run(store, "ids.run", [positions], by_id=True, ordered=True)
     cursor, taken = RunCursor(RunFile(store, "ids.run", info.bytes), block_bytes=4096), []
     for stop in np.linspace(int(positions[0]), int(positions[-1]) + 1, 37).astype(np.int64).tolist():
