@@ -96,7 +96,7 @@ PLAN = f"{MERGE}/plan.json"
 ID_BASE = 0  # the first row, pid and position (a test starts them just below 2**32)
 _TOO_SHORT = REASON_CODES["too_short_chars"]
 _NEAR_DUPLICATE = "near_duplicate"
-_MAIN_FIXED = 64 << 20  # the ordered pass's own buffers (a piece's rows, open chunks, cursors)
+_LEAST_SHARE = 16 << 10  # a worker's share of the budget below which the merge refuses to start
 
 
 # --- the tasks ------------------------------------------------------------------------------------
@@ -248,16 +248,24 @@ class Plan:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def main_bytes(tasks: Tasks, budget: int) -> int:
+    """What the ordered pass holds that grows with the corpus: the bitmap of duplicate rows, the
+    stages' ranked bitmap of duplicate pids, and the near outputs' read buffers."""
+    return tasks.rows // 8 + tasks.passing // 4 + budget // 8
+
+
 def plan_stages(
     tasks: Tasks, budget: int, workers: int, near: bool, partitions: tuple[int, int] | None
 ) -> Plan:
-    """Partitions that each fit a worker's share of what the ordered pass leaves of the budget."""
-    main = tasks.rows // 8 + tasks.passing // 4 + _MAIN_FIXED
+    """Partitions that each fit a worker's share of what the ordered pass leaves of the budget: its
+    duplicate bitmaps (a bit per row, two per pid) and the near outputs' read buffers (an eighth)."""
+    main = main_bytes(tasks, budget)
     share = (budget - main) // workers
-    if share < 4 << 20:
+    if share < _LEAST_SHARE:
         raise ConvertError(
-            f"--memory-budget {format_size(budget)} leaves less than 4 MiB per worker once the merge's own "
-            f"{format_size(main)} are counted: raise it, or use fewer --workers"
+            f"--memory-budget {format_size(budget)} leaves less than {format_size(_LEAST_SHARE)} per worker once the "
+            f"merge's duplicate bitmaps and read buffers ({format_size(main)}) are counted: raise it, or use fewer "
+            "--workers"
         )
     exact = max(1, math.ceil(tasks.entries("digests") * EXACT_BYTES_PER_ENTRY / share))
     near_count = max(1, math.ceil(tasks.entries("keys") * NEAR_BYTES_PER_ENTRY / share)) if near else 0
@@ -710,7 +718,7 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
             print(line, flush=True)
         del duplicate_pids
         texts = _sample_texts(store, markers) if near is not None else {}
-        cursor_bytes = min(4 << 20, max(64 << 10, budget // (8 * max(1, len(near_outputs)))))
+        cursor_bytes = min(4 << 20, max(4 << 10, budget // (8 * max(1, len(near_outputs)))))
         total = sum(len(marker.pieces) for marker in markers)
         with progress_bar(total, "piece", "merging", enabled=progress) as bar:
             feed = OrderedPass(

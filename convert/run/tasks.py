@@ -236,9 +236,10 @@ class TaskMarker:
 
 def run_task(
     inputs: list[str], *, tokenizer: str, out: str, options: ShardOptions, read: ReadOptions, task: TaskSpec,
-    command: str = "",
+    command: str = "", reuse: bool = False,
 ) -> TaskMarker:  # fmt: skip
-    """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json."""
+    """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json.
+    `reuse`: a finished task with the same settings is kept (a one-machine conversion in two passes)."""
     from convert.reading.readers import ReadStats, read_documents
     from convert.reading.sources import expand_inputs, input_sizes
 
@@ -252,6 +253,11 @@ def run_task(
     share = assign_files(sizes, task.count)[task.index]
     mine = paths[share.start : share.stop]
     settings = settings_of(options, read, info.sha256, _inputs_fingerprint(paths, sizes), task.count)
+    if reuse:
+        done = store.read_json(f"{task.folder}/{MARKER}")
+        if done is not None and done.get("settings") == settings:
+            print(f"task {task.index} of {task.count}: finished by an earlier run, reused", flush=True)
+            return TaskMarker.from_json(done)
     store.delete_tree(task.folder)  # a task is redone from scratch
     start = time.monotonic()
     budget = resolve_budget(options.memory_budget)

@@ -121,10 +121,14 @@ def test_the_budget_sets_the_partitions():
     tasks = merge_module.Tasks.of([_counted(rows=10_000_000, passing=9_000_000, bands=26)])
     plan = merge_module.plan_stages(tasks, 256 << 20, 1, True, None)
     small = merge_module.plan_stages(tasks, 8 << 30, 4, True, None)
-    assert plan.near_partitions > 100 and plan.exact_partitions > 3
+    assert plan.near_partitions > 50 and plan.exact_partitions > 3
     assert small.near_partitions < plan.near_partitions
-    with pytest.raises(ConvertError, match="--memory-budget 64.0 MiB leaves less than"):
-        merge_module.plan_stages(tasks, 64 << 20, 8, True, None)
+    with pytest.raises(ConvertError, match=r"--memory-budget 3.5 MiB leaves less than 16.0 KiB per worker"):
+        merge_module.plan_stages(tasks, 7 << 19, 2, True, None)  # the bitmaps alone need 3.5 MiB
+    with pytest.raises(
+        ConvertError, match=r"--memory-budget 4.5 MiB would need [\d,]+ partitions \(at most 65,536\)"
+    ):
+        merge_module.plan_stages(tasks, 9 << 19, 2, True, None)
 
 
 def _counted(rows: int, passing: int, bands: int):
@@ -267,3 +271,26 @@ def test_a_task_re_run_with_other_options_is_the_one_named(golden_tasks, tmp_pat
     )
     with pytest.raises(ConvertError, match=r"^task 0 differs from task 1 in seq_len \(128 vs 64\)"):
         merge_tasks(str(out), progress=False)
+
+
+@pytest.mark.parametrize(("label", "near"), [("plain", False), ("near_filters", True)])
+def test_one_machine_over_its_budget_converts_in_two_passes_to_the_record(
+    golden_tasks, tmp_path, small_tokenizer, capsys, label, near
+):
+    """A one-machine conversion whose de-duplication state would pass --memory-budget runs as one
+    task and a merge here: the record's bytes, the pair report of the in-memory run, nothing left
+    of the task and the merge's files."""
+    out = tmp_path / "out"
+    opts = dataclasses.replace(options(near, 2, False), memory_budget=50_000)
+    summary = convert_corpus(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(out), options=opts)
+    printed = capsys.readouterr().out
+    assert "more than the budget, so it runs in two passes" in printed and "merge: " in printed
+    assert digests(out) == golden_tasks["record"]["cases"][label]
+    assert not (out / "tasks").exists() and not (out / "merge").exists()
+    in_memory = convert_corpus(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(tmp_path / "memory"),
+                               options=options(near, 2, False))  # fmt: skip
+    assert "in memory" in capsys.readouterr().out
+    assert summary.dropped == in_memory.dropped and summary.splits == in_memory.splits
+    if near:
+        report = (out / "near_duplicates.json").read_bytes()
+        assert report == (tmp_path / "memory" / "near_duplicates.json").read_bytes()
