@@ -299,8 +299,11 @@ def memory_part(root: Path, sizes: list[int], small_budget: int, tokenizer: str,
                     f"{format_size(merged.peak_total)} ({format_size(fixed.peak_total)} fixed) | {per['task']:.1f} | "
                     f"{format_size(task_bytes)} | {merged.wall_s:.0f} s | {cpu['exact']:.1f} / {cpu['near']:.1f} s |"
                 )
+                summary = json.loads((out / "summary.json").read_text())
                 figures[(near, docs, label)] = {
                     "docs": docs, "merge": merged, "cpu": cpu, "task_bytes": task_bytes, "synth": synth,
+                    "chunks": sum(split["parts"] for split in summary["splits"].values()),
+                    "fixed_main_cpu": fixed.main_cpu_s,
                     "key_entries": sum(json.loads(m.read_text())["result"]["entries"]
                                        for m in (out / "merge").glob("near-*.json")),
                     "digest_entries": sum(json.loads(m.read_text())["result"]["entries"]
@@ -350,52 +353,75 @@ def write_split(folder: Path, texts: list[str], files: int) -> None:
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
 
 
+def recombined(texts: list[str], copies: int) -> list[str]:
+    """`texts`, then `copies - 1` more of them, each document's first half joined to the second half
+    of another (neither an exact nor a near duplicate: a Jaccard of about 1/3 with each source)."""
+    out = list(texts)
+    for copy in range(1, copies):
+        for i, text in enumerate(texts):
+            other = texts[(i + 7919 * copy) % len(texts)]
+            out.append(text[: len(text) // 2] + other[len(other) // 2 :])
+    return out
+
+
+def three_tasks_and_a_merge(folder: Path, texts: list[str], tokenizer: str, workers: int) -> dict:
+    write_split(folder / "in", texts, 3)
+    out = folder / "out"
+    task_cpu = 0.0
+    for index in range(3):
+        task = measure(_bench(
+            "task", "shards", folder / "in", "--tokenizer", tokenizer, "--out", out, "--seq-len", "512",
+            "--workers", "1", "--no-progress", "--near-dedup", "--filters", "--num-tasks", "3",
+            "--task-index", index,
+        ))  # fmt: skip
+        task_cpu += task.main_cpu_s + task.children_cpu_s
+    merged = measure(_bench("merge", out, workers, 0))
+    summary = json.loads((out / "summary.json").read_text())
+    cpu = stage_cpu(out)
+    result = {
+        "documents": summary["read"]["documents"], "tokens": summary["tokens_written"], "task_cpu": task_cpu,
+        "chunks": sum(split["parts"] for split in summary["splits"].values()),
+        "main_cpu": merged.main_cpu_s, "workers_cpu": merged.children_cpu_s, "stage_cpu": cpu["exact"] + cpu["near"],
+        "task_bytes": folder_bytes(out / "tasks"), "shard_bytes": folder_bytes(out / "train") + folder_bytes(out / "val"),
+    }  # fmt: skip
+    shutil.rmtree(folder)
+    return result
+
+
 def real_text(root: Path, tokenizer: str, workers: int) -> list[dict]:
-    """3 tasks and a merge per corpus; CPU of the tasks, the merge's main process and its workers."""
+    """3 tasks and a merge per corpus; CPU of the tasks, the merge's main process and its workers,
+    less those of the same on 90 documents (starting processes, imports: fixed costs)."""
     from convert.demo.corpus import peoples_daily_documents, review_sentences
 
-    corpora = {
-        "long (People's Daily articles)": peoples_daily_documents(),
-        "short (review sentences)": review_sentences(),
-    }
+    articles, reviews = peoples_daily_documents(), review_sentences()
+    base = three_tasks_and_a_merge(root / "text-base", articles[:60] + reviews[:30], tokenizer, workers)
+    base["chunks"] = 2
     results = []
-    for label, texts in corpora.items():
-        folder = root / f"text-{len(texts)}"
-        write_split(folder / "in", texts, 3)
-        out = folder / "out"
-        task_cpu = 0.0
-        for index in range(3):
-            task = measure(_bench(
-                "task", "shards", folder / "in", "--tokenizer", tokenizer, "--out", out, "--seq-len", "512",
-                "--workers", "1", "--no-progress", "--near-dedup", "--filters", "--num-tasks", "3",
-                "--task-index", index,
-            ))  # fmt: skip
-            task_cpu += task.main_cpu_s + task.children_cpu_s
-        merged = measure(_bench("merge", out, workers, 0))
-        summary = json.loads((out / "summary.json").read_text())
-        cpu = stage_cpu(out)
-        documents = summary["read"]["documents"]
-        tokens = summary["tokens_written"]
-        results.append({
-            "label": label, "documents": documents, "tokens": tokens, "task_cpu": task_cpu,
-            "main_cpu": merged.main_cpu_s, "workers_cpu": merged.children_cpu_s, "stage_cpu": cpu["exact"] + cpu["near"],
-            "task_bytes": folder_bytes(out / "tasks"), "shard_bytes": folder_bytes(out / "train") + folder_bytes(out / "val"),
-        })  # fmt: skip
-        shutil.rmtree(folder)
+    for label, texts in (
+        ("long (People's Daily articles, 3 recombined copies)", recombined(articles, 3)),
+        ("short (review sentences, 10 recombined copies)", recombined(reviews, 10)),
+    ):
+        run = three_tasks_and_a_merge(root / "text", texts, tokenizer, workers)
+        run["label"] = label
+        for key in ("task_cpu", "main_cpu", "workers_cpu"):
+            run[f"{key}_fixed"] = base[key]
+        results.append(run)
     return results
 
 
 def cpu_table(results: list[dict]) -> str:
     lines = [
-        "| corpus | documents | tokens | tasks CPU | merge main CPU | per document | per token | merge workers CPU | "
-        "the merge keeps up with |",
+        "| corpus | documents | tokens | tasks CPU | merge main CPU | per document | per token | merge workers CPU "
+        "(stages) | the merge keeps up with |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        tasks, main = r["task_cpu"] - r["task_cpu_fixed"], r["main_cpu"] - r["main_cpu_fixed"]
         lines.append(
-            f"| {r['label']} | {r['documents']:,} | {r['tokens']:,} | {r['task_cpu']:.1f} s | {r['main_cpu']:.2f} s | "
-            f"{r['main_cpu'] / r['documents'] * 1e6:.1f} µs | {r['main_cpu'] / r['tokens'] * 1e9:.1f} ns | "
-            f"{r['workers_cpu']:.1f} s | {r['task_cpu'] / r['main_cpu']:.0f} task cores |"
+            f"| {r['label']} | {r['documents']:,} | {r['tokens']:,} | {tasks:.1f} s (+{r['task_cpu_fixed']:.1f} fixed) | "
+            f"{main:.2f} s (+{r['main_cpu_fixed']:.2f} fixed) | {main / r['documents'] * 1e6:.1f} µs | "
+            f"{main / r['tokens'] * 1e9:.1f} ns | {r['workers_cpu'] - r['workers_cpu_fixed']:.1f} s ({r['stage_cpu']:.1f} s) | "
+            f"{tasks / main:.0f} task cores ({r['task_cpu'] / r['main_cpu']:.0f} with the fixed costs) |"
         )
     return "\n".join(lines)
 
@@ -403,40 +429,68 @@ def cpu_table(results: list[dict]) -> str:
 # --- part 3 ----------------------------------------------------------------------------------------
 
 
-def projection(memory: dict, text: list[dict], machines: list[int]) -> str:
-    """Hours and sizes for 600 M and 6 B documents of 2,000 tokens, from the measured costs."""
+def main_cost(big: dict, long: dict) -> tuple[float, float]:
+    """The ordered pass's CPU seconds per document and per chunk: `main = a * documents + b * chunks`
+    through the synthetic merge (many short-token documents per chunk) and the long real text."""
+    rows = [(big["docs"], big["chunks"], big["merge"].main_cpu_s - big["fixed_main_cpu"]),
+            (long["documents"], long["chunks"], long["main_cpu"] - long["main_cpu_fixed"])]  # fmt: skip
+    (d1, c1, m1), (d2, c2, m2) = rows
+    det = d1 * c2 - d2 * c1
+    if det:
+        a, b = (m1 * c2 - m2 * c1) / det, (d1 * m2 - d2 * m1) / det
+        if a > 0 and b > 0:
+            return a, b
+    return max(m1 / d1, m2 / d2), 0.0
+
+
+def projection(memory: dict, text: list[dict], machines: list[int], budget: int = 256 << 30) -> str:
+    """Hours and sizes for 600 M and 6 B documents of 2,000 tokens (about 2,800 characters), from the
+    measured costs: tasks on all machines; the merge's stages and part writing on one machine's 64
+    cores, its ordered pass on one core, overlapping the part writing."""
+    from convert.dedup.stages import NEAR_BYTES_PER_ENTRY
+
     long = next(r for r in text if r["label"].startswith("long"))
-    task_cpu_per_token = long["task_cpu"] / long["tokens"]
-    worker_cpu_per_token = (long["workers_cpu"] - long["stage_cpu"]) / long["tokens"]
-    token_bytes = (long["task_bytes"]) / long["tokens"]  # task files per token (tokens + rows), real text
-    shard_bytes = long["shard_bytes"] / long["tokens"]
+    task_cpu_per_token = (long["task_cpu"] - long["task_cpu_fixed"]) / long["tokens"]
+    worker_cpu_per_token = (long["workers_cpu"] - long["workers_cpu_fixed"] - long["stage_cpu"]) / long[
+        "tokens"
+    ]
     big = max((f for (near, _, label), f in memory["figures"].items() if near and label == "default budget"),
               key=lambda f: f["docs"])  # fmt: skip
-    docs = big["docs"]
-    main_per_doc = big["merge"].main_cpu_s / docs
+    per_doc, per_chunk = main_cost(big, long)
     near_per_entry = big["cpu"]["near"] / max(1, big["key_entries"])
     exact_per_entry = big["cpu"]["exact"] / max(1, big["digest_entries"])
-    dedup_bytes = big["task_bytes"] / docs  # rows, runs and sketches per document (tiny token counts)
+    dedup_bytes = big["task_bytes"] / big["docs"]  # rows, runs and sketches per document (few tokens)
+    token_bytes = (long["task_bytes"] - long["documents"] * dedup_bytes) / long["tokens"]
+    shard_bytes = long["shard_bytes"] / long["tokens"]
     lines = [
-        "| documents | tokens | machines x 64 cores | tasks | merge stages | merge ordered pass (1 core) | "
-        "merge part writing | total wall | task files | shards | merge memory (main; a stage worker) |",
+        f"(per document: tasks {task_cpu_per_token * 2000 * 1e3:.2f} ms of CPU; the ordered pass "
+        f"{per_doc * 1e6:.2f} µs + {per_chunk * 1e3:.2f} ms per chunk of 1 M characters; the stages "
+        f"{near_per_entry * 1e9:.0f} ns per band key, {exact_per_entry * 1e9:.0f} ns per digest; part writing "
+        f"{worker_cpu_per_token * 1e9:.1f} ns per token; task files {dedup_bytes:.0f} B per document + "
+        f"{token_bytes:.2f} B per token; shards {shard_bytes:.2f} B per token)",
+        "| documents | tokens | machines x 64 cores | tasks | merge stages | ordered pass (1 core) | part writing "
+        "(63 cores) | total wall | task files | shards | merge memory: main; each of 64 stage workers |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for documents in (600_000_000, 6_000_000_000):
         tokens = documents * 2000
         entries_near, entries_exact = documents * 26 * 0.97, documents * 0.97
         stages_h = (entries_near * near_per_entry + entries_exact * exact_per_entry) / 64 / 3600
-        main_h = documents * main_per_doc / 3600
+        main_h = (documents * per_doc + documents * 2800 / 1e6 * per_chunk) / 3600
         write_h = tokens * worker_cpu_per_token / 63 / 3600
         files = tokens * token_bytes + documents * dedup_bytes
-        main_memory = documents / 8 + documents / 4 + (64 << 20)
+        bitmaps = documents / 8 + documents / 4
+        share = (budget * 7 / 8 - bitmaps) / 64
+        partitions = math.ceil(entries_near * NEAR_BYTES_PER_ENTRY / share)
+        main_memory = bitmaps + partitions * min(4 << 20, budget / 8 / partitions)
         for m in machines:
             tasks_h = tokens * task_cpu_per_token / (m * 64) / 3600
             total = tasks_h + stages_h + max(main_h, write_h)
             lines.append(
                 f"| {documents / 1e9:g} B | {tokens / 1e12:g} T | {m} | {tasks_h:.2f} h | {stages_h:.2f} h | "
                 f"{main_h:.2f} h | {write_h:.2f} h | {total:.2f} h | {files / 1e12:.1f} TB | "
-                f"{tokens * shard_bytes / 1e12:.1f} TB | {main_memory / 1e9:.1f} GB; 4 GB (256 GB / 64) |"
+                f"{tokens * shard_bytes / 1e12:.1f} TB | {main_memory / 1e9:.1f} GB; {share / 1e9:.1f} GB "
+                f"({partitions:,} near partitions) |"
             )
     return "\n".join(lines)
 

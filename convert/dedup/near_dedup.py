@@ -15,10 +15,12 @@ Here each batch of documents, in input order:
      than `per_key` documents yet.
 
 So a document is removed exactly when it is near an earlier document, whatever batches the
-documents came in: the result is the same for any number of workers, on resume, and in a merge
-of tasks (convert/run/tasks.py), which replays these decisions over the tasks' signatures. The first
+documents came in: the result is the same for any number of workers, and on resume. The first
 document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A and C are not
-near each other. `per_key` bounds the work on boilerplate: a key shared by thousands of
+near each other (a removed document still counts: the rule is not "near an earlier kept
+document"). Nothing carries over from one key to another, so the merge of a multi-machine
+conversion decides the same pairs partition by partition of the keys, from sorted runs on disk
+(convert/dedup/stages.py, pairs.py), with no index in memory. `per_key` bounds the work on boilerplate: a key shared by thousands of
 documents keeps the first `per_key`, and a new document is compared with those.
 
 Split over processes (convert/dedup/index_processes.py, with many workers): every step above is
@@ -27,10 +29,11 @@ so the keys are split by value over index processes, each finding and verifying 
 pairs (`candidates`) against the sketches, and the main process picks each document's best pair
 among theirs: the same decisions as one index.
 
-Memory: the band index holds 12 bytes (64-bit key, 32-bit position) per band and document,
-the sketches `bins` bytes per document: with the defaults (26 bands at threshold 0.8, 256
-bins) about 570 bytes per document, 5.7 GB per 10 M documents (`make bench-dedup` measures
-it). The index is a log-structured set of sorted numpy arrays: a few levels, a new run merged
+Memory: the band index holds 12 bytes (64-bit key, 32-bit position; 16 once positions pass
+2**32) per band and document, the sketches `bins` bytes per document: with the defaults (26
+bands at threshold 0.8, 256 bins) about 570 bytes per document, 5.7 GB per 10 M documents
+(`make bench-dedup` measures it). A one-machine conversion whose state would not fit its
+`--memory-budget` runs in two passes instead (convert/run/jobs.py `plan_memory`). The index is a log-structured set of sorted numpy arrays: a few levels, a new run merged
 into the last (a linear merge, no sort) while it is at least a quarter of it, so inserting
 costs O(log n) per key; a lookup is a binary search in a small level and, in a large one, a
 look at the few entries that a directory over the keys' top bits points to (about 1 byte per

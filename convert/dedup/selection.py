@@ -12,8 +12,10 @@ For every row of a `TokenizedBatch` (a cleaned text), in order:
 
 Each drop is counted by reason in `cleaner.drops`, and for the filters and near duplicates its
 tokens too (`dropped_tokens`). The decisions depend only on the sequence of rows, never on how
-they were cut into batches, so a merge of multi-machine tasks (convert/run/tasks.py) feeds the
-tasks' stored rows through the same `Selection` and keeps the same documents.
+they were cut into batches. A multi-machine task runs a `Selection` without near duplicates
+(exact duplicates within the task, filter counts); the merge (convert/run/merge.py) decides the
+rest by the same rules from sorted runs, partition by partition (convert/dedup/stages.py), and
+counts in this order too.
 """
 
 from __future__ import annotations

@@ -34,11 +34,14 @@ and names the chunk's fingerprint; a re-run after a kill reads and tokenizes the
 rebuild the de-duplication state and the chunks) but reuses the parts whose marker matches
 instead of writing them again. Memory is bounded by a few batches and chunks in flight, plus
 the de-duplication state (16-byte digests, and with near-dedup the index of
-convert/dedup/near_dedup.py), not the corpus.
+convert/dedup/near_dedup.py); when that state would pass `--memory-budget` the conversion runs
+in two passes instead (convert/run/jobs.py). The parts' records (shard entries, tails) go to a
+scratch file as they come back (`PartLog`).
 
 A conversion can also be split over machines (convert/run/tasks.py): each task runs the same loop
-over its share of the files up to the `Selection`, stores the selected rows, and the merge
-feeds them, in input order, through a `Selection` and the chunk/part steps here.
+over its share of the files up to the `Selection` and stores the selected rows; the merge
+(convert/run/merge.py) decides the duplicates across tasks by partition and hands the kept
+documents' chunks to `Conversion.run`'s part steps here.
 """
 
 from __future__ import annotations

@@ -506,6 +506,10 @@ class OrderedPass:
         ]
         self.open = {split: _OpenChunk(index=0) for split in SPLITS}
         self.position = ID_BASE
+        self.members: dict[int, np.ndarray] = {}  # per task: the positions its sample has texts for
+        for task, position in texts:
+            self.members.setdefault(task, []).append(position)
+        self.members = {task: np.sort(np.array(found, dtype=np.int64)) for task, found in self.members.items()}
 
     def chunks(self, _executor) -> Iterator[MergedChunk]:
         for index, marker in enumerate(self.tasks.markers):
@@ -568,11 +572,16 @@ class OrderedPass:
         local = first_pid - self.tasks.pid_bases[task]  # the piece's first pid within its task
         positions = first + np.arange(len(indexed))
         texts, among = self.texts, indexed_among_passing
-
-        def text(i: int):
-            return texts.get((task, local + int(among[i])))
-
-        sample.offer_all(rows.first_keys[among], positions, text)
+        # Only the members of the tasks' samples have a text (the others could not join: a task's
+        # sample holds every document of the merged one, `PairSample`); offering the rest, only to
+        # have them refused, would cost a decision round each.
+        members = self.members.get(task, np.empty(0, dtype=np.int64))
+        known = np.flatnonzero(np.isin(local + among, members))
+        if len(known):
+            sample.offer_all(
+                rows.first_keys[among[known]], positions[known],
+                lambda i: texts.get((task, local + int(among[known[i]]))),
+            )  # fmt: skip
         near = np.flatnonzero(match >= 0)
         if len(near):
             sample.record_all(positions[near], match[near], estimate[near])
@@ -595,15 +604,18 @@ class OrderedPass:
     def _add(self, split, where, passing, lengths, chars, digests) -> Iterator[MergedChunk]:
         """Documents into the split's open chunk, sealed where `chunk_documents` seals one."""
         limit, at = self.options.chunk_chars, 0
+        total = np.cumsum(chars)  # once per piece: each chunk a search in it
         while at < len(chars):
             chunk = self.open[split]
-            filled = np.cumsum(chars[at:]) + chunk.size
-            take = min(int(filled.searchsorted(limit, side="left")) + 1, len(chars) - at)
+            before = int(total[at - 1]) if at else 0
+            # the first document that brings the chunk to the limit closes it
+            cut = int(total.searchsorted(limit - chunk.size + before, side="left"))
+            take = min(cut + 1, len(chars)) - at
             part = slice(at, at + take)
             chunk.lengths.append(lengths[part])
             chunk.digests.append(digests[part].tobytes())
             chunk.pieces.append(where.tokens(passing[part]))
-            chunk.size = int(filled[take - 1])
+            chunk.size += int(total[at + take - 1]) - before
             at += take
             if chunk.size >= limit:
                 yield self._seal(split)
