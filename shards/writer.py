@@ -190,15 +190,25 @@ def index_json(shards: list[dict]) -> dict:
     return {"version": 2, "shards": shards}
 
 
-def write_index_json(stream: TextIO, shards: Iterable[dict]) -> None:
-    """`index_json(list(shards))` as `Store.write_json` writes it, byte for byte, one entry at a
-    time (a split of a million parts has an index of a million entries: not held in memory)."""
+def index_entries_text(shards: Iterable[dict]) -> str:
+    """Shard entries as `Store.write_json` lays them out inside index.json, joined by ",\\n" (a
+    conversion's workers format their part's entries; the main process only concatenates them)."""
+    return ",\n".join(
+        textwrap.indent(json.dumps(shard, indent=2, sort_keys=True, ensure_ascii=False), "    ")
+        for shard in shards
+    )
+
+
+def write_index_json(stream: TextIO, texts: Iterable[str]) -> None:
+    """`index_json` of all the shards, byte for byte as `Store.write_json` writes it, from the
+    `index_entries_text` of consecutive groups of them (a split of a million parts has an index of
+    a million entries: not held in memory)."""
     stream.write('{\n  "shards": [')
     first = True
-    for shard in shards:
-        text = json.dumps(shard, indent=2, sort_keys=True, ensure_ascii=False)
-        stream.write(("\n" if first else ",\n") + textwrap.indent(text, "    "))
-        first = False
+    for text in texts:
+        if text:
+            stream.write(("\n" if first else ",\n") + text)
+            first = False
     stream.write("]" if first else "\n  ]")
     stream.write(',\n  "version": 2\n}\n')
 

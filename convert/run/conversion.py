@@ -85,7 +85,7 @@ from convert.tokens.packing import TOKEN_DTYPE, Packer
 from shards.meta import SPLITS, SplitMeta, now, write_meta
 from shards.output import open_output, prepare_output
 from shards.tokenizer import Tokenizer, TokenizerInfo
-from shards.writer import ShardWriter, prefixed_entries, write_index_json
+from shards.writer import ShardWriter, index_entries_text, prefixed_entries, write_index_json
 from storage import Store
 
 _PIPELINE_VERSION = "2"  # part in every chunk fingerprint: bump when packing/writing changes
@@ -244,9 +244,14 @@ def chunk_documents(docs: Iterable[Doc], *, chunk_size: int) -> Iterator[Chunk]:
             yield chunk
 
 
-def reuse_part(store: Store, chunk: ChunkTokens) -> PartResult | None:
-    """The finished part of an earlier run for this exact chunk, if all its shards are stored."""
+def reuse_part(
+    store: Store, chunk: ChunkTokens, existing: dict[str, set[str]] | None = None
+) -> PartResult | None:
+    """The finished part of an earlier run for this exact chunk, if all its shards are stored.
+    `existing`: each split's part folders when the run started (no read for a part not there)."""
     folder = f"{chunk.split}/{part_name(chunk.index)}"
+    if existing is not None and part_name(chunk.index) not in existing[chunk.split]:
+        return None
     marker = store.read_json(f"{folder}/part.json")
     if not marker or marker.get("fingerprint") != chunk.fingerprint:
         return None
@@ -284,8 +289,8 @@ class PartLog:
     def add(self, part: PartResult) -> None:
         if part.index != self.parts:
             raise RuntimeError(f"{self.split} part {part.index} came back after part {self.parts - 1}")
-        for entry in prefixed_entries(part.shards, part_name(part.index)):
-            self._entries.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        text = part.index_text or index_entries_text(prefixed_entries(part.shards, part_name(part.index)))
+        self._entries.write(json.dumps(text, ensure_ascii=False) + "\n")
         self._tails.write(part.tail.astype(np.uint32).tobytes())
         self.parts += 1
         self.shards += len(part.shards)
@@ -303,7 +308,8 @@ class PartLog:
             while len(tokens := np.fromfile(f, dtype=np.uint32, count=block)):
                 yield tokens
 
-    def entries(self) -> Iterator[dict]:
+    def entries(self) -> Iterator[str]:
+        """Each part's shard entries as index.json holds them (`index_entries_text`), in order."""
         with open(self.entries_path, encoding="utf-8") as f:
             for line in f:
                 yield json.loads(line)
@@ -372,7 +378,8 @@ class Conversion:
             else:
                 tasks = chunks(executor)
             parts = None if write_here else executor
-            reusable = partial(reuse_part, self.store)
+            existing = {split: set(self.store.list_dirs(split)) for split in SPLITS}
+            reusable = partial(reuse_part, self.store, existing=existing)
             for result in ordered(parts, process, tasks, window, shortcut=reusable):
                 self.totals[result.split].log.add(result)
                 self.reused_parts += result.reused
@@ -494,6 +501,8 @@ class Conversion:
             totals = self.totals[split]
             local = os.path.join(self.scratch, f"{split}.index.json")
             with open(local, "w", encoding="utf-8") as stream:
-                write_index_json(stream, itertools.chain(totals.log.entries(), totals.tail_shards))
+                write_index_json(
+                    stream, itertools.chain(totals.log.entries(), [index_entries_text(totals.tail_shards)])
+                )
             self.store.upload(local, f"{split}/index.json")
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -80,6 +80,7 @@ from convert.run.tasks import (
     TASKS,
     PieceRows,
     TaskMarker,
+    TaskPiece,
     read_frames,
     read_piece_rows,
     sketch_digest,
@@ -470,6 +471,12 @@ def process_merged_chunk(chunk: MergedChunk) -> PartResult:
     return process_chunk(chunk.gather())
 
 
+def read_piece(job: tuple[str, TaskPiece]) -> PieceRows:
+    """In a worker: a piece's rows, read and checked (`read_piece_rows`)."""
+    folder, piece = job
+    return read_piece_rows(current_store(), folder, piece)
+
+
 @dataclass
 class _OpenChunk:
     index: int
@@ -509,16 +516,27 @@ class OrderedPass:
         self.members: dict[int, np.ndarray] = {}  # per task: the positions its sample has texts for
         for task, position in texts:
             self.members.setdefault(task, []).append(position)
-        self.members = {task: np.sort(np.array(found, dtype=np.int64)) for task, found in self.members.items()}
+        self.members = {
+            task: np.sort(np.array(found, dtype=np.int64)) for task, found in self.members.items()
+        }
 
-    def chunks(self, _executor) -> Iterator[MergedChunk]:
-        for index, marker in enumerate(self.tasks.markers):
-            row, pid = self.tasks.row_bases[index], self.tasks.pid_bases[index]
-            for piece in marker.pieces:
-                rows = read_piece_rows(self.store, task_folder(index), piece)
-                yield from self._piece(index, piece.name, rows, row, pid)
-                row, pid = row + piece.rows, pid + piece.passing
-                self.bar.update()
+    def chunks(self, executor) -> Iterator[MergedChunk]:
+        """The chunks in order. The pieces' rows are read, checked and decompressed by the workers,
+        a few pieces ahead (`read_piece`), between the parts they write."""
+        pieces = [
+            (index, piece) for index, marker in enumerate(self.tasks.markers) for piece in marker.pieces
+        ]
+        jobs = ((task_folder(index), piece) for index, piece in pieces)
+        read = ordered(executor, read_piece, jobs, self.options.workers + 1)
+        at = {
+            index: (self.tasks.row_bases[index], self.tasks.pid_bases[index])
+            for index in range(len(self.tasks.markers))
+        }
+        for (index, piece), rows in zip(pieces, read, strict=True):
+            row, pid = at[index]
+            yield from self._piece(index, piece.name, rows, row, pid)
+            at[index] = (row + piece.rows, pid + piece.passing)
+            self.bar.update()
         for split in SPLITS:
             if self.open[split].size:
                 yield self._seal(split)

@@ -502,9 +502,10 @@ def read_piece_rows(store: Store, folder: str, piece: TaskPiece) -> PieceRows:
     data = store.read_bytes(rel)
     if data is None:
         raise DamagedFile(store.url(rel), "missing")
-    if len(data) != piece.rows_bytes or xxhash.xxh3_64_hexdigest(data) != piece.rows_xxh3:
-        reason = f"{len(data)} bytes, not {piece.rows_bytes}" if len(data) != piece.rows_bytes else "checksum"
-        raise DamagedFile(store.url(rel), f"{reason} differs from task.json")
+    if len(data) != piece.rows_bytes:
+        raise DamagedFile(store.url(rel), f"{len(data)} bytes where task.json says {piece.rows_bytes}")
+    if xxhash.xxh3_64_hexdigest(data) != piece.rows_xxh3:
+        raise DamagedFile(store.url(rel), "its checksum differs from task.json's")
     with np.load(io.BytesIO(zstd.decompress(data))) as arrays:
         fields = {key: arrays[key] for key in arrays.files}
     return PieceRows(

@@ -22,7 +22,7 @@ from convert.records import ChunkTokens, PartResult, TextBatch, TokenizedBatch
 from convert.run.options import ShardOptions
 from convert.tokens.packing import Packer, concat_documents, drop_short_documents
 from shards.tokenizer import Tokenizer
-from shards.writer import ShardWriter
+from shards.writer import ShardWriter, index_entries_text, prefixed_entries
 from storage import Store, open_store
 
 _TOO_SHORT = REASON_CODES["too_short_chars"]
@@ -160,6 +160,7 @@ def process_chunk(chunk: ChunkTokens) -> PartResult:
     result = PartResult(
         split=chunk.split, index=chunk.index, shards=shards, samples=writer.samples, documents=kept,
         too_short=too_short, tail=packer.tail,
+        index_text=index_entries_text(prefixed_entries(shards, part_name(chunk.index))),
     )  # fmt: skip
     store.write_json(f"{folder}/part.json", result.marker(chunk.fingerprint))  # last: the part is done
     return result
