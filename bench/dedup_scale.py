@@ -260,8 +260,15 @@ def folder_bytes(folder: Path, pattern: str = "*") -> int:
 # --- part 1 ----------------------------------------------------------------------------------------
 
 
-def memory_part(root: Path, sizes: list[int], small_budget: int, tokenizer: str, workers: int) -> dict:
-    from convert.budget import format_size
+def memory_part(
+    root: Path, sizes: list[int], small_budget: int, tokenizer: str, workers: int, default_budget: int
+) -> dict:
+    from convert.budget import format_size, resolve_budget
+
+    # the runs "without" a small budget: the converter's default, or a large one this machine can spare
+    default_label = (
+        f"{'default' if not default_budget else 'large'} ({format_size(resolve_budget(default_budget))})"
+    )
 
     rows, figures = [], {}
     for near in (False, True):
@@ -272,7 +279,7 @@ def memory_part(root: Path, sizes: list[int], small_budget: int, tokenizer: str,
             synth = measure(_bench("synth", out, docs, int(near), small_budget, tokenizer))
             task_bytes = folder_bytes(out / "tasks")
             for label, budget in (
-                ("default budget", 0),
+                (default_label, default_budget),
                 (f"--memory-budget {format_size(small_budget)}", small_budget),
             ):
                 clear_merge(out)
@@ -388,7 +395,7 @@ def three_tasks_and_a_merge(folder: Path, texts: list[str], tokenizer: str, work
     return result
 
 
-def real_text(root: Path, tokenizer: str, workers: int) -> list[dict]:
+def real_text(root: Path, tokenizer: str, workers: int, short_copies: int) -> list[dict]:
     """3 tasks and a merge per corpus; CPU of the tasks, the merge's main process and its workers,
     less those of the same on 90 documents (starting processes, imports: fixed costs)."""
     from convert.demo.corpus import peoples_daily_documents, review_sentences
@@ -399,7 +406,7 @@ def real_text(root: Path, tokenizer: str, workers: int) -> list[dict]:
     results = []
     for label, texts in (
         ("long (People's Daily articles, 3 recombined copies)", recombined(articles, 3)),
-        ("short (review sentences, 10 recombined copies)", recombined(reviews, 10)),
+        (f"short (review sentences, {short_copies} recombined copies)", recombined(reviews, short_copies)),
     ):
         run = three_tasks_and_a_merge(root / "text", texts, tokenizer, workers)
         run["label"] = label
@@ -454,7 +461,7 @@ def projection(memory: dict, text: list[dict], machines: list[int], budget: int 
     worker_cpu_per_token = (long["workers_cpu"] - long["workers_cpu_fixed"] - long["stage_cpu"]) / long[
         "tokens"
     ]
-    big = max((f for (near, _, label), f in memory["figures"].items() if near and label == "default budget"),
+    big = max((f for (near, _, label), f in memory["figures"].items() if near and not label.startswith("--")),
               key=lambda f: f["docs"])  # fmt: skip
     per_doc, per_chunk = main_cost(big, long)
     near_per_entry = big["cpu"]["near"] / max(1, big["key_entries"])
@@ -509,6 +516,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--machines", default="1,8,64")
     parser.add_argument("--no-text", action="store_true", help="skip part 2 (and the projection)")
+    parser.add_argument("--text-only", action="store_true", help="part 2 alone (and no projection)")
+    parser.add_argument(
+        "--default-budget",
+        default=None,
+        help="the budget of the runs 'without' one (default: the converter's)",
+    )
+    parser.add_argument(
+        "--short-copies", type=int, default=10, help="recombined copies of the review sentences"
+    )
     args = parser.parse_args(argv)
     from convert.budget import parse_size
     from convert.demo.corpus import peoples_daily_documents
@@ -519,15 +535,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tokenizer = str(root / "tok.model")
         train_tokenizer(peoples_daily_documents()[:2000], vocab_size=8000, out=tokenizer)
-        per_doc, exact = single_machine_state(1_000_000)
-        print(f"one machine's in-memory state today: band index + sketches {per_doc:.0f} B/document, "
-              f"exact-duplicate set {exact:.0f} B/document", flush=True)  # fmt: skip
-        memory = memory_part(root, sizes, parse_size(args.budget), tokenizer, args.workers)
-        print(memory["table"])
+        default = parse_size(args.default_budget) if args.default_budget else 0
+        memory = None
+        if not args.text_only:
+            per_doc, exact = single_machine_state(1_000_000)
+            print(f"one machine's in-memory state today: band index + sketches {per_doc:.0f} B/document, "
+                  f"exact-duplicate set {exact:.0f} B/document", flush=True)  # fmt: skip
+            memory = memory_part(root, sizes, parse_size(args.budget), tokenizer, args.workers, default)
+            print(memory["table"])
         if not args.no_text:
-            text = real_text(root, tokenizer, args.workers)
+            text = real_text(root, tokenizer, args.workers, args.short_copies)
             print(cpu_table(text))
-            print(projection(memory, text, [int(m) for m in args.machines.split(",")]))
+            if memory is not None:
+                print(projection(memory, text, [int(m) for m in args.machines.split(",")]))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}")

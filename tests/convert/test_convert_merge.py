@@ -294,3 +294,25 @@ def test_one_machine_over_its_budget_converts_in_two_passes_to_the_record(
     if near:
         report = (out / "near_duplicates.json").read_bytes()
         assert report == (tmp_path / "memory" / "near_duplicates.json").read_bytes()
+
+
+def test_two_passes_killed_after_the_task_reuse_it(golden_tasks, tmp_path, small_tokenizer, capsys):
+    """What a two-pass conversion killed during its merge leaves: the finished task (and no index).
+    The same command reuses the task, and a task with other settings is redone."""
+    from convert.reading.options import ReadOptions
+    from convert.run.tasks import run_task
+
+    out = tmp_path / "out"
+    opts = dataclasses.replace(options(True, 1, False), memory_budget=50_000)
+    run_task(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(out), options=opts, read=ReadOptions(),
+             task=TaskSpec(1, 0))  # fmt: skip
+    capsys.readouterr()
+    convert_corpus(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(out), options=opts)
+    assert "task 0 of 1: finished by an earlier run, reused" in capsys.readouterr().out
+    assert digests(out) == golden_tasks["record"]["cases"]["near_filters"]
+    other = tmp_path / "other"
+    run_task(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(other),
+             options=dataclasses.replace(opts, seq_len=128), read=ReadOptions(), task=TaskSpec(1, 0))  # fmt: skip
+    convert_corpus(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(other), options=opts)
+    assert "finished by an earlier run" not in capsys.readouterr().out
+    assert digests(other) == golden_tasks["record"]["cases"]["near_filters"]
