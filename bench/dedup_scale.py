@@ -11,11 +11,12 @@ Three parts, figures and ratios (not a pass/fail test):
      threshold, some under it), 3 % dropped by a filter, 2-6 tokens each. Then the real merge
      (`python -m convert merge`) in a child process, with and without `--memory-budget` (256 MB:
      spilling and many partitions), exact de-duplication alone and with near-duplicates. A sampler
-     reads the proportional set size (PSS: shared pages split between the processes that map
-     them) of the merge and its workers every 0.1 s: peak of the whole tree, peak of the main
-     process, and the main process's at the end of the stages (its steady corpus-sized state:
-     the duplicate bitmaps), each less the same merge's on 20 k documents (the interpreters,
-     numpy, SentencePiece: fixed costs), per document; and the tasks' writer the same way. For
+     reads the anonymous memory (Pss_Anon: shared pages split between the processes that map
+     them; the sketch files the near stage maps are page cache, reported apart) of the merge and
+     its workers every 0.1 s: peak of the whole tree and of the main process, each less the same
+     merge's on 20 k documents (the interpreters, numpy, SentencePiece: fixed costs), per
+     document; the main process's steady corpus-sized state (its duplicate bitmaps, computed);
+     and the tasks' writer the same way. For
      comparison, one machine's in-memory state (the band index and sketches of
      convert/dedup/near_dedup.py, the Python set of exact digests) per document.
   2. the merge's main process against the tasks (real text: People's Daily articles, long, and
@@ -162,15 +163,29 @@ def synthesize(out: Path, docs: int, near: bool, budget: int, tokenizer: str, se
 @dataclass
 class Measured:
     wall_s: float
-    peak_total: int  # PSS of the process and its children together, at its highest sample
-    peak_main: int  # the main process's own PSS at its highest
+    peak_total: int  # anonymous PSS of the process and its children together, at its highest sample
+    peak_main: int  # the main process's own anonymous PSS at its highest
+    peak_file: int  # mapped files' PSS of them all (page cache: the sketch files), at its highest
     main_cpu_s: float
     children_cpu_s: float
     stdout: str
 
 
+def rollup(pid: int) -> tuple[int, int]:
+    """A process's proportional set size of anonymous memory and of mapped files, in bytes (0, 0
+    once it is gone): the first is what it takes from the machine; the second is page cache, mapped
+    (the sketch files), that the kernel can take back."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0, 0
+    fields = dict(line.split(":", 1) for line in text.splitlines()[1:] if ":" in line)
+    return tuple(int(fields.get(key, "0 kB").split()[0]) * 1024 for key in ("Pss_Anon", "Pss_File"))
+
+
 def measure(args: list[str], env: dict | None = None) -> Measured:
-    """Run `python ARGS` (a child that prints its rusage as the last line of JSON), sampling PSS."""
+    """Run `python ARGS` (a child that prints its rusage as the last line of JSON), sampling its
+    and its children's anonymous memory (Pss_Anon) every SAMPLE_S."""
     import psutil
 
     start = time.monotonic()
@@ -178,23 +193,20 @@ def measure(args: list[str], env: dict | None = None) -> Measured:
         [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
-    peaks = {"total": 0, "main": 0}
+    peaks = {"total": 0, "main": 0, "file": 0}
     done = threading.Event()
 
     def sample() -> None:
         parent = psutil.Process(proc.pid)
         while not done.is_set():
             try:
-                main = parent.memory_full_info().pss
-                total = main
-                for child in parent.children(recursive=True):
-                    try:
-                        total += child.memory_full_info().pss
-                    except psutil.Error:
-                        pass
+                pids = [proc.pid] + [child.pid for child in parent.children(recursive=True)]
             except psutil.Error:
                 return
+            sizes = [rollup(pid) for pid in pids]
+            main, total = sizes[0][0], sum(anon for anon, _ in sizes)
             peaks["total"], peaks["main"] = max(peaks["total"], total), max(peaks["main"], main)
+            peaks["file"] = max(peaks["file"], sum(file for _, file in sizes))
             done.wait(SAMPLE_S)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -206,7 +218,7 @@ def measure(args: list[str], env: dict | None = None) -> Measured:
         raise SystemExit(f"{' '.join(args)} failed:\n{stderr[-3000:]}")
     usage = json.loads(stdout.strip().splitlines()[-1])
     return Measured(
-        wall_s=time.monotonic() - start, peak_total=peaks["total"], peak_main=peaks["main"],
+        wall_s=time.monotonic() - start, peak_total=peaks["total"], peak_main=peaks["main"], peak_file=peaks["file"],
         main_cpu_s=usage["self"], children_cpu_s=usage["children"], stdout=stdout,
     )  # fmt: skip
 

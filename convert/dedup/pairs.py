@@ -50,9 +50,9 @@ def exact_duplicates(
     """The rows (ascending) whose digest came earlier, and the pids among them (NONE left out)."""
     order = np.lexsort((rows, low, high))
     duplicate = ~_group_starts(high[order], low[order])
-    dup_rows = np.sort(rows[order][duplicate])
-    dup_pids = pids[order][duplicate]
-    return dup_rows, np.sort(dup_pids[dup_pids != NONE])
+    order = order[duplicate]  # (the entries' own arrays are the caller's: only indexes here)
+    dup_rows, dup_pids = rows[order], pids[order]
+    return np.sort(dup_rows), np.sort(dup_pids[dup_pids != NONE])
 
 
 def expand(items: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -65,12 +65,32 @@ def expand(items: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def candidate_pairs(keys: np.ndarray, docs: np.ndarray, per_key: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (later, before) document pairs the rule compares, sorted by later then before."""
     order = np.lexsort((docs, keys))
-    sorted_keys, sorted_docs = keys[order], docs[order]
-    starts = _group_starts(sorted_keys)
-    group_start = np.flatnonzero(starts)[np.cumsum(starts) - 1]
-    rank = np.arange(len(sorted_keys)) - group_start
-    source, offset = expand(np.arange(len(sorted_keys)), np.minimum(rank, per_key))
-    return distinct(sorted_docs[source], sorted_docs[group_start[source] + offset])
+    return sorted_candidate_pairs(keys[order], docs[order], per_key)
+
+
+def sorted_candidate_pairs(
+    keys: np.ndarray, docs: np.ndarray, per_key: int, block: int = 1 << 20
+) -> tuple[np.ndarray, np.ndarray]:
+    """`candidate_pairs` of entries sorted by key, then document: worked out `block` entries at a
+    time (whole groups of a key), so the temporary arrays stay small beside the entries."""
+    laters, befores = [], []
+    at = 0
+    while at < len(keys):
+        end = min(len(keys), at + block)
+        if end < len(keys):  # to the end of the last key's group
+            end = int(np.searchsorted(keys, keys[end - 1], side="right"))
+        block_keys, block_docs = keys[at:end], docs[at:end]
+        starts = _group_starts(block_keys)
+        group_start = np.flatnonzero(starts)[np.cumsum(starts) - 1]
+        rank = np.arange(len(block_keys)) - group_start
+        source, offset = expand(np.arange(len(block_keys)), np.minimum(rank, per_key))
+        laters.append(block_docs[source])
+        befores.append(block_docs[group_start[source] + offset])
+        at = end
+    empty = np.empty(0, dtype=docs.dtype)
+    return distinct(
+        np.concatenate(laters) if laters else empty, np.concatenate(befores) if befores else empty
+    )
 
 
 def distinct(later: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

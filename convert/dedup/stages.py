@@ -33,14 +33,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from convert.dedup.options import NearDedupOptions
-from convert.dedup.pairs import NONE, RankedBits, best_pairs, candidate_pairs, exact_duplicates, scores
+from convert.dedup.pairs import NONE, RankedBits, best_pairs, exact_duplicates, scores, sorted_candidate_pairs
 from convert.dedup.runs import FULL, RunFile, RunInfo, write_run
 from storage import open_store
 
 # Bytes of memory per entry a partition holds at its peak (entries, their order, sorted copies,
 # pairs), measured by `make bench-dedup-scale`; the merge sizes the partitions with them.
-EXACT_BYTES_PER_ENTRY = 112
-NEAR_BYTES_PER_ENTRY = 96
+EXACT_BYTES_PER_ENTRY = 80  # 58 measured (tracemalloc) on a partition of 250 k digests
+NEAR_BYTES_PER_ENTRY = 48  # 33 measured on a partition of 3.2 M band keys
+_BLOCK = 1 << 20  # entries worked out at a time past the sort (bounded temporary arrays)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,24 +86,44 @@ class ExactResult:
     cpu_s: float  # the job's CPU seconds (the merge's marker keeps it: `make bench-dedup-scale` reads it)
 
 
-def _load(store, runs: tuple[RunRef, ...], index: int, count: int) -> list[tuple[RunRef, list[np.ndarray]]]:
+def load_partition(store, runs: tuple[RunRef, ...], index: int, count: int, kind: str) -> list[np.ndarray]:
+    """The entries of partition `index` of `count` from every run, as global ids: (key, pid) for
+    band keys, (digest high, low, row, pid) for digests. Filled into arrays sized beforehand from
+    the runs' segment tables, one run's slice read at a time: the partition's entries are in
+    memory once, not twice."""
     lo, hi = partition_range(index, count)
-    return [(ref, RunFile(store, ref.rel, ref.bytes).values(lo, hi)) for ref in runs]
+    files = [RunFile(store, ref.rel, ref.bytes) for ref in runs]
+    slices = [(file, *file.segments_of(lo, hi)) for file in files]
+    tables = [file.table(first, end) for file, first, end in slices]
+    width = 2 if kind == "keys" else 4
+    bound = sum(int(offsets[-1] - offsets[0]) for offsets, _ in tables) // (8 * width)
+    out = [np.empty(bound, dtype=np.uint64) for _ in range(width)]
+    at = 0
+    for ref, (file, first, end), table in zip(runs, slices, tables, strict=True):
+        columns = file.read_segments(first, end, table)
+        keep = (
+            (columns[0] >= np.uint64(lo)) & (columns[0] < np.uint64(hi))
+            if hi < FULL
+            else columns[0] >= np.uint64(lo)
+        )
+        count_kept = int(keep.sum())
+        ids = {"row": np.uint64(ref.row_base), "pid": np.uint64(ref.pid_base)}
+        for c, column in enumerate(columns):
+            part = column[keep]
+            if kind == "keys" and c == 1 or kind == "digests" and c == 3:  # pids: global, NONE stays
+                part = np.where(part == NONE, NONE, part + ids["pid"])
+            elif kind == "digests" and c == 2:
+                part = part + ids["row"]
+            out[c][at : at + count_kept] = part
+        at += count_kept
+        del columns
+    return [column[:at] for column in out]
 
 
 def run_exact(job: ExactJob) -> ExactResult:
     cpu = time.process_time()
     store = open_store(job.out)
-    parts = _load(store, job.runs, job.index, job.count)
-    high = np.concatenate([c[0] for _, c in parts]) if parts else np.empty(0, np.uint64)
-    low = np.concatenate([c[1] for _, c in parts]) if parts else np.empty(0, np.uint64)
-    rows = np.concatenate([c[2] + np.uint64(ref.row_base) for ref, c in parts]) if parts else high
-    pids = (
-        np.concatenate([np.where(c[3] == NONE, NONE, c[3] + np.uint64(ref.pid_base)) for ref, c in parts])
-        if parts
-        else high
-    )
-    del parts
+    high, low, rows, pids = load_partition(store, job.runs, job.index, job.count, "digests")
     dup_rows, dup_pids = exact_duplicates(high, low, rows, pids)
     return ExactResult(
         index=job.index, entries=len(high),
@@ -163,15 +184,20 @@ class Sketches:
 def run_near(job: NearJob) -> NearResult:
     cpu = time.process_time()
     store = open_store(job.out)
-    parts = _load(store, job.runs, job.index, job.count)
-    keys = np.concatenate([c[0] for _, c in parts]) if parts else np.empty(0, np.uint64)
-    pids = np.concatenate([c[1] + np.uint64(ref.pid_base) for ref, c in parts]) if parts else keys
-    del parts
+    keys, pids = load_partition(store, job.runs, job.index, job.count, "keys")
     duplicates = RankedBits.load(job.duplicates)
-    indexed = ~duplicates.contains(pids)
+    indexed = np.concatenate(
+        [~duplicates.contains(pids[lo : lo + _BLOCK]) for lo in range(0, len(pids), _BLOCK)]
+    )
     keys, pids = keys[indexed], pids[indexed]
+    del indexed
     entries = len(keys)
-    later, before = candidate_pairs(keys, pids, job.options.per_key)
+    # Sorted, each array replacing its unsorted self (at most three arrays of the entries at once).
+    order = np.lexsort((pids, keys))
+    keys = keys[order]
+    pids = pids[order]
+    del order
+    later, before = sorted_candidate_pairs(keys, pids, job.options.per_key, _BLOCK)
     del keys, pids
     sketches = Sketches(job.sketches, job.options.bins)
     estimates = scores(later, before, sketches.take, job.options.bins)

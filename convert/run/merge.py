@@ -76,6 +76,7 @@ from convert.run.options import ShardOptions
 from convert.run.report import Summary, progress_bar
 from convert.run.tasks import (
     MARKER,
+    PIECE_ROWS,
     TASK_FORMAT,
     TASKS,
     PieceRows,
@@ -249,10 +250,13 @@ class Plan:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def main_bytes(tasks: Tasks, budget: int) -> int:
-    """What the ordered pass holds that grows with the corpus: the bitmap of duplicate rows, the
-    stages' ranked bitmap of duplicate pids, and the near outputs' read buffers."""
-    return tasks.rows // 8 + tasks.passing // 4 + budget // 8
+def main_bytes(tasks: Tasks, budget: int, workers: int) -> int:
+    """What the ordered pass holds: the bitmap of duplicate rows and the stages' ranked bitmap of
+    duplicate pids (they grow with the corpus), the near outputs' read buffers (an eighth of the
+    budget), and the pieces' rows in flight (one per worker and two more, at most PIECE_ROWS rows
+    of about 64 bytes: a fixed cost, counted up to another eighth)."""
+    in_flight = min((workers + 2) * PIECE_ROWS * 64, budget // 8)
+    return tasks.rows // 8 + tasks.passing // 4 + budget // 8 + in_flight
 
 
 def plan_stages(
@@ -260,7 +264,7 @@ def plan_stages(
 ) -> Plan:
     """Partitions that each fit a worker's share of what the ordered pass leaves of the budget: its
     duplicate bitmaps (a bit per row, two per pid) and the near outputs' read buffers (an eighth)."""
-    main = main_bytes(tasks, budget)
+    main = main_bytes(tasks, budget, workers)
     share = (budget - main) // workers
     if share < _LEAST_SHARE:
         raise ConvertError(

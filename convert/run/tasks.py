@@ -72,7 +72,7 @@ TASKS = "tasks"
 MARKER = "task.json"
 TASK_FORMAT = 2  # bump when the task's files or task.json change
 _PIECE_TOKENS = 1 << 24  # tokens per piece (32 MiB of uint16 before compression)
-_PIECE_ROWS = 1 << 18  # rows per piece at most: the merge's main process holds one piece's rows
+PIECE_ROWS = 1 << 16  # rows per piece at most: the merge holds a few pieces' rows at a time
 FRAME_TOKENS = 1 << 18  # tokens per independently compressed frame of a piece's tokens
 _ZSTD_LEVEL = 3
 _TOO_SHORT = REASON_CODES["too_short_chars"]
@@ -399,7 +399,7 @@ class TaskWriter:
         self._parts.append(part)
         self._tokens += len(part["tokens"])
         self._rows += count
-        if self._tokens >= _PIECE_TOKENS or self._rows >= _PIECE_ROWS:
+        if self._tokens >= _PIECE_TOKENS or self._rows >= PIECE_ROWS:
             self._flush()
 
     def finish(self) -> None:

@@ -118,17 +118,30 @@ def test_rows_pids_and_positions_past_2_to_the_32(golden_tasks, tmp_path, monkey
 
 
 def test_the_budget_sets_the_partitions():
+    """One partition in every worker at once fits what the ordered pass leaves of the budget."""
+    from convert.dedup.stages import EXACT_BYTES_PER_ENTRY, NEAR_BYTES_PER_ENTRY
+
     tasks = merge_module.Tasks.of([_counted(rows=10_000_000, passing=9_000_000, bands=26)])
-    plan = merge_module.plan_stages(tasks, 256 << 20, 1, True, None)
-    small = merge_module.plan_stages(tasks, 8 << 30, 4, True, None)
-    assert plan.near_partitions > 50 and plan.exact_partitions > 3
-    assert small.near_partitions < plan.near_partitions
-    with pytest.raises(ConvertError, match=r"--memory-budget 3.5 MiB leaves less than 16.0 KiB per worker"):
-        merge_module.plan_stages(tasks, 7 << 19, 2, True, None)  # the bitmaps alone need 3.5 MiB
+    budget = 256 << 20
+    plan = merge_module.plan_stages(tasks, budget, 2, True, None)
+    share = (budget - merge_module.main_bytes(tasks, budget, 2)) / 2
+    assert (
+        plan.near_partitions * share
+        >= 9_000_000 * 26 * NEAR_BYTES_PER_ENTRY
+        > (plan.near_partitions - 1) * share
+    )
+    assert (
+        plan.exact_partitions * share
+        >= 10_000_000 * EXACT_BYTES_PER_ENTRY
+        > (plan.exact_partitions - 1) * share
+    )
+    assert merge_module.plan_stages(tasks, 8 << 30, 4, True, None).near_partitions < plan.near_partitions
+    with pytest.raises(ConvertError, match=r"--memory-budget 4.0 MiB leaves less than 16.0 KiB per worker"):
+        merge_module.plan_stages(tasks, 4 << 20, 2, True, None)  # the bitmaps alone: 3.5 MiB
     with pytest.raises(
-        ConvertError, match=r"--memory-budget 4.5 MiB would need [\d,]+ partitions \(at most 65,536\)"
+        ConvertError, match=r"--memory-budget 4.8 MiB would need [\d,]+ partitions \(at most 65,536\)"
     ):
-        merge_module.plan_stages(tasks, 9 << 19, 2, True, None)
+        merge_module.plan_stages(tasks, int(4.8 * (1 << 20)), 2, True, None)
 
 
 def _counted(rows: int, passing: int, bands: int):

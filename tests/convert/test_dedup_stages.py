@@ -9,7 +9,7 @@ import pytest
 
 from convert.dedup.near_dedup import NearDuplicates
 from convert.dedup.options import NearDedupOptions
-from convert.dedup.pairs import NONE, RankedBits, better
+from convert.dedup.pairs import NONE, RankedBits, better, candidate_pairs, sorted_candidate_pairs
 from convert.dedup.runs import FULL, RunCursor, RunFile, RunSpiller, write_run
 from convert.dedup.stages import ExactJob, NearJob, RunRef, SketchFile, read_all, run_exact, run_near
 from convert.errors import DamagedFile
@@ -77,6 +77,20 @@ def test_any_partitions_and_runs_decide_as_one_index_in_input_order(tmp_path, co
     match, estimate = near_stage(tmp_path, store, runs, files, count, RankedBits(0, len(keys)).freeze())
     assert np.array_equal(match, expected) and np.array_equal(estimate, expected_estimate)
     assert 0.2 < (match >= 0).mean() < 0.8
+
+
+def test_pairs_worked_out_a_few_entries_at_a_time_are_the_same():
+    """A partition's sorted entries are turned into pairs in blocks that end on a key's last entry
+    (bounded temporaries): any block size, down to one entry, gives the same pairs."""
+    keys, _ = colliding(800, seed=7)
+    docs = np.repeat(np.arange(800, dtype=np.uint64), keys.shape[1])
+    flat = keys.ravel()
+    whole = candidate_pairs(flat, docs, 3)
+    order = np.lexsort((docs, flat))
+    for block in (1, 7, 100):
+        later, before = sorted_candidate_pairs(flat[order], docs[order], 3, block)
+        assert np.array_equal(later, whole[0]) and np.array_equal(before, whole[1])
+    assert len(whole[0]) > 1000
 
 
 def test_duplicate_documents_are_left_out_and_positions_skip_them(tmp_path):
