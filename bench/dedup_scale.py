@@ -315,7 +315,8 @@ def memory_part(
                 rows.append(
                     f"| {kind} | {docs / 1e6:.0f} M | {label} | {plan['exact_partitions']}/{plan['near_partitions']} | "
                     f"{steady / docs:.2f} | {per['main']:.1f} | {per['total']:.1f} | "
-                    f"{format_size(merged.peak_total)} ({format_size(fixed.peak_total)} fixed) | {per['task']:.1f} | "
+                    f"{format_size(merged.peak_total)} ({format_size(fixed.peak_total)} fixed) | "
+                    f"{format_size(merged.peak_file)} | {per['task']:.1f} | "
                     f"{format_size(task_bytes)} | {merged.wall_s:.0f} s | {cpu['exact']:.1f} / {cpu['near']:.1f} s |"
                 )
                 summary = json.loads((out / "summary.json").read_text())
@@ -333,8 +334,8 @@ def memory_part(
                 shutil.rmtree(out)
     header = (
         "| dedup | documents | budget | partitions (exact/near) | main steady B/doc | main peak B/doc | "
-        "all processes peak B/doc | all processes peak | task writer peak B/doc | task files | merge wall | "
-        "stage CPU (exact / near) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "all processes peak B/doc | all processes peak | mapped files (page cache) | task writer peak B/doc | "
+        "task files | merge wall | stage CPU (exact / near) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     return {"table": "\n".join([header, *rows]), "figures": figures}
 

@@ -73,7 +73,9 @@ MARKER = "task.json"
 TASK_FORMAT = 2  # bump when the task's files or task.json change
 _PIECE_TOKENS = 1 << 24  # tokens per piece (32 MiB of uint16 before compression)
 PIECE_ROWS = 1 << 16  # rows per piece at most: the merge holds a few pieces' rows at a time
-FRAME_TOKENS = 1 << 18  # tokens per independently compressed frame of a piece's tokens
+# Tokens per independently compressed frame of a piece's tokens: a chunk reads the frames its
+# documents lie in (a val chunk, a frame for each of its few documents of a piece).
+FRAME_TOKENS = 1 << 16
 _ZSTD_LEVEL = 3
 _TOO_SHORT = REASON_CODES["too_short_chars"]
 # Shares of the memory budget in a task: the exact-duplicate set (about 100 bytes per digest:
