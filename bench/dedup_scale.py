@@ -273,7 +273,13 @@ def folder_bytes(folder: Path, pattern: str = "*") -> int:
 
 
 def memory_part(
-    root: Path, sizes: list[int], small_budget: int, tokenizer: str, workers: int, default_budget: int
+    root: Path,
+    sizes: list[int],
+    small_budget: int,
+    tokenizer: str,
+    workers: int,
+    default_budget: int,
+    kinds: tuple[bool, ...] = (False, True),
 ) -> dict:
     from convert.budget import format_size, resolve_budget
 
@@ -283,7 +289,7 @@ def memory_part(
     )
 
     rows, figures = [], {}
-    for near in (False, True):
+    for near in kinds:
         kind = "exact + near" if near else "exact only"
         base = {}
         for docs in [BASELINE_DOCS, *sizes]:
@@ -530,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machines", default="1,8,64")
     parser.add_argument("--no-text", action="store_true", help="skip part 2 (and the projection)")
     parser.add_argument("--text-only", action="store_true", help="part 2 alone (and no projection)")
+    parser.add_argument("--near-only", action="store_true", help="part 1 with near-duplicates only")
     parser.add_argument(
         "--default-budget",
         default=None,
@@ -554,7 +561,10 @@ def main(argv: list[str] | None = None) -> int:
             per_doc, exact = single_machine_state(1_000_000)
             print(f"one machine's in-memory state today: band index + sketches {per_doc:.0f} B/document, "
                   f"exact-duplicate set {exact:.0f} B/document", flush=True)  # fmt: skip
-            memory = memory_part(root, sizes, parse_size(args.budget), tokenizer, args.workers, default)
+            kinds = (True,) if args.near_only else (False, True)
+            memory = memory_part(
+                root, sizes, parse_size(args.budget), tokenizer, args.workers, default, kinds
+            )
             print(memory["table"])
         if not args.no_text:
             text = real_text(root, tokenizer, args.workers, args.short_copies)

@@ -99,6 +99,7 @@ ID_BASE = 0  # the first row, pid and position (a test starts them just below 2*
 _TOO_SHORT = REASON_CODES["too_short_chars"]
 _NEAR_DUPLICATE = "near_duplicate"
 _LEAST_SHARE = 16 << 10  # a worker's share of the budget below which the merge refuses to start
+_PROCESS_BYTES = 20 << 20  # a process's own memory (`make bench-dedup-scale`: 41-56 MiB for 3)
 
 
 # --- the tasks ------------------------------------------------------------------------------------
@@ -251,12 +252,14 @@ class Plan:
 
 
 def main_bytes(tasks: Tasks, budget: int, workers: int) -> int:
-    """What the ordered pass holds: the bitmap of duplicate rows and the stages' ranked bitmap of
-    duplicate pids (they grow with the corpus), the near outputs' read buffers (an eighth of the
-    budget), and the pieces' rows in flight (one per worker and two more, at most PIECE_ROWS rows
-    of about 64 bytes: a fixed cost, counted up to another eighth)."""
+    """What the budget holds besides the stages' partitions: the ordered pass's bitmap of duplicate
+    rows and the ranked bitmap of duplicate pids (they grow with the corpus), the near outputs'
+    read buffers (an eighth of the budget); and fixed costs, each counted up to another eighth: the
+    pieces' rows in flight (one per worker and two more, at most PIECE_ROWS rows of about 64
+    bytes), and each process's interpreter, numpy and SentencePiece (`_PROCESS_BYTES`)."""
     in_flight = min((workers + 2) * PIECE_ROWS * 64, budget // 8)
-    return tasks.rows // 8 + tasks.passing // 4 + budget // 8 + in_flight
+    processes = min((workers + 1) * _PROCESS_BYTES, budget // 8)
+    return tasks.rows // 8 + tasks.passing // 4 + budget // 8 + in_flight + processes
 
 
 def plan_stages(
@@ -268,9 +271,9 @@ def plan_stages(
     share = (budget - main) // workers
     if share < _LEAST_SHARE:
         raise ConvertError(
-            f"--memory-budget {format_size(budget)} leaves less than {format_size(_LEAST_SHARE)} per worker once the "
-            f"merge's duplicate bitmaps and read buffers ({format_size(main)}) are counted: raise it, or use fewer "
-            "--workers"
+            f"--memory-budget {format_size(budget)} leaves less than {format_size(_LEAST_SHARE)} per worker once what "
+            f"the merge holds itself (duplicate bitmaps, buffers, its processes: {format_size(main)}) is counted: "
+            "raise it, or use fewer --workers"
         )
     exact = max(1, math.ceil(tasks.entries("digests") * EXACT_BYTES_PER_ENTRY / share))
     near_count = max(1, math.ceil(tasks.entries("keys") * NEAR_BYTES_PER_ENTRY / share)) if near else 0

@@ -139,9 +139,9 @@ def test_the_budget_sets_the_partitions():
     with pytest.raises(ConvertError, match=r"--memory-budget 4.0 MiB leaves less than 16.0 KiB per worker"):
         merge_module.plan_stages(tasks, 4 << 20, 2, True, None)  # the bitmaps alone: 3.5 MiB
     with pytest.raises(
-        ConvertError, match=r"--memory-budget 4.8 MiB would need [\d,]+ partitions \(at most 65,536\)"
+        ConvertError, match=r"--memory-budget 5.6 MiB would need [\d,]+ partitions \(at most 65,536\)"
     ):
-        merge_module.plan_stages(tasks, int(4.8 * (1 << 20)), 2, True, None)
+        merge_module.plan_stages(tasks, int(5.6 * (1 << 20)), 2, True, None)
 
 
 def _counted(rows: int, passing: int, bands: int):
@@ -294,7 +294,7 @@ def test_one_machine_over_its_budget_converts_in_two_passes_to_the_record(
     task and a merge here: the record's bytes, the pair report of the in-memory run, nothing left
     of the task and the merge's files."""
     out = tmp_path / "out"
-    opts = dataclasses.replace(options(near, 2, False), memory_budget=50_000)
+    opts = dataclasses.replace(options(near, 2, False), memory_budget=60_000)
     summary = convert_corpus(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(out), options=opts)
     printed = capsys.readouterr().out
     assert "more than the budget, so it runs in two passes" in printed and "merge: " in printed
@@ -316,7 +316,7 @@ def test_two_passes_killed_after_the_task_reuse_it(golden_tasks, tmp_path, small
     from convert.run.tasks import run_task
 
     out = tmp_path / "out"
-    opts = dataclasses.replace(options(True, 1, False), memory_budget=50_000)
+    opts = dataclasses.replace(options(True, 1, False), memory_budget=60_000)
     run_task(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(out), options=opts, read=ReadOptions(),
              task=TaskSpec(1, 0))  # fmt: skip
     capsys.readouterr()
