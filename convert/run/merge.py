@@ -15,11 +15,12 @@ output one machine would have written.
   4. the near stage, one job per partition of the band keys: each document's best near pair, by
      position (merge/near-QQQQQ.*);
   5. the ordered pass, in this process: each piece's rows (digest, size, token count, filter
-     reason) in input order with the duplicate rows (a bitmap) and the near decisions (read in
-     order from the Q outputs): the drop counts, the pair sample, the split, the cut into chunks,
-     exactly as `Selection` and `chunk_documents` decide; a chunk goes to a worker as the token
-     frames and offsets of its documents, and the worker reads, concatenates, packs and writes
-     it (`process_merged_chunk`): this process touches no token;
+     reason; read and checked by a worker a few pieces ahead, `read_piece`) in input order with
+     the duplicate rows (a bitmap) and the near decisions (read in order from the Q outputs): the
+     drop counts, the pair sample, the split, the cut into chunks, exactly as `Selection` and
+     `chunk_documents` decide; a chunk goes to a worker as the token frames and offsets of its
+     documents, and the worker reads, concatenates, packs and writes it, and formats its
+     index.json entries (`process_merged_chunk`): this process touches no token;
   6. tails, meta.json, summary.json, near_duplicates.json and index.json, as a single run.
 
 Each stage's job writes its files and this process its marker (merge/<job>.json, naming the plan)
