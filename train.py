@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:
     from llm.checkpoint.resume import RunAlreadyComplete
-    from llm.errors import ConfigError
+    from llm.errors import ConfigError, SpikeStop
     from shards.errors import ShardsError
     from storage import StorageError
 
@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
     except StorageError as err:  # storage failed after retries; resumable from the last save
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except SpikeStop as stop:  # the guard's limit (docs/guard.md): a person looks before resuming
+        print(str(stop), file=sys.stderr, flush=True)
+        return SpikeStop.EXIT_CODE
     except Exception as err:
         from llm.checkpoint.preemption import exit_request
 

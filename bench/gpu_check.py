@@ -19,6 +19,11 @@ recipe's precision), each check in its own process, and the script ends with one
 - resume:     a save, SIGTERM and resume of the tiny recipe, compared bit for bit with an
               uninterrupted run (the CPU soak's check: scenarios/resume.py), fewer steps.
 - generation: the generation callback in that uninterrupted run, on the GPU.
+- snapshot:   the device-to-host rate of a checkpoint's snapshot (llm/checkpoint/saver.py's
+              `HostStager`: pinned host buffers allocated once and reused) for 4 GiB of state, the
+              stall of a save; against the 7B's 10.5 GB per rank in <= 2 s (issue 32). One GPU
+              alone: on an 8-GPU node two GPUs share a PCIe link to the host, so the dry run's
+              `--snapshot-bandwidth` should take about half of this figure.
 
 Tokens are uniform random ids written as real MDS shards: speed does not depend on their values.
 The tokenizer (for generation only) is trained on the repository's own documentation.
@@ -72,6 +77,7 @@ class Sizes:
     max_layers: int
     init_model: list[str]  # overrides of recipes/7b.yaml's model for the init check (none on the GPU)
     resume_steps: int
+    snapshot_bytes: int  # the state a snapshot copies to host memory
     resume_save_every: int
     resume_stop: int
     generate_tokens: int
@@ -92,6 +98,7 @@ GPU = Sizes(
     max_layers=8,
     init_model=[],
     resume_steps=40,
+    snapshot_bytes=4 * GIB,
     resume_save_every=10,
     resume_stop=15,
     generate_tokens=32,
@@ -122,11 +129,14 @@ SMOKE = Sizes(
         "training.precision=auto",
     ],
     resume_steps=6,
+    snapshot_bytes=16 * 2**20,
     resume_save_every=2,
     resume_stop=3,
     generate_tokens=8,
     compile_modes=(False,),
 )
+SNAPSHOT_TARGET_SECONDS = 2.0  # the 7B's 10.5 GB per rank (8 GPUs, sharded) in at most this
+SEVEN_B_BYTES_PER_RANK = 12 * 7_000_559_616 / 8
 SMOKE_MEMORY_BYTES = 24 * 2**20  # a pretend device, so the smoke run fits some layers, not all
 
 
@@ -183,7 +193,8 @@ def _sha256(path: Path) -> str:
 
 
 def common_overrides(work: Path, name: str, shards: Path, tokenizer: Path, device: str) -> list[str]:
-    """A bare, local run: no eval, no checkpoints, no plots, its own run and cache folders."""
+    """A bare, local run: no eval, no checkpoints (so no guard: it rolls back to one), no plots,
+    its own run and cache folders."""
     return [
         f"run_name={name}",
         f"run_dir={work / 'runs' / name}",
@@ -192,6 +203,7 @@ def common_overrides(work: Path, name: str, shards: Path, tokenizer: Path, devic
         "data.eval=[]",
         f"data.cache_root={work / 'cache' / name}",
         "checkpoint.save_folder=null",
+        "guard.enabled=false",
         "callbacks.generate.enabled=false",
         "callbacks.loss_plot=false",
         "loggers.metrics_file=false",
@@ -495,6 +507,7 @@ def check_resume_and_generation(ctx: Context, timeout: float) -> list[Row]:
         *common_overrides(folder, "resume", ctx.data["tiny"], ctx.data["tokenizer"], ctx.device),
         *sizes.tiny_model,
         f"training.max_duration={steps}ba",
+        "guard.enabled=true",  # as the recipe has it: its state resumes from a sharded checkpoint too
         f"checkpoint.save_interval={sizes.resume_save_every}ba",
         "checkpoint.num_to_keep=2",
     ]
@@ -577,6 +590,41 @@ def prepare(sizes: Sizes, work: Path) -> dict:
     }  # fmt: skip
 
 
+def check_snapshot(ctx: Context, timeout: float) -> Row:
+    """The snapshot's device-to-host rate: a state dict of `snapshot_bytes` on the device staged by
+    the saver's `HostStager` (the first time allocates its buffers; the next three are timed)."""
+    import torch
+
+    from llm.checkpoint.saver import HostStager
+
+    device = "cuda" if ctx.device == "gpu" else "cpu"
+    pieces = 8
+    numel = ctx.sizes.snapshot_bytes // (pieces * 4)
+    state = {"model": {f"w{i}": torch.randn(numel, device=device) for i in range(pieces)}, "step": 7}
+    stager = HostStager()
+    stager.stage(state)  # allocates (and pins, on a GPU) the buffers once
+    seconds = []
+    for _ in range(3):
+        started = time.monotonic()
+        staged = stager.stage(state)
+        seconds.append(time.monotonic() - started)
+    exact = all(torch.equal(staged["model"][k], state["model"][k].cpu()) for k in state["model"])
+    rate = ctx.sizes.snapshot_bytes / sorted(seconds)[1]
+    seven_b = SEVEN_B_BYTES_PER_RANK / rate
+    row = Row(
+        "snapshot", f"{_gib(ctx.sizes.snapshot_bytes)} to host, {'pinned' if stager.pinned else 'memcpy'}"
+    )
+    row.target = f"7B's {SEVEN_B_BYTES_PER_RANK / 1e9:.1f} GB per rank in <= {SNAPSHOT_TARGET_SECONDS:g} s"
+    row.figures = {"bytes": ctx.sizes.snapshot_bytes, "seconds": seconds, "bytes_per_s": rate,
+                   "seven_b_seconds": seven_b, "pinned": stager.pinned, "exact": exact}  # fmt: skip
+    row.result = (
+        f"{rate / 1e9:.1f} GB/s (median of 3), copy exact: {exact}; the 7B's part per rank: {seven_b:.2f} s"
+        f" (llm inspect --snapshot-bandwidth {rate / 2e9:.3g}GB/s with two GPUs per link)"
+    )
+    row.ok = None if ctx.sizes.smoke else exact and seven_b <= SNAPSHOT_TARGET_SECONDS
+    return row
+
+
 def plan_checks(ctx: Context) -> list:
     """(name, estimated seconds on an H200, function of the timeout returning rows), most important first."""
     checks = [
@@ -586,6 +634,7 @@ def plan_checks(ctx: Context) -> list:
         ("tiny, compile off", 40, lambda t: [check_tiny(ctx, False, t)]),
         ("7b-init", 90, lambda t: [check_init(ctx, t)]),
         ("resume + generation", 90, lambda t: check_resume_and_generation(ctx, t)),
+        ("snapshot", 20, lambda t: [check_snapshot(ctx, t)]),
     ]
     if True in ctx.sizes.compile_modes:
         checks += [

@@ -9,6 +9,15 @@ padding). The loss is then the mean over the masked targets only (`loss_mask[:, 
 tokens and padding contribute nothing, whatever their ids. When a sample packs several examples,
 each token attends only to earlier tokens of its own example and rotary positions restart at
 every example, so a packed example gets the logits it would get alone.
+
+Penalties on the logits (the recipe's `model.z_loss` and `model.max_z_loss`, off by default): PaLM's
+z-loss, `z_loss * log(Z)^2` per scored token (Z = sum(exp(logits)), the softmax normaliser), and
+Baichuan 2's max-z loss, `max_z_loss * max(logits)^2` per scored token. Each is averaged over the
+same tokens as the cross-entropy (all targets; an SFT batch's answer tokens), computed in fp32
+from one log-sum-exp pass shared with the cross-entropy, and added to the loss that is
+back-propagated. The loss is then a dict (`total`, `cross_entropy`, `z_loss`, `max_z_loss`), which
+Composer back-propagates (`total`) and logs each of as `loss/train/<name>`. This is the project's
+only loss path: the cross-entropy is neither chunked nor fused.
 """
 
 from __future__ import annotations
@@ -29,9 +38,11 @@ from llm.model import ModelConfig, Transformer, TransformerBlock
 class LanguageModel(ComposerModel):
     """`Transformer` as a ComposerModel; its blocks are the FSDP and checkpointing units."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, z_loss: float = 0.0, max_z_loss: float = 0.0):
         super().__init__()
         self.model = model
+        self.z_loss = z_loss  # the logit penalties' weights (see the module docstring); 0: off
+        self.max_z_loss = max_z_loss
         # No train metrics: Composer already logs the training loss (loss/train/total), and a
         # train LanguageCrossEntropy would recompute the same cross-entropy over the [B, T, V]
         # logits every batch, plus a metric sync, for an identical number (~5% of a CPU step).
@@ -46,11 +57,17 @@ class LanguageModel(ComposerModel):
 
     @classmethod
     def from_config(
-        cls, cfg: ModelConfig, seed: int, device: str | torch.device | None = None
+        cls,
+        cfg: ModelConfig,
+        seed: int,
+        device: str | torch.device | None = None,
+        *,
+        z_loss: float = 0.0,
+        max_z_loss: float = 0.0,
     ) -> LanguageModel:
         """Build on `device` (None: the current default; "meta": allocate nothing)."""
         with torch.device(device) if device is not None else nullcontext():
-            return cls(Transformer(cfg, seed=seed))
+            return cls(Transformer(cfg, seed=seed), z_loss=z_loss, max_z_loss=max_z_loss)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         tokens = batch["input_ids"][:, :-1]
@@ -62,8 +79,12 @@ class LanguageModel(ComposerModel):
         mask, positions = packed_attention(segments[:, :-1])
         return self.model(tokens, attention_mask=mask, positions=positions)
 
-    def loss(self, outputs: Tensor, batch: dict[str, Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    def loss(
+        self, outputs: Tensor, batch: dict[str, Tensor], *args: Any, **kwargs: Any
+    ) -> Tensor | dict[str, Tensor]:
         logits, targets = outputs.reshape(-1, outputs.size(-1)), scored_targets(batch).reshape(-1)
+        if self.z_loss or self.max_z_loss:
+            return penalised_loss(logits, targets, self.z_loss, self.max_z_loss)
         if "loss_mask" not in batch:
             return F.cross_entropy(logits, targets)
         # Sum over the scored targets / their count (0 when there are none, never NaN); Composer
@@ -97,6 +118,29 @@ def scored_targets(batch: dict[str, Tensor]) -> Tensor:
     targets = batch["input_ids"][:, 1:]
     mask = batch.get("loss_mask")
     return targets if mask is None else targets.masked_fill(~mask[:, 1:].bool(), IGNORE_INDEX)
+
+
+def penalised_loss(logits: Tensor, targets: Tensor, z_loss: float, max_z_loss: float) -> dict[str, Tensor]:
+    """Cross-entropy plus the logit penalties (module docstring), each a mean over the targets that
+    are not IGNORE_INDEX, in fp32: `{"total", "cross_entropy", "z_loss"?, "max_z_loss"?}`.
+
+    `logits [N, V]`, `targets [N]`. The log-sum-exp is computed once and serves both the
+    cross-entropy (`log Z - logit of the target`) and the z-loss."""
+    logits = logits.float()
+    scored = targets != IGNORE_INDEX
+    count = scored.sum().clamp(min=1)
+
+    def mean(per_token: Tensor) -> Tensor:  # over the scored targets; 0 when there are none
+        return torch.where(scored, per_token, 0.0).sum() / count
+
+    log_z = torch.logsumexp(logits, dim=-1)
+    target_logit = logits.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1)
+    terms = {"cross_entropy": mean(log_z - target_logit)}
+    if z_loss:
+        terms["z_loss"] = z_loss * mean(log_z.square())
+    if max_z_loss:
+        terms["max_z_loss"] = max_z_loss * mean(logits.amax(dim=-1).square())
+    return {"total": sum(terms.values()), **terms}
 
 
 def packed_attention(segments: Tensor) -> tuple[Tensor, Tensor]:

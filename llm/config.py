@@ -153,10 +153,29 @@ class DataConfig:
     # Checked on every shard as it enters the cache (xxh64 or sha1, both written by convert);
     # null turns the check off. Cost: `make bench-train`'s data-wait figure.
     validate_hash: str | None = "xxh64"
+    # Batches never trained on, as [from, to) windows of data batches in sample order (the batch
+    # after the first `from` up to batch `to`, numbered as metrics.jsonl's steps): their samples are
+    # read and dropped, the order is otherwise unchanged, and they count as steps (max_duration, the
+    # schedule). The guard adds its windows here; a resume keeps them (docs/guard.md).
+    skip: list[list[int]] = field(default_factory=list)
 
     def streams(self, split: str) -> list[StreamConfig]:
         """The streams of `split` (one of SPLITS): `train` or `eval`."""
         return self.train if split == "train" else self.eval
+
+
+_PENALTY = "0 (off) or positive, e.g. 1e-4"
+
+
+@dataclass
+class ModelSection(ModelConfig):
+    """The recipe's `model:` section: the shape (`llm.model.ModelConfig`) and two penalties on the
+    logits that the loss adds (`llm.composer_model`; the model itself knows nothing of them)."""
+
+    # PaLM's z-loss: z_loss x log(Z)^2 per scored token, Z the softmax normaliser (PaLM: 1e-4); 0: off.
+    z_loss: float = bounded(0.0, ge=0, words=_PENALTY)
+    # Baichuan 2's max-z loss: max_z_loss x (the largest logit)^2 per scored token (2e-4); 0: off.
+    max_z_loss: float = bounded(0.0, ge=0, words=_PENALTY)
 
 
 @dataclass
@@ -246,7 +265,10 @@ class FSDPConfig:
 @dataclass
 class CheckpointConfig:
     save_folder: str | None = None  # local folder or s3://...; None disables saving
+    # 500ba / 1000000tok / 1ep; wall-clock 90s / 10m / 1h; or auto: as often as max_stall and the
+    # uploads allow, from this run's measurements (llm/checkpoint/schedule.py)
     save_interval: str = "500ba"
+    max_stall: float = 0.01  # auto: the share of training time the saves may stall it
     num_to_keep: int = 3  # -1 keeps every checkpoint
     autoresume: bool = True  # effective whenever run_name and save_folder are set
     load_path: str | None = None  # a checkpoint to start from
@@ -261,6 +283,22 @@ class CheckpointConfig:
         words="positive seconds (how long the end of training waits for a checkpoint upload), e.g. 600",
     )
     staging_folder: str | None = None  # where an s3:// save is written first; None: the temp folder
+    # Copy the state to host memory on the training thread, write and store it in the background
+    # (llm/checkpoint/saver.py); false: Composer writes it on the training thread (the step waits).
+    snapshot: bool = True
+    when_busy: str = "wait"  # a save due while the previous one is still written or stored: wait | skip
+
+
+@dataclass
+class PreemptionConfig:
+    """What a SIGTERM may use (llm/checkpoint/preemption.py, docs/resume.md)."""
+
+    # Seconds between SIGTERM and the kill (30 and 120 are the common clouds'); null: unknown, a
+    # save is attempted and waited for up to checkpoint.upload_wait_s. With a notice, a save whose
+    # projected time (this run's measured snapshot, write and upload) does not fit the notice less
+    # margin_s is not started: the upload in flight finishes if it fits, and the process exits.
+    notice_s: float | None = None
+    margin_s: float = 5.0  # kept free of the notice for the exit itself
 
 
 @dataclass
@@ -334,9 +372,35 @@ class LoggersConfig:
     wandb: WandBConfig = field(default_factory=WandBConfig)
 
 
+_FACTOR = "above 1 (e.g. 1.5), or 0 to turn that rule off"
+
+
+@dataclass
+class GuardConfig:
+    """Loss spikes and non-finite steps: detected, rolled back and skipped (llm/callbacks/guard.py,
+    docs/guard.md). Needs checkpoint.save_folder: the rollback point is the newest checkpoint."""
+
+    enabled: bool = False
+    # A step is a spike when its loss or gradient norm is not finite (its update is never applied),
+    # or when its loss exceeds loss_factor x the median loss of the last `window` good steps, or its
+    # gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
+    loss_factor: float = bounded(1.5, ge=0, words=_FACTOR)
+    grad_factor: float = bounded(10.0, ge=0, words=_FACTOR)
+    window: int = bounded(100, ge=1)  # good steps in the running medians
+    # the factor rules start once this many good steps were seen (kept across resumes)
+    warmup: int = bounded(100, ge=0)
+    # On a spike at batch S: back to the rollback point R, the newest checkpoint at least `rewind`
+    # batches before S (0: the newest; none that old: the newest), and batches [R, S + skip) are
+    # never trained on (added to data.skip): the stretch since R, the spike's batch and `skip` more.
+    rewind: int = bounded(0, ge=0)
+    skip: int = bounded(200, ge=0)
+    max_rollbacks: int = bounded(3, ge=0)  # at most this many rollbacks within max_rollbacks_window
+    max_rollbacks_window: int = bounded(1000, ge=1)  # batches; past that the run stops (exit 3)
+
+
 @dataclass
 class TrainConfig:
-    model: ModelConfig
+    model: ModelSection
     tokenizer: TokenizerConfig
     data: DataConfig
     run_name: str | None = None  # None: env RUN_NAME / COMPOSER_RUN_NAME, else the recipe's file name
@@ -347,8 +411,10 @@ class TrainConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     loggers: LoggersConfig = field(default_factory=LoggersConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     def check_world_size(self, world_size: int) -> int:
         """Per-rank batch size for `world_size` ranks; ConfigError if the batch does not divide."""
@@ -523,9 +589,9 @@ def validate(cfg: TrainConfig) -> None:
     parse_duration(t.max_duration, "training.max_duration", ("ba", "tok", "ep"))
     parse_duration(cfg.scheduler.warmup, "scheduler.warmup", ("ba", "tok"))
     ck, gen = cfg.checkpoint, cfg.callbacks.generate
+    _check_save_interval(ck)
     for key, value, off in (  # zero: Composer would never save, and evaluate after every batch
         ("training.eval_interval", t.eval_interval, "leave data.eval empty"),
-        ("checkpoint.save_interval", ck.save_interval, "leave checkpoint.save_folder unset"),
         ("callbacks.generate.interval", gen.interval, "set callbacks.generate.enabled=false"),
         ("callbacks.eval_tasks.interval", cfg.callbacks.eval_tasks.interval, "leave its tasks empty"),
     ):
@@ -559,8 +625,59 @@ def validate(cfg: TrainConfig) -> None:
     if len(cfg.optimizer.betas) != 2:  # OmegaConf 2.4 checks this itself, 2.3 does not
         raise ConfigError(f"optimizer.betas must be a list of 2 values, got {list(cfg.optimizer.betas)}")
     _check_small_numbers(cfg)
+    _check_preemption(cfg.preemption)
+    _check_guard(cfg)
     if cfg.scheduler.min_lr > cfg.optimizer.lr:
         raise ConfigError(f"scheduler.min_lr={cfg.scheduler.min_lr} is above optimizer.lr={cfg.optimizer.lr}")
+
+
+WALL_CLOCK_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)$")  # checkpoint.save_interval in time
+
+
+def wall_clock_seconds(interval: str) -> float | None:
+    """Seconds of a wall-clock `checkpoint.save_interval` (`10m` -> 600.0), or None if it is not one."""
+    match = WALL_CLOCK_INTERVAL.match(str(interval).strip())
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)] if match else None
+
+
+def counted_in_time(interval: str) -> bool:
+    """Whether a `checkpoint.save_interval` is wall-clock time or `auto`, not a training duration."""
+    return interval.strip() == "auto" or wall_clock_seconds(interval) is not None
+
+
+def _check_save_interval(ck: CheckpointConfig) -> None:
+    """`checkpoint.save_interval` (a duration, wall-clock time or auto) and its companions."""
+    seconds = wall_clock_seconds(ck.save_interval)
+    if ck.save_interval.strip() != "auto" and seconds is None:
+        try:
+            amount, _ = parse_duration(ck.save_interval, "checkpoint.save_interval", ("ba", "tok", "ep"))
+        except ConfigError:
+            raise ConfigError(
+                f"checkpoint.save_interval={ck.save_interval!r} is not an interval; use batches, tokens or "
+                "epochs (500ba, 1000000tok, 1ep), wall-clock time (90s, 10m, 1h) or auto"
+            ) from None
+        if amount == 0:
+            raise ConfigError(
+                f"checkpoint.save_interval={ck.save_interval!r} is zero; use a positive interval such as "
+                "500ba, 10m or auto, or leave checkpoint.save_folder unset"
+            )
+    if seconds is not None and not seconds > 0:
+        raise ConfigError(f"checkpoint.save_interval={ck.save_interval!r} is zero; use e.g. 10m, 1h or auto")
+    if not 0 < ck.max_stall < 1:  # also refuses nan
+        raise ConfigError(
+            f"checkpoint.max_stall={ck.max_stall} must be a fraction of the training time in (0, 1), e.g. 0.01"
+        )
+    _check_choice("checkpoint.when_busy", ck.when_busy, ("wait", "skip"))
+
+
+def _check_preemption(p: PreemptionConfig) -> None:
+    if p.notice_s is not None and not 0 < p.notice_s < float("inf"):
+        raise ConfigError(
+            f"preemption.notice_s={p.notice_s} must be positive seconds (30 or 120 on the common clouds), "
+            "or null when unknown"
+        )
+    if not 0 <= p.margin_s < float("inf"):
+        raise ConfigError(f"preemption.margin_s={p.margin_s} must be 0 or more seconds, e.g. 5")
 
 
 def _check_small_numbers(cfg: TrainConfig) -> None:
@@ -576,6 +693,29 @@ def _check_small_numbers(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"checkpoint.save_folder={folder!r}: only local folders and s3://bucket/prefix are supported"
         )
+
+
+def _check_guard(cfg: TrainConfig) -> None:
+    """data.skip's windows and the guard's settings (docs/guard.md); their numbers' ranges are
+    `bounded`'s, checked with the others."""
+    for i, window in enumerate(cfg.data.skip):
+        if len(window) != 2 or not 0 <= window[0] < window[1]:
+            raise ConfigError(
+                f"data.skip.{i}={window} must be a window [from, to) of batches with 0 <= from < to, "
+                "e.g. data.skip=[[1150,1350]]"
+            )
+    g = cfg.guard
+    if not g.enabled:
+        return
+    if not cfg.checkpoint.save_folder:
+        raise ConfigError(
+            "guard.enabled=true needs checkpoint.save_folder: the guard rolls back to the newest "
+            "checkpoint; set a save folder, or guard.enabled=false"
+        )
+    for key in ("loss_factor", "grad_factor"):  # the bounds say 0 or more; between 0 and 1 flags every step
+        value = getattr(g, key)
+        if 0 < value <= 1:
+            raise ConfigError(f"guard.{key}={value} must be {_FACTOR}")
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}

@@ -83,6 +83,7 @@ import torch
 
 from llm.checkpoint.sizes import (
     DEFAULT_DISK_BANDWIDTH,
+    DEFAULT_SNAPSHOT_BANDWIDTH,
     DEFAULT_UPLOAD_BANDWIDTH,
     NOTICES_S,
     STALL_TARGET,
@@ -90,10 +91,9 @@ from llm.checkpoint.sizes import (
     CheckpointSize,
     checkpoint_size,
     parse_bandwidth,
-    round_interval,
     stall_free_interval,
 )
-from llm.config import TrainConfig, parse_duration
+from llm.config import TrainConfig, parse_duration, wall_clock_seconds
 from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer, count_params
 from llm.optim import duration_in_batches
@@ -380,6 +380,7 @@ def describe_run(
     mfu: float | None = None,
     upload_bandwidth: str = DEFAULT_UPLOAD_BANDWIDTH,
     disk_bandwidth: str = DEFAULT_DISK_BANDWIDTH,
+    snapshot_bandwidth: str = DEFAULT_SNAPSHOT_BANDWIDTH,
 ) -> str:
     """The dry run of a recipe on `gpus` GPUs of `gpu_gb` GB each: sizes, FLOPs, run length,
     sharding, memory, the run's cost on `gpu_type` at `mfu` (default: 40% and 50%), and what its
@@ -429,82 +430,156 @@ def describe_run(
         lines += ["", format_cost(total_flops, tokens, gpus, gpu_type, mfu)]
     try:
         upload, disk = parse_bandwidth(upload_bandwidth), parse_bandwidth(disk_bandwidth, "--disk-bandwidth")
+        snapshot = parse_bandwidth(snapshot_bandwidth, "--snapshot-bandwidth")
     except BandwidthError as err:
         raise ConfigError(str(err)) from None
     step_s = summary.flops_per_step / (gpus * PEAK_BF16_FLOPS[gpu_type] * (mfu or ANCHOR_MFU))
-    cost = checkpoint_cost(cfg, gpus, summary.params, step_s, upload, disk)
-    lines += [
-        "",
-        cost.format(upload_bandwidth, disk_bandwidth, mfu or ANCHOR_MFU, cfg.checkpoint.save_interval),
-    ]
+    cost = checkpoint_cost(cfg, gpus, summary.params, step_s, upload, disk, snapshot)
+    bandwidths = {"upload": upload_bandwidth, "disk": disk_bandwidth, "snapshot": snapshot_bandwidth}
+    notices = tuple(sorted({*NOTICES_S, *([cfg.preemption.notice_s] if cfg.preemption.notice_s else [])}))
+    lines += ["", cost.format(bandwidths, mfu or ANCHOR_MFU, cfg.checkpoint.save_interval, notices)]
     return "\n".join(lines)
 
 
 @dataclass(frozen=True)
 class CheckpointCost:
-    """One checkpoint of a recipe on `size.gpus` GPUs: its size, its seconds, the stall-free interval."""
+    """One checkpoint of a recipe on `size.gpus` GPUs: its size, its seconds, the stall-free interval
+    and the work a preemption loses (module docstring)."""
 
     size: CheckpointSize
-    write_s: float  # the local write: the training stall with background uploads
-    upload_s: float
+    write_s: float  # the node's local write
+    upload_s: float  # the node's upload
     step_s: float
+    snapshot_s: float = 0.0  # a rank's device-to-host copy: the stall with snapshots
+    max_stall: float = STALL_TARGET  # checkpoint.max_stall
+    margin_s: float = 5.0  # preemption.margin_s
+
+    @property
+    def background_s(self) -> float:
+        """What a snapshot save does off the training thread: write, then upload."""
+        return self.write_s + self.upload_s
 
     @property
     def sync_stall_s(self) -> float:
         return self.write_s + self.upload_s
 
     @property
+    def stop_save_s(self) -> float:
+        """A save on SIGTERM, from the signal to stored: snapshot, write, upload."""
+        return self.snapshot_s + self.background_s
+
+    @property
+    def interval_snapshot(self) -> int:
+        """The stall-free interval with snapshots: what `save_interval: auto` picks at these rates."""
+        return stall_free_interval(self.snapshot_s, self.background_s, self.step_s, self.max_stall)
+
+    @property
     def interval_background(self) -> int:
-        return stall_free_interval(self.write_s, self.upload_s, self.step_s)
+        """Writing on the training step, uploading in the background (`checkpoint.snapshot: false`)."""
+        return stall_free_interval(self.write_s, self.upload_s, self.step_s, self.max_stall)
 
     @property
     def interval_sync(self) -> int:
-        return stall_free_interval(self.sync_stall_s, 0.0, self.step_s)
+        return stall_free_interval(self.sync_stall_s, 0.0, self.step_s, self.max_stall)
 
-    def stall_share(self, interval: int, background: bool = True) -> float:
-        stall = self.write_s if background else self.sync_stall_s
+    def stall(self, mode: str) -> float:
+        return {"snapshot": self.snapshot_s, "background": self.write_s, "sync": self.sync_stall_s}[mode]
+
+    def stall_share(self, interval: int, mode: str = "snapshot") -> float:
+        stall = self.stall(mode)
         return stall / (stall + interval * self.step_s)
 
-    def lost_without_save_s(self, interval: int) -> float:
-        """Expected training time lost by a preemption that leaves no time to save."""
-        return interval * self.step_s / 2 + self.upload_s
-
     def fits(self, notice_s: float) -> bool:
-        return self.sync_stall_s <= notice_s
+        """Whether a save on SIGTERM ends within the notice less its margin (else none is started)."""
+        return self.stop_save_s <= notice_s - self.margin_s
 
-    def format(self, upload_bw: str, disk_bw: str, mfu: float, save_interval: str) -> str:
+    def lost_s(self, interval: int, notice_s: float | None = None) -> float:
+        """Expected training time a preemption loses with saves every `interval` batches (snapshots):
+        none but the restart when a save fits the notice; else the time since the newest complete
+        checkpoint, on average half an interval plus the part of the background save in flight
+        that the notice (less its margin) cannot wait for."""
+        if notice_s is not None and self.fits(notice_s):
+            return 0.0
+        usable = max(0.0, notice_s - self.margin_s) if notice_s is not None else 0.0
+        return interval * self.step_s / 2 + max(0.0, self.background_s - usable)
+
+    def format(
+        self,
+        bandwidths: dict[str, str],
+        mfu: float,
+        save_interval: str,
+        notices: tuple[float, ...] = NOTICES_S,
+    ) -> str:
         s, gb = self.size, 1e9
         writers = f"{s.writers} writing rank(s)" if s.writers > 1 else "rank 0 writes it all"
-        notices = ", ".join(f"{n} s: {'fits' if self.fits(n) else 'does NOT fit'}" for n in NOTICES_S)
+        fits = ", ".join(f"{n:g} s: {'fits' if self.fits(n) else 'does NOT fit'}" for n in notices)
         lines = [
             f"Checkpoints: {s.total / gb:.1f} GB each ({writers}), {s.per_rank / gb:.2f} GB per rank, "
             f"{s.per_node / gb:.1f} GB per node",
-            f"  save time                   write {self.write_s:.1f} s at {disk_bw} per node (--disk-bandwidth), "
-            f"store {self.upload_s:.1f} s at {upload_bw} per node (--upload-bandwidth)",
-            f"  SIGTERM save ({self.sync_stall_s:.0f} s)         {notices}",
+            f"  host memory                 the snapshot: {s.per_rank / gb:.2f} GB per writing rank, "
+            f"{s.per_node / gb:.1f} GB per node (checkpoint.snapshot; pinned on GPUs)",
+            f"  save time                   snapshot {self.snapshot_s:.2f} s at {bandwidths['snapshot']} per GPU "
+            f"(--snapshot-bandwidth), the step's only wait; then in the background write {self.write_s:.1f} s "
+            f"at {bandwidths['disk']} per node (--disk-bandwidth), store {self.upload_s:.1f} s at "
+            f"{bandwidths['upload']} per node (--upload-bandwidth)",
+            f"  SIGTERM save ({self.stop_save_s:.0f} s)         {fits} (a notice less preemption.margin_s "
+            f"{self.margin_s:g} s; a save that does not fit is not started)",
             f"  step time                   {self.step_s:.2f} s at {100 * mfu:.0f}% MFU",
-            f"  stall under {100 * STALL_TARGET:.0f}%              save_interval >= {self.interval_background}ba "
-            f"with background uploads (the write stalls, the upload fits between saves), "
-            f">= {self.interval_sync}ba with synchronous ones; suggested {round_interval(self.interval_background)}ba",
+            f"  stall under {100 * self.max_stall:g}%              save_interval >= {self.interval_snapshot}ba "
+            f"with snapshots (what auto picks: the snapshot under checkpoint.max_stall, each write and upload "
+            f"done before the next save), >= {self.interval_background}ba writing on the step "
+            f"(checkpoint.snapshot=false, background uploads), >= {self.interval_sync}ba with synchronous ones",
         ]
-        amount, unit = parse_duration(save_interval, "checkpoint.save_interval", ("ba", "tok", "ep"))
-        if unit == "ba":
+        batches = self._interval_batches(save_interval)
+        if batches is not None:
+            lost = [f"{_duration(self.lost_s(batches))} without notice"] + [
+                "restart only" + f" with a {n:g} s notice"
+                if self.fits(n)
+                else f"{_duration(self.lost_s(batches, n))} with a {n:g} s notice"
+                for n in notices
+            ]
             lines.append(
-                f"  recipe's {save_interval:<18s}stall {100 * self.stall_share(amount):.2f}% (background), "
-                f"{100 * self.stall_share(amount, False):.2f}% (synchronous); a preemption without time to "
-                f"save loses {_duration(self.lost_without_save_s(amount))} of training on average"
+                f"  recipe's {save_interval:<18s}every {batches}ba ({_duration(batches * self.step_s)}): stall "
+                f"{100 * self.stall_share(batches):.2f}% with snapshots ({100 * self.stall_share(batches, 'background'):.2f}% "
+                f"writing on the step); work lost per preemption on average: {', '.join(lost)}"
             )
         return "\n".join(lines)
 
+    def _interval_batches(self, save_interval: str) -> int | None:
+        """The recipe's interval in batches at this step time (None: in epochs, unknown here)."""
+        if save_interval.strip() == "auto":
+            return self.interval_snapshot
+        seconds = wall_clock_seconds(save_interval)
+        if seconds is not None:
+            return max(1, math.ceil(seconds / self.step_s))
+        amount, unit = parse_duration(save_interval, "checkpoint.save_interval", ("ba", "tok", "ep"))
+        return amount if unit == "ba" else None
+
 
 def checkpoint_cost(
-    cfg: TrainConfig, gpus: int, params: int, step_s: float, upload_bw: float, disk_bw: float
+    cfg: TrainConfig,
+    gpus: int,
+    params: int,
+    step_s: float,
+    upload_bw: float,
+    disk_bw: float,
+    snapshot_bw: float | None = None,
 ) -> CheckpointCost:
-    """What one checkpoint of `cfg` costs on `gpus` GPUs (bandwidths in bytes/s per node)."""
+    """What one checkpoint of `cfg` costs on `gpus` GPUs (bandwidths in bytes/s: upload and disk per
+    node, the snapshot's device-to-host copy per GPU)."""
     sharded = cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded"
     shards = gpus // cfg.fsdp.replicate if cfg.fsdp.enabled and gpus % cfg.fsdp.replicate == 0 else gpus
     size = checkpoint_size(params, gpus, sharded=sharded, shards=shards)
-    return CheckpointCost(size, size.seconds(disk_bw), size.seconds(upload_bw), step_s)
+    snapshot_bw = snapshot_bw or parse_bandwidth(DEFAULT_SNAPSHOT_BANDWIDTH)
+    return CheckpointCost(
+        size,
+        size.seconds(disk_bw),
+        size.seconds(upload_bw),
+        step_s,
+        snapshot_s=size.per_rank / snapshot_bw,
+        max_stall=cfg.checkpoint.max_stall,
+        margin_s=cfg.preemption.margin_s,
+    )
 
 
 def sharding_plan(cfg: TrainConfig, gpus: int) -> tuple[int, str]:

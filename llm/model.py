@@ -506,3 +506,27 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
     block = sum(p.numel() for p in model.layers[0].parameters())
     largest = max(p.numel() for p in model.parameters())
     return ParamCounts(total=total, block=block, root=total - cfg.n_layers * block, largest=largest)
+
+
+def state_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every key of `cfg`'s model state dict (our names) and its shape, from a meta-device build:
+    what a checkpoint of this model must hold (resume checks it before loading)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+# Our parameter names start with one of these. A checkpoint's keys may carry wrapper levels
+# (torch.compile, DDP, FSDP, activation checkpointing) and the ComposerModel's `model.` before them.
+ROOT_NAMES = ("tok_embeddings.", "layers.", "norm.", "output.")
+WRAPPER_LEVELS = {"_orig_mod", "module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+
+
+def parameter_name(key: str) -> str | None:
+    """Our name for a state-dict key such as `model._orig_mod.layers.0.attention.wq.weight`, or
+    None when it names none of ours: wrapper levels are removed wherever they sit, then leading
+    attribute names (the ComposerModel's `model.`) up to one of ours."""
+    name = ".".join(p for p in key.split(".") if p not in WRAPPER_LEVELS)
+    while name and not name.startswith(ROOT_NAMES) and "." in name:
+        name = name.split(".", 1)[1]
+    return name if name.startswith(ROOT_NAMES) else None

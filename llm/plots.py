@@ -10,6 +10,12 @@ A run is found as a folder (local or `s3://`) holding `metrics.jsonl` (a `run_di
 `records/metrics.jsonl` (a checkpoint save folder, llm/run_dir.py). No Composer import:
 `llm plot` stays quick. What a run's loss counts comes from its config.yaml (`data.kind`): every
 token of pretraining, only the answer tokens of SFT; runs that differ are labelled with it.
+
+The guard's work is marked (llm/callbacks/guard.py, docs/guard.md): each rollback as a dotted line
+at its spike, each window of skipped batches as a shaded band. The windows come from the run's
+config.yaml (`data.skip`, which the run rewrites with every window it adds) and from the
+`guard/skip_from`, `guard/skip_to` fields of metrics.jsonl; batches become tokens at the run's
+tokens per batch.
 """
 
 from __future__ import annotations
@@ -33,17 +39,53 @@ LOSS_COUNTS = {"pretrain": "all tokens", "sft": "answer tokens only"}
 
 @dataclass
 class RunCurves:
-    """One run's records: where they came from, a label, its metrics.jsonl rows and its
-    `data.kind` (None when the records hold no config.yaml)."""
+    """One run's records: where they came from, a label, its metrics.jsonl rows, its `data.kind`
+    (None when the records hold no config.yaml) and the windows of batches it skipped (`data.skip`)."""
 
     source: str
     label: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     kind: str | None = None
+    skip: list[list[int]] = field(default_factory=list)
 
-    def points(self, key: str) -> tuple[list[int], list[float]]:
-        """(tokens, values) of the rows that hold `key`."""
-        rows = [r for r in self.rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+    def rollbacks(self) -> list[tuple[int, int]]:
+        """(spike batch, batch rolled back to) of each of the guard's rollbacks."""
+        return [
+            (int(r["guard/spike_batch"]), int(r["guard/rolled_back_to"]))
+            for r in self.rows
+            if "guard/rolled_back_to" in r and "guard/spike_batch" in r
+        ]
+
+    def skipped(self) -> list[tuple[int, int]]:
+        """The windows [from, to) of batches never trained on, merged, in order."""
+        windows = [(int(a), int(b)) for a, b in self.skip]
+        windows += [
+            (int(r["guard/skip_from"]), int(r["guard/skip_to"])) for r in self.rows if "guard/skip_to" in r
+        ]
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(windows):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
+
+    def tokens_at(self, batch: int) -> float:
+        """Tokens after `batch` batches, at the run's tokens per batch (every batch counts, skipped too)."""
+        last = next((r for r in reversed(self.rows) if r["step"] > 0), None)
+        return batch * last["tokens"] / last["step"] if last else float(batch)
+
+    def points(self, key: str, kept: bool = False) -> tuple[list[int], list[float]]:
+        """(tokens, values) of the rows that hold `key`; `kept`: without the steps a rollback undid
+        (after the batch rolled back to, up to the spike's)."""
+        undone = self.rollbacks() if kept else []
+        rows = [
+            r
+            for r in self.rows
+            if isinstance(r.get(key), int | float)
+            and math.isfinite(r[key])
+            and not any(back < r["step"] <= spike for spike, back in undone)
+        ]
         return [int(r["tokens"]) for r in rows], [float(r[key]) for r in rows]
 
     def eval_sources(self) -> list[str]:
@@ -63,6 +105,8 @@ class RunCurves:
             "train_loss": train[-1] if train else None,
             "eval_loss": evals[-1] if evals else None,
             "tokens_per_sec": statistics.median(speed) if speed else None,
+            "rollbacks": len(self.rollbacks()),
+            "skipped": sum(b - a for a, b in self.skipped()),
         }
 
 
@@ -100,7 +144,8 @@ def load_run(source: str) -> RunCurves:
         name = config.get("run_name") or source.rstrip("/").rsplit("/", 1)[-1] or source
         data = config.get("data") if isinstance(config.get("data"), dict) else {}
         kind = str(data.get("kind", "pretrain")) if config else None  # data.kind's default: pretrain
-        return RunCurves(source=source, label=str(name), rows=parse_metrics(text), kind=kind)
+        skip = [list(w) for w in data.get("skip") or [] if isinstance(w, list) and len(w) == 2]
+        return RunCurves(source=source, label=str(name), rows=parse_metrics(text), kind=kind, skip=skip)
     raise ConfigError(
         f"{source} is not a run: it has no {METRICS} (a run_dir such as runs/demo) and no "
         f"{RECORDS_DIR}/{METRICS} (a checkpoint save folder, e.g. s3://bucket/ckpt/run)"
@@ -164,9 +209,10 @@ def run_figure(run: RunCurves, title: str | None = None):
         2, 1, figsize=(8, 6), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
     tokens, losses = run.points("loss")
-    if losses:
+    if losses:  # the smoothed curve leaves out the steps a rollback undid (the raw one shows them)
         ax.plot(tokens, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="train")
-        ax.plot(tokens, ema(losses), color="tab:blue", linewidth=1.5, label="train (smoothed)")
+        kept_tokens, kept = run.points("loss", kept=True)
+        ax.plot(kept_tokens, ema(kept), color="tab:blue", linewidth=1.5, label="train (smoothed)")
     sources = run.eval_sources()
     eval_tokens, evals = run.points("eval_loss")
     if evals:
@@ -175,6 +221,7 @@ def run_figure(run: RunCurves, title: str | None = None):
     if len(sources) > 1:
         for name in sources:
             ax.plot(*run.points(f"eval_loss/{name}"), "x--", linewidth=1, label=f"eval {name}")
+    mark_guard(ax, run, "tab:red")
     ax.set_ylabel("cross-entropy loss")
     ax.set_title(title or f"{run.label}: loss")
     ax.grid(alpha=0.3)
@@ -204,16 +251,28 @@ def compare_figure(runs: list[RunCurves], title: str = "loss vs tokens"):
         tokens, losses = run.points("loss")
         if losses:
             ax.plot(tokens, losses, color=colour, alpha=0.15, linewidth=0.8)
-            ax.plot(tokens, ema(losses), color=colour, linewidth=1.6, label=f"{run.label} train")
+            kept_tokens, kept = run.points("loss", kept=True)
+            ax.plot(kept_tokens, ema(kept), color=colour, linewidth=1.6, label=f"{run.label} train")
         eval_tokens, evals = run.points("eval_loss")
         if evals:
             ax.plot(eval_tokens, evals, "o--", color=colour, linewidth=1, label=f"{run.label} eval")
+        mark_guard(ax, run, colour, f"{run.label} ")
     ax.set_ylabel("cross-entropy loss")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     _lr_panel(ax_lr, coloured)
     return fig
+
+
+def mark_guard(ax, run: RunCurves, colour: str, prefix: str = "") -> None:
+    """The run's skipped windows as shaded bands, its rollbacks as dotted lines at the spike."""
+    for i, (start, end) in enumerate(run.skipped()):
+        label = f"{prefix}skipped batches" if i == 0 else None
+        ax.axvspan(run.tokens_at(start), run.tokens_at(end), color=colour, alpha=0.12, label=label)
+    for i, (spike, _) in enumerate(run.rollbacks()):
+        label = f"{prefix}rollback" if i == 0 else None
+        ax.axvline(run.tokens_at(spike), color=colour, linestyle=":", linewidth=1.2, label=label)
 
 
 def _lr_panel(ax, runs) -> None:
@@ -248,8 +307,9 @@ def ema(values: list[float], beta: float = 0.9) -> list[float]:
 
 
 def summary_table(runs: list[RunCurves]) -> str:
-    """A plain-text table: one row per run (final losses, tokens, steps, median tokens/s)."""
-    header = ["run", "steps", "tokens", "train loss", "eval loss", "tokens/s"]
+    """A plain-text table: one row per run (final losses, tokens, steps, median tokens/s, the guard's
+    rollbacks and the batches skipped)."""
+    header = ["run", "steps", "tokens", "train loss", "eval loss", "tokens/s", "rollbacks", "skipped"]
     rows = []
     for run in runs:
         s = run.summary()
@@ -261,6 +321,8 @@ def summary_table(runs: list[RunCurves]) -> str:
                 _num(s["train_loss"], "{:.4f}"),
                 _num(s["eval_loss"], "{:.4f}"),
                 _num(s["tokens_per_sec"], "{:,.0f}"),
+                _num(s["rollbacks"], "{:,}"),
+                _num(s["skipped"], "{:,}"),
             ]
         )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]

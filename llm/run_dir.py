@@ -114,18 +114,33 @@ class RunRecords:
 
     def save(self, state: Any = None) -> list[str]:
         """Store every record file that exists (rank 0); returns the names stored."""
+        return self.snapshot(state)()
+
+    def snapshot(self, state: Any = None) -> Callable[[], list[str]]:
+        """Run the hooks (with the trainer's `state`) and read every record file now; the function
+        returned stores what was read (rank 0; a checkpoint's upload thread calls it, while the
+        files go on growing) and returns the names stored."""
         if self.store is None:
-            return []
+            return list
         for hook in self.before_store if state is not None else []:
             try:
                 hook(state)
             except Exception as err:  # a plot that cannot be drawn must not fail a checkpoint
                 log.warning("records: %s before storing failed: %s", getattr(hook, "__name__", hook), err)
-        names = [name for name in RECORD_FILES if (self.run_dir / name).is_file()]
-        for name in names:
-            self.store.upload(self.run_dir / name, f"{RECORDS_DIR}/{name}")
-        self.stored += 1
-        return names
+        files = {
+            name: (self.run_dir / name).read_bytes()
+            for name in RECORD_FILES
+            if (self.run_dir / name).is_file()
+        }
+        store = self.store
+
+        def store_them() -> list[str]:
+            for name, data in files.items():
+                store.write_bytes(f"{RECORDS_DIR}/{name}", data)
+            self.stored += 1
+            return list(files)
+
+        return store_them
 
     def save_quietly(self) -> None:
         """`save`, with a failure reported as one warning (the end of a run; the next save retries)."""

@@ -7,7 +7,8 @@ and where the run's files are.
 
 Callbacks are assembled from `CALLBACK_BUILDERS`, a list of small functions `(ctx) -> callbacks`:
 a feature that needs a callback (generation samples, preemption handling) appends its own
-function there instead of growing this module.
+function there instead of growing this module. The guard and the skip windows come first
+(`guard_callbacks`; the guard's rollback point is `rollback_point`'s).
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from composer.utils import dist
 from llm.callbacks.chat_record import chat_record_callbacks
 from llm.callbacks.eval_sources import EvalSources, eval_sources_callbacks, source_label
 from llm.callbacks.generation import first_and_last_samples, generation_callbacks
+from llm.callbacks.guard import SpikeGuard
 from llm.callbacks.loss_plot import LossPlot
+from llm.callbacks.skip_windows import SkipWindowsCallback
 from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint import restart
 from llm.checkpoint.plan import plan_checkpointing
+from llm.checkpoint.rollback import NewestCheckpoint, RollbackPoint
 from llm.composer_model import LanguageModel
-from llm.config import TrainConfig, save_resolved, to_yaml
+from llm.config import TrainConfig, counted_in_time, save_resolved, to_yaml
 from llm.data import (
     all_stream_locals,
     build_dataloader,
@@ -69,6 +73,8 @@ class BuildContext:
     run_dir: Path
     world_size: int
     model: LanguageModel
+    train_loader: Any = None  # the SkippingLoader (llm/data/skip.py)
+    schedule: Schedule | None = None
 
 
 # --- device, precision, parallelism ------------------------------------------------------------
@@ -105,7 +111,13 @@ def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
     # model's `param_init_fn`, giving the same weights as an ordinary build with this seed.
     # Composer's meta initialisation targets CUDA, so the CPU path always builds for real.
     on_meta = cfg.fsdp.enabled and cfg.fsdp.init_on_meta and device == "gpu"
-    model = LanguageModel.from_config(cfg.model, seed=cfg.seed, device="meta" if on_meta else None)
+    model = LanguageModel.from_config(
+        cfg.model,
+        seed=cfg.seed,
+        device="meta" if on_meta else None,
+        z_loss=cfg.model.z_loss,
+        max_z_loss=cfg.model.max_z_loss,
+    )
     if cfg.training.float8.enabled:
         swapped = apply_float8(model.model, cfg.training.float8, fsdp=cfg.fsdp.enabled, device=device)
         how = "emulated" if cfg.training.float8.emulate else "float8 tensor cores"
@@ -147,8 +159,31 @@ def loss_plot_callbacks(ctx: BuildContext) -> list[Callback]:
     return [LossPlot(RunDir(ctx.run_dir).loss_plot, title=f"{ctx.cfg.run_name}: loss")]
 
 
+def rollback_point(cfg: TrainConfig) -> RollbackPoint:
+    """Where the guard rolls back to: the newest complete checkpoint (llm/checkpoint/rollback.py).
+    A host-memory snapshot taken at each save would be returned here instead."""
+    return NewestCheckpoint(cfg.checkpoint.save_folder)
+
+
+def guard_callbacks(ctx: BuildContext) -> list[Callback]:
+    """The skip windows (always: a resume keeps the windows of a run whose guard was on), and
+    before them the guard when `guard.enabled` (first of all: llm/callbacks/guard.py)."""
+    skips = SkipWindowsCallback(ctx.train_loader, ctx.cfg)
+    if not ctx.cfg.guard.enabled:
+        return [skips]
+    # How far back a rollback goes with exact medians: two save intervals; a wall-clock or `auto`
+    # interval has no batch count, then the window once more.
+    saves = ctx.schedule.save_batches if ctx.schedule is not None else None
+    keep = 2 * saves if saves is not None else ctx.cfg.guard.window
+    guard = SpikeGuard(
+        ctx.cfg.guard, rollback_point(ctx.cfg), skips, clip=ctx.cfg.training.grad_clip_norm, keep=keep
+    )
+    return [guard, skips]
+
+
 CALLBACK_BUILDERS: list[Callable[[BuildContext], list[Callback]]] = [
-    eval_sources_callbacks,  # first: it puts the eval totals in the state that the others read
+    guard_callbacks,  # first: the guard's rollback precedes what the others record
+    eval_sources_callbacks,  # next: it puts the eval totals in the state that the others read
     speed_callbacks,
     lr_callbacks,
     memory_callbacks,
@@ -198,7 +233,7 @@ class Schedule:
     max_batches: int
     warmup_batches: int
     eval_batches: int
-    save_batches: int
+    save_batches: int | None  # None: checkpoint.save_interval is wall-clock time or auto
 
 
 def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedule:
@@ -213,7 +248,9 @@ def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedul
         eval_batches=max(1, steps(cfg.training.eval_interval)),
         # Not passed on (llm/checkpoint's saver takes checkpoint.save_interval as written): computed
         # so that an interval in a unit the schedule cannot convert is refused before training.
-        save_batches=max(1, steps(cfg.checkpoint.save_interval)),
+        save_batches=None
+        if counted_in_time(cfg.checkpoint.save_interval)
+        else max(1, steps(cfg.checkpoint.save_interval)),
     )
 
 
@@ -268,7 +305,15 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
 
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, cfg.optimizer)
-    ctx = BuildContext(cfg=cfg, device=device, run_dir=run_dir, world_size=world_size, model=model)
+    ctx = BuildContext(
+        cfg=cfg,
+        device=device,
+        run_dir=run_dir,
+        world_size=world_size,
+        model=model,
+        train_loader=train_loader,
+        schedule=schedule,
+    )
     loggers = build_loggers(ctx)
     records.before_store = records_hooks(cfg, loggers)
     trainer = Trainer(
@@ -318,7 +363,7 @@ def draws_bars(stream) -> bool:
 
 
 def _algorithms(cfg: TrainConfig) -> list:
-    if cfg.training.grad_clip_norm <= 0:
+    if cfg.training.grad_clip_norm <= 0 or cfg.guard.enabled:  # the guard clips (it needs the norm first)
         return []
     return [GradientClipping(clipping_type="norm", clipping_threshold=cfg.training.grad_clip_norm)]
 

@@ -7,7 +7,9 @@ proxy of the storage-fault tests, the outage scenarios and the checkpoint benchm
 Modes, switchable while clients are connected (`set`):
   "pass"   forward both ways;
   "error"  answer each request with `503 Slow Down` (S3's throttling reply) and close, `errors`
-           times, then pass again (`status=`: another answer, e.g. 403, with a plain-text body);
+           times, then pass again (`status=`: another answer, e.g. 403, with a plain-text body;
+           `methods=("PUT",)`: only requests of those methods, the others pass: writes refused
+           while reads succeed);
   "slow"   hold each answer chunk `delay` seconds, then forward it;
   "hang"   accept and read requests, never answer (a frozen server: the process is alive, its
            sockets are open, nothing comes back); a connection that hung stays hung.
@@ -71,6 +73,7 @@ class Proxy:
         self.errors = 0
         self.delay = 0.0
         self.requests = 0
+        self.methods: frozenset[bytes] = frozenset()  # "error" only for these methods (empty: all)
         self.port = 0
         self._buckets = (_Bucket(rate), _Bucket(rate)) if rate else (None, None)
         self._open: list[socket.socket] = []
@@ -81,12 +84,15 @@ class Proxy:
 
     # --- control -------------------------------------------------------------------------------
 
-    def set(self, mode: str, *, errors: int = 0, delay: float = 0.0, status: int = 503) -> Proxy:
+    def set(
+        self, mode: str, *, errors: int = 0, delay: float = 0.0, status: int = 503, methods: tuple = ()
+    ) -> Proxy:
         if mode not in ("pass", "error", "slow", "hang"):
             raise ValueError(f"unknown proxy mode {mode!r}")
         with self._lock:
             self.mode, self.errors, self.delay, self.requests = mode, errors, delay, 0
             self.answer = _503 if status == 503 else _answer(status)
+            self.methods = frozenset(m.encode() for m in methods)
         return self
 
     def freeze(self) -> None:
@@ -133,16 +139,22 @@ class Proxy:
 
     def _serve(self, client: socket.socket) -> None:
         upstream = None
+        mode = "pass"  # what this connection does with the request it is carrying
         try:
             while chunk := client.recv(CHUNK):
                 with self._lock:
-                    mode = self.mode
-                    if chunk.split(b" ", 1)[0] in _METHODS:
+                    method = chunk.split(b" ", 1)[0]
+                    if method in _METHODS:  # a new request: the mode now applies to it
                         self.requests += 1
-                        if mode == "error":
+                        mode = self.mode
+                        if mode == "error" and self.methods and method not in self.methods:
+                            mode = "pass"
+                        elif mode == "error":
                             self.errors -= 1
                             if self.errors <= 0:
                                 self.mode = "pass"
+                    elif self.mode == "hang" or (self.mode == "error" and not self.methods):
+                        mode = self.mode  # a request's body: cut as it goes, as before
                 if mode == "error":
                     client.sendall(self.answer)
                     return

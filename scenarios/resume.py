@@ -264,7 +264,21 @@ def run_nodes(recipe: Path, tag: str, *, cwd: Path, nodes: int, nproc: int, over
 
 
 def release_files(record: Path) -> list[Path]:
-    return [*record.parent.glob(f"{record.name}.go.*"), *record.parent.glob(f"{record.name}.uploading.*")]
+    return [
+        *record.parent.glob(f"{record.name}.go.*"),
+        *record.parent.glob(f"{record.name}.uploading.*"),
+        *record.parent.glob(f"{record.name}.writing.*"),
+    ]
+
+
+def write_held(record: Path, batch: int) -> Path:
+    """The file a driver run with LLM_TEST_WRITE_HOLD=<batch> touches once that write is held."""
+    return Path(f"{record}.writing.{batch}")
+
+
+def release_write(record: Path, batch: int) -> None:
+    """Let the held background write of `batch` (LLM_TEST_WRITE_HOLD) go on."""
+    Path(f"{record}.go.write.{batch}").touch()
 
 
 def upload_held(record: Path, batch: int) -> Path:

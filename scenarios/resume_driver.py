@@ -18,8 +18,19 @@ $LLM_TEST_UPLOAD_HOLD=<batch> holds the storing of that batch's checkpoint files
 background upload thread, before the storage layer's upload starts): the driver touches
 `$LLM_TEST_RECORD.uploading.<batch>` and waits for `$LLM_TEST_RECORD.go.upload.<batch>`, so that a
 test acts while an upload is in flight (kill the process, break the storage) without timing.
+$LLM_TEST_WRITE_HOLD=<batch> holds the background write of that batch's snapshot (in the upload
+thread, inside `torch.save` after the file's first bytes, llm/checkpoint/saver.py): the driver
+touches `$LLM_TEST_RECORD.writing.<batch>` and waits for `$LLM_TEST_RECORD.go.write.<batch>`, so
+that a test trains on, or kills the process, while a snapshot is half written.
 $LLM_TEST_LOG_INFO=<logger>[,<logger>...] prints those loggers' INFO lines too (a benchmark reads
 the publisher's "stored in ... s after the save").
+$LLM_TEST_SPIKE_AT=<batch>:<factor>[,...] multiplies the loss of that batch (the N-th, metrics.jsonl's
+step N) by the factor (`nan` for a non-finite step) before its backward pass (`LossSpike`): a spike
+at a known batch for the guard's tests (llm/callbacks/guard.py); with $LLM_TEST_SPIKE_RANK=<rank>
+on that rank's micro-batches only.
+$LLM_TEST_LR_SPIKE=<from>:<to>:<factor> multiplies the learning rate of batches from+1 .. to (the
+window [from, to) of data.skip's numbering) by the factor (`LearningRateSpike`): the guard demo's
+instability, a stretch of updates far too large (scenarios/guard_demo.py).
 """
 
 from __future__ import annotations
@@ -56,7 +67,8 @@ class Recorder(Callback):
         self.started = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        if int(state.timestamp.batch) in self.pause_at and not os.environ.get("LLM_TEST_UPLOAD_HOLD"):
+        held = os.environ.get("LLM_TEST_UPLOAD_HOLD") or os.environ.get("LLM_TEST_WRITE_HOLD")
+        if int(state.timestamp.batch) in self.pause_at and not held:
             _settle_uploads(state)
         batch = state.batch["input_ids"].cpu().contiguous()
         ids = batch.numpy().tobytes()
@@ -159,6 +171,51 @@ IMPORTED = STARTED
 MILESTONES: dict[str, float] = {}
 
 
+class LossSpike(Callback):
+    """Multiplies the loss of chosen batches by a factor at AFTER_LOSS (before the backward pass):
+    `{batch: factor}`, batch numbered as metrics.jsonl's steps; `nan` makes a non-finite step.
+    A batch the guard skipped is never trained again, so its spike is not seen again."""
+
+    def __init__(self, spikes: dict[int, float], rank: int | None = None):
+        self.spikes = spikes
+        self.rank = rank  # None: every rank
+
+    @classmethod
+    def from_env(cls, text: str, rank: str = "") -> LossSpike:
+        pairs = (item.split(":") for item in text.split(",") if item.strip())
+        return cls({int(batch): float(factor) for batch, factor in pairs}, int(rank) if rank else None)
+
+    def after_loss(self, state: State, logger: Logger) -> None:
+        factor = self.spikes.get(int(state.timestamp.batch) + 1)
+        if factor is None or self.rank not in (None, dist.get_global_rank()):
+            return
+        if isinstance(state.loss, dict):
+            state.loss = {**state.loss, "total": state.loss["total"] * factor}
+        else:
+            state.loss = state.loss * factor
+
+
+class LearningRateSpike(Callback):
+    """Multiplies the learning rate of the batches in [start, end) (data.skip's numbering: the
+    batches after the first `start` up to batch `end`) by `factor`, at BATCH_START; the scheduler's
+    next step sets the rate from the schedule again. A batch the guard skipped is never trained, so
+    a rollback over the window leaves no trace of it."""
+
+    def __init__(self, start: int, end: int, factor: float):
+        self.start, self.end, self.factor = start, end, factor
+
+    @classmethod
+    def from_env(cls, text: str) -> LearningRateSpike:
+        start, end, factor = text.split(":")
+        return cls(int(start), int(end), float(factor))
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        if self.start <= int(state.timestamp.batch) < self.end:
+            for optimizer in state.optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] *= self.factor
+
+
 class _StallingFile:
     """A checkpoint file being written that stalls once, in its second write: inside torch.save's
     zip records, where an exception leaves its writer unable to close the file."""
@@ -186,10 +243,13 @@ class _StallingFile:
 
 
 def _stall_checkpoint_writes(seconds: float, record: str) -> None:
-    """Composer opens each checkpoint file with the `open` of its checkpoint module: wrap it."""
+    """Composer (checkpoint.snapshot: false) and the saver's background write open each checkpoint
+    file with the `open` of their module: wrap both."""
     import builtins
 
     import composer.utils.checkpoint as composer_checkpoint
+
+    import llm.checkpoint.saver as saver_module
 
     def stalling_open(file, mode="r", *args, **kwargs):
         opened = builtins.open(file, mode, *args, **kwargs)
@@ -200,6 +260,7 @@ def _stall_checkpoint_writes(seconds: float, record: str) -> None:
         )
 
     composer_checkpoint.open = stalling_open
+    saver_module.open = stalling_open
 
 
 def _hold_uploads(batch: int, record: str) -> None:
@@ -220,6 +281,33 @@ def _hold_uploads(batch: int, record: str) -> None:
         cls.upload = held
 
 
+def _hold_writes(batch: int, record: str) -> None:
+    """Wrap the `open` of the saver's background write: the file of `batch` is held after its first
+    bytes (a partial file on disk, as a write cut short leaves), until released (see above)."""
+    import builtins
+
+    import llm.checkpoint.saver as saver_module
+
+    marker, release = Path(f"{record}.writing.{batch}"), Path(f"{record}.go.write.{batch}")
+
+    class HeldFile(_StallingFile):
+        def write(self, data):
+            written = self._file.write(data)
+            self._writes += 1
+            if self._writes == 2:
+                self._file.flush()
+                marker.touch()
+                while not release.exists():
+                    time.sleep(0.02)  # the upload thread's wait; the training thread goes on
+            return written
+
+    def held_open(file, mode="r", *args, **kwargs):
+        opened = builtins.open(file, mode, *args, **kwargs)
+        return HeldFile(opened, 0.0, marker) if "w" in mode and f"-ba{batch}-" in str(file) else opened
+
+    saver_module.open = held_open
+
+
 def main() -> int:
     global IMPORTED
     import llm.trainer  # noqa: F401  (the import cost, measured apart from the restart itself)
@@ -237,9 +325,18 @@ def main() -> int:
         logger.propagate = False
     if os.environ.get("LLM_TEST_UPLOAD_HOLD"):
         _hold_uploads(int(os.environ["LLM_TEST_UPLOAD_HOLD"]), os.environ["LLM_TEST_RECORD"])
+    if os.environ.get("LLM_TEST_WRITE_HOLD"):
+        _hold_writes(int(os.environ["LLM_TEST_WRITE_HOLD"]), os.environ["LLM_TEST_RECORD"])
     if os.environ.get("LLM_TEST_SAVE_STALL"):
         _stall_checkpoint_writes(float(os.environ["LLM_TEST_SAVE_STALL"]), os.environ["LLM_TEST_RECORD"])
-    return train.main(sys.argv[1:], extra_callbacks=[_LazyRecorder()])
+    extra = [_LazyRecorder()]
+    if os.environ.get("LLM_TEST_SPIKE_AT"):
+        extra.append(
+            LossSpike.from_env(os.environ["LLM_TEST_SPIKE_AT"], os.environ.get("LLM_TEST_SPIKE_RANK", ""))
+        )
+    if os.environ.get("LLM_TEST_LR_SPIKE"):
+        extra.append(LearningRateSpike.from_env(os.environ["LLM_TEST_LR_SPIKE"]))
+    return train.main(sys.argv[1:], extra_callbacks=extra)
 
 
 class _LazyRecorder(Callback):

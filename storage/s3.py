@@ -13,13 +13,18 @@ from the environment each time a request starts:
 The outage budget: a request that fails for a reason that can pass (no connection, a timeout, a
 5xx or throttling answer) is tried again after a capped exponential backoff (0.5 s, 1 s, 2 s ...
 up to LLM_S3_BACKOFF_MAX_S, jittered) until the endpoint has been failing for LLM_S3_OUTAGE_S.
-The clock is one per endpoint and process, shared by every request and thread: it starts at the
-first failure and is reset by any answer. Once it has run out the endpoint is given up for the
-rest of the process: every later request (the clean-up after the failure: records, lock release,
-listings) fails at once with the same line instead of waiting its own bound. So a remote that
-never comes back ends a request, and the run, within LLM_S3_OUTAGE_S plus one request timeout;
-a remote that comes back within the budget costs only the wait. Answers that will not change
-(no such object, access denied, no bucket, no credentials) fail at once.
+There are two clocks per endpoint and process, one for reads (downloads, reads, listings) and
+one for writes (uploads, writes, deletes), each shared by every request and thread of its kind:
+a clock starts at the first failure of its kind and is reset only by an answer to that kind. So
+writes that keep failing while reads succeed (a bucket refusing PUTs, a full quota) spend their
+budget as a dead remote does, instead of being reset by every shard download. Once a clock has
+run out its kind is given up for the rest of the process: every later request of that kind (the
+clean-up after the failure: records, lock release) fails at once with the same line instead of
+waiting its own bound. So a remote that never comes back ends a request, and the run, within
+LLM_S3_OUTAGE_S plus one request timeout; a remote that comes back within the budget costs only
+the wait. Answers that will not change (no such object, access denied, no bucket, no
+credentials) fail at once. `OUTAGES.close(reason)` gives every request up at once and quietly
+(a run whose end has stopped waiting for the storage: nothing is printed after its last line).
 
 Why not a library's client: Composer's `S3ObjectStore` lives behind `import composer` (about 12 s,
 too slow for the converter's processes and `--help`) and has no delete, no listing with sizes and
@@ -100,44 +105,81 @@ class RetryPolicy:
         )
 
 
+# The operations (the verbs `storage.store` names its requests with) that change the remote;
+# every other one reads. Each kind has its own outage clock (module docstring).
+WRITE_OPERATIONS = frozenset({"writing", "uploading to", "deleting", "deleting under"})
+
+
+def request_kind(operation: str) -> str:
+    """Which outage clock a request of `operation` runs on: "writes" or "reads"."""
+    return "writes" if operation in WRITE_OPERATIONS else "reads"
+
+
 class Outages:
-    """When each endpoint began failing (one clock per endpoint, shared by all threads), and which
-    ones were given up because they failed for the whole budget."""
+    """When each endpoint began failing reads and writes (a clock per endpoint and kind, shared by
+    all threads), which kinds were given up because they failed for the whole budget, and whether
+    the process closed its storage."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._since: dict[str, float] = {}
-        self._given_up: dict[str, str] = {}
-        self._announced: set[str] = set()
+        self._since: dict[tuple[str, str], float] = {}
+        self._given_up: dict[tuple[str, str], str] = {}
+        self._announced: set[tuple[str, str]] = set()
+        self._answered_at: dict[tuple[str, str], float] = {}
+        self._closed: str | None = None
 
-    def failed(self, endpoint: str, now: float) -> float:
-        """Record a failure; return when the current outage began."""
+    def failed(self, endpoint: str, now: float, kind: str = "reads") -> float:
+        """Record a failure; return when the current outage of this kind began."""
         with self._lock:
-            return self._since.setdefault(endpoint, now)
+            return self._since.setdefault((endpoint, kind), now)
 
-    def answered(self, endpoint: str, now: float) -> None:
+    def answered(self, endpoint: str, now: float, kind: str = "reads") -> None:
         with self._lock:
-            since = self._since.pop(endpoint, None)
-            announced = endpoint in self._announced
-            self._announced.discard(endpoint)
-        if since is not None and announced:
-            log.warning("[storage] %s answers again after %.0f s", _describe_endpoint(endpoint), now - since)
+            self._answered_at[(endpoint, kind)] = now
+            since = self._since.pop((endpoint, kind), None)
+            announced = (endpoint, kind) in self._announced
+            self._announced.discard((endpoint, kind))
+            quiet = self._closed is not None
+        if since is not None and announced and not quiet:
+            log.warning(
+                "[storage] %s answers again after %.0f s (%s)",
+                _describe_endpoint(endpoint),
+                now - since,
+                kind,
+            )
 
-    def announce(self, endpoint: str, message: str) -> None:
+    def announce(self, endpoint: str, message: str, kind: str = "reads") -> None:
         """Say once per outage that it began (the retries go on quietly)."""
         with self._lock:
-            if endpoint in self._announced:
+            if (endpoint, kind) in self._announced or self._closed is not None:
                 return
-            self._announced.add(endpoint)
+            self._announced.add((endpoint, kind))
         log.warning("[storage] %s", message)
 
-    def give_up(self, endpoint: str, message: str) -> None:
+    def give_up(self, endpoint: str, message: str, kind: str = "reads", since: float | None = None) -> None:
+        """Give `kind` up for the process; the other kind too unless it has answered since this
+        outage began (`since`): a dead remote ends every request at once, a remote that refuses
+        only writes still serves reads."""
         with self._lock:
-            self._given_up.setdefault(endpoint, message)
+            self._given_up.setdefault((endpoint, kind), message)
+            other = "reads" if kind == "writes" else "writes"
+            if since is None or self._answered_at.get((endpoint, other), float("-inf")) < since:
+                self._given_up.setdefault((endpoint, other), message)
 
-    def given_up(self, endpoint: str) -> str | None:
+    def given_up(self, endpoint: str, kind: str = "reads") -> str | None:
         with self._lock:
-            return self._given_up.get(endpoint)
+            return self._closed or self._given_up.get((endpoint, kind))
+
+    @property
+    def closed(self) -> str | None:
+        """Why the process closed its storage (`close`), or None."""
+        return self._closed
+
+    def close(self, reason: str) -> None:
+        """Give every later request of this process up at once, and say nothing more about
+        outages: the run has stopped waiting for its storage and its last line is printed."""
+        with self._lock:
+            self._closed = self._closed or reason
 
     def reset(self) -> None:
         """Forget every outage (tests; a process that knows the endpoint is back)."""
@@ -145,6 +187,8 @@ class Outages:
             self._since.clear()
             self._given_up.clear()
             self._announced.clear()
+            self._answered_at.clear()
+            self._closed = None
 
 
 OUTAGES = Outages()
@@ -287,9 +331,10 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
     if read_timeout is not None:
         policy = dataclasses.replace(policy, read_timeout=float(read_timeout))
     endpoint = os.environ.get("S3_ENDPOINT_URL") or ""
+    kind = request_kind(operation)
     attempts = 0
     while True:
-        gone = OUTAGES.given_up(endpoint)
+        gone = OUTAGES.given_up(endpoint, kind)
         if gone is not None:
             raise StorageError(f"{operation} {url}: not tried, {gone}")
         attempts += 1
@@ -302,9 +347,12 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
             now = time.monotonic()
             if not is_passing(err):
                 if any(getattr(c, "response", None) for c in _causes(err)):
-                    OUTAGES.answered(endpoint, now)  # the endpoint answered (4xx): it is there
+                    OUTAGES.answered(endpoint, now, kind)  # the endpoint answered (4xx): it is there
                 raise storage_error(err, url, operation) from err
-            since = OUTAGES.failed(endpoint, began)  # the outage began when this attempt did
+            gone = OUTAGES.given_up(endpoint, kind)  # given up while this attempt waited
+            if gone is not None:
+                raise StorageError(f"{operation} {url}: not tried again, {gone}") from err
+            since = OUTAGES.failed(endpoint, began, kind)  # the outage began when this attempt did
             left = since + policy.outage_s - now
             capped = policy.max_attempts is not None and attempts >= policy.max_attempts
             if left <= 0 or capped:
@@ -312,15 +360,16 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
                 why = f"{attempts} attempts (LLM_S3_MAX_ATTEMPTS)" if capped and left > 0 else (
                     f"over {policy.outage_s:g}s (LLM_S3_OUTAGE_S)"
                 )  # fmt: skip
-                OUTAGES.give_up(endpoint, f"{endpoint_name()} has failed for {why}")
+                OUTAGES.give_up(endpoint, f"{endpoint_name()} has failed for {why} on {kind}", kind, since)
                 raise storage_error(err, url, operation, attempts, now - since) from err
             OUTAGES.announce(
                 endpoint,
                 f"{endpoint_name()} is failing ({operation} {url}: {type(err).__name__}); retrying for "
                 f"up to {policy.outage_s:g}s (LLM_S3_OUTAGE_S)",
+                kind,
             )
             # The last attempt starts at the deadline at the latest: it ends within one timeout.
             time.sleep(min(policy.backoff(attempts), left))
             continue
-        OUTAGES.answered(endpoint, time.monotonic())
+        OUTAGES.answered(endpoint, time.monotonic(), kind)
         return result

@@ -101,6 +101,7 @@ LONGEST_FIRST = [
     "test_gpu_check_smoke.py",  # 68 s
     "test_profiling.py",  # 57 s
     "test_storage_outage.py",  # 49 s
+    "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
 ]

@@ -132,6 +132,12 @@ class RunLock:
                     err,
                 )
 
+    def abandon(self) -> None:
+        """Stop renewing the lease without a word to the storage (the end of a run that gave its
+        storage up): the lease goes stale and the next run takes it over."""
+        self._released = True
+        self._stop.set()
+
     # --- taking ----------------------------------------------------------------------------
 
     def _try_take(self) -> bool:
@@ -229,7 +235,8 @@ class RunLock:
                     version = current[1]
                 self._version = version
             except Exception as err:  # the next beat tries again; the lease lasts several beats
-                log.warning("could not renew the run lock %s: %s", self.url, err)
+                if not self._stop.is_set():  # not after release or abandon: the run is ending
+                    log.warning("could not renew the run lock %s: %s", self.url, err)
 
     def _lose(self, holder: dict[str, Any]) -> None:
         self.lost = (

@@ -5,8 +5,8 @@ It checks that `save_folder` can take a checkpoint, takes the folder's run lock 
 (`llm.checkpoint.resume`) and builds the callbacks that save, publish, hold the lock and handle
 preemption, in the only order that works:
 
-  CheckpointSaver (Composer) -> CheckpointPublisher -> RunLockCallback (rank 0) -> RestartTimings
-  -> PreemptionCallback
+  Saver (Composer's CheckpointSaver, saver.py) -> CheckpointPublisher -> RunLockCallback (rank 0)
+  -> RestartTimings -> PreemptionCallback
 
 The publisher stores what the saver just wrote, at the same event, so it must follow it; the lock
 is released after the publisher's last tidying at fit end and close; the preemption callback exits
@@ -18,6 +18,8 @@ wrong order fails at once instead of at the first save or the first SIGTERM.
 from __future__ import annotations
 
 import atexit
+import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -42,13 +44,27 @@ from llm.checkpoint.resume import (
     stop_if_complete,
     warn_recipe_changes,
 )
-from llm.checkpoint.sizes import CHECKPOINT_BYTES_PER_PARAM, checkpoint_bytes, format_bytes
+from llm.checkpoint.schedule import SaveCosts, save_interval
+from llm.checkpoint.sizes import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    DEFAULT_DISK_BANDWIDTH,
+    DEFAULT_SNAPSHOT_BANDWIDTH,
+    DEFAULT_UPLOAD_BANDWIDTH,
+    checkpoint_bytes,
+    format_bytes,
+    parse_bandwidth,
+)
+from llm.checkpoint.uploader import Deadline, run_bounded
 from llm.config import TrainConfig
 from llm.errors import ConfigError
 from llm.model import count_params
 from storage import StorageError, Store, open_store
+from storage.s3 import OUTAGES
+from storage.scratch import make_process_folder, remove_dead_process_folders
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,8 @@ def plan_checkpointing(
     - `checkpoint.num_to_keep` and the load-path safety rule (ConfigError: a `load_path` outside
       `save_folder` needs `checkpoint.allow_untrusted_load_path: true`, because Composer 0.32.1
       unpickles checkpoints);
-    - rank 0 checks that `save_folder` can be written and has room for one checkpoint, and takes
+    - rank 0 checks that this node's memory holds a checkpoint's snapshots (`checkpoint.snapshot`),
+      that `save_folder` can be written and has room for `num_to_keep` + 1 checkpoints, and takes
       its run lock (RunLockHeld, naming the holder, if another run has it); every rank learns
       the outcome, so all of them stop together;
     - deletes the stale `./s3:/<bucket>/...` copy Composer's autoresume leaves in the working
@@ -128,8 +145,12 @@ def plan_checkpointing(
         "load_path": point.load_path,
         "load_weights_only": point.weights_only,
     }
-    held = (RunLockCallback(lock),) if lock is not None else ()
-    saving = _saving_callbacks(cfg, rank, records) if ck.save_folder else ()
+    deadline = Deadline()  # the end's one bound on storage, shared by the publisher and the lock
+    held = (RunLockCallback(lock, deadline),) if lock is not None else ()
+    resumed_from = point.batch if point.source == "autoresume" else None
+    saving = (
+        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline) if ck.save_folder else ()
+    )
     timings = RestartTimings(point.batch if point.source == "autoresume" else None)
     callbacks = (*saving, *held, timings, PreemptionCallback())
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
@@ -163,19 +184,26 @@ def _starting_point(
 
 class RunLockCallback(Callback):
     """Holds the run lock (`llm.checkpoint.lock`) while the Trainer runs, on rank 0: checked after
-    every batch, released at fit end and at close (which also follows an error or a signal)."""
+    every batch, released at fit end and at close (which also follows an error or a signal),
+    within the end's `deadline` (a storage that hangs must not hold the end of the run); once the
+    storage was given up at the end, not at all (the next run takes the lease over)."""
 
-    def __init__(self, lock: RunLock):
+    def __init__(self, lock: RunLock, deadline: Deadline | None = None):
         self.lock = lock
+        self.deadline = deadline or Deadline()
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.lock.check()
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        self.lock.release()
+        self._release()
 
     def close(self, state: State, logger: Logger) -> None:
-        self.lock.release()
+        self._release()
+
+    def _release(self) -> None:
+        if OUTAGES.closed is not None or not run_bounded(self.lock.release, self.deadline.left()):
+            self.lock.abandon()
 
 
 def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | None:
@@ -185,6 +213,7 @@ def take_run_lock(cfg: TrainConfig, *, rank: int, world_size: int) -> RunLock | 
     if rank == 0:
         store = open_store(cfg.checkpoint.save_folder)
         try:
+            check_host_memory(cfg, world_size)
             check_save_folder(cfg, store, world_size)
             try:
                 lock = RunLock(store, cfg.run_name).acquire()
@@ -248,9 +277,56 @@ def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> No
         )
 
 
+def check_host_memory(cfg: TrainConfig, world_size: int, available: int | None = None) -> None:
+    """ConfigError if this node's writing ranks' snapshots (`checkpoint.snapshot`: each its part of
+    a checkpoint, in host memory) do not fit the memory the node has available now (`available`,
+    default /proc/meminfo's MemAvailable; not known: not checked)."""
+    if not cfg.checkpoint.snapshot:
+        return
+    available = available if available is not None else memory_available()
+    if available is None:
+        return
+    per_rank = rank_checkpoint_bytes(cfg, world_size)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    writers = min(local, world_size) if _sharded(cfg) else 1
+    need = per_rank * writers
+    if need > available:
+        raise ConfigError(
+            f"checkpoint.snapshot: the snapshots of a checkpoint take {format_bytes(need)} of host memory on "
+            f"this node ({writers} writing rank(s), {format_bytes(per_rank)} each), but it has "
+            f"{format_bytes(available)} available; free memory, shard the checkpoint over more ranks "
+            "(fsdp.state_dict_type: sharded), or set checkpoint.snapshot=false (the step then waits for "
+            "the local write)"
+        )
+
+
+def memory_available() -> int | None:
+    """Bytes of memory this machine can give now (Linux's MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def staging_parent(cfg: TrainConfig) -> Path:
     """The folder each rank's private staging folder for an S3 save is made in."""
     return Path(cfg.checkpoint.staging_folder or tempfile.gettempdir())
+
+
+STAGING_PREFIX = "llm-ckpt-rank"  # + "<rank>-<pid>-<random>": one staging folder per rank and process
+
+
+def make_staging_folder(cfg: TrainConfig, rank: int) -> Path:
+    """This rank's private staging folder for an S3 save, after removing those of killed runs
+    (`storage.scratch`: a SIGKILLed run cannot remove its own, 10 GB per rank at 7B)."""
+    parent = staging_parent(cfg)
+    for gone in remove_dead_process_folders(rf"{STAGING_PREFIX}\d+-", parent):
+        log.info("removed %s, the staging folder of a run that was killed", gone)
+    return make_process_folder(f"{STAGING_PREFIX}{rank}-", parent)
 
 
 def _check_staging_writable(cfg: TrainConfig, where: Path) -> None:
@@ -272,31 +348,24 @@ def _unwritable(cfg: TrainConfig, err: StorageError) -> ConfigError:
     )
 
 
-def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | None) -> tuple:
-    from composer.callbacks import CheckpointSaver
-
+def _saving_callbacks(
+    cfg: TrainConfig,
+    rank: int,
+    world_size: int,
+    records: RunRecordsHook | None,
+    resumed_from: int | None,
+    deadline: Deadline,
+) -> tuple:
     from llm.checkpoint.publisher import CheckpointPublisher
+    from llm.checkpoint.saver import Saver
 
     ck = cfg.checkpoint
     store = open_store(ck.save_folder)
     # Remote: Composer writes into a private staging folder that the publisher uploads and empties.
-    staging = (
-        tempfile.mkdtemp(prefix=f"llm-ckpt-rank{rank}-", dir=staging_parent(cfg))
-        if store.is_remote
-        else ck.save_folder
-    )
+    staging = str(make_staging_folder(cfg, rank)) if store.is_remote else ck.save_folder
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
         atexit.register(shutil.rmtree, staging, ignore_errors=True)
-    saver = CheckpointSaver(
-        folder=staging,
-        filename=CHECKPOINT_FILENAME,
-        remote_file_name=None,
-        latest_filename=None,
-        latest_remote_file_name=None,
-        save_interval=ck.save_interval,
-        overwrite=True,
-        num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
-    )
+    costs = estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
     publisher = CheckpointPublisher(
         store,
         staging,
@@ -305,8 +374,55 @@ def _saving_callbacks(cfg: TrainConfig, rank: int, records: RunRecordsHook | Non
         records=records,
         background=ck.background_upload,
         wait_limit_s=ck.upload_wait_s,
+        resumed_from=resumed_from,
+        deadline=deadline,
+        costs=costs,
+        when_busy=ck.when_busy,
+        notice_s=cfg.preemption.notice_s,
+        margin_s=cfg.preemption.margin_s,
+    )
+    saver = Saver(
+        folder=staging,
+        filename=CHECKPOINT_FILENAME,
+        remote_file_name=None,
+        latest_filename=None,
+        latest_remote_file_name=None,
+        save_interval=save_interval(cfg, costs),
+        overwrite=True,
+        num_checkpoints_to_keep=-1,  # the publisher keeps num_to_keep across runs, not per process
+        need_bytes=rank_checkpoint_bytes(cfg, world_size),
+        publisher=publisher,
+        costs=costs,
+        snapshot=ck.snapshot,
     )
     return saver, publisher
+
+
+def rank_checkpoint_bytes(cfg: TrainConfig, world_size: int) -> int:
+    """What one checkpoint takes on this rank's disk (and in its snapshot) at the least (a sharded
+    save: its shard)."""
+    need = checkpoint_bytes(count_params(cfg.model).total)
+    return need // world_size if _sharded(cfg) else need
+
+
+def _sharded(cfg: TrainConfig) -> bool:
+    return cfg.fsdp.enabled and cfg.fsdp.state_dict_type == "sharded"
+
+
+def estimated_costs(cfg: TrainConfig, world_size: int, remote: bool) -> SaveCosts:
+    """A save's stall and background seconds before one is measured (`llm.checkpoint.schedule`):
+    this rank's part at the default snapshot rate, the node's at the default disk and upload rates."""
+    per_rank = rank_checkpoint_bytes(cfg, world_size)
+    per_node = per_rank * (
+        min(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), world_size) if _sharded(cfg) else 1
+    )
+    write_s = per_node / parse_bandwidth(DEFAULT_DISK_BANDWIDTH)
+    upload_s = per_node / parse_bandwidth(DEFAULT_UPLOAD_BANDWIDTH) if remote else 0.0
+    if cfg.checkpoint.snapshot:
+        return SaveCosts(
+            stall_s=per_rank / parse_bandwidth(DEFAULT_SNAPSHOT_BANDWIDTH), background_s=write_s + upload_s
+        )
+    return SaveCosts(stall_s=write_s, background_s=upload_s)
 
 
 class RestartTimings(Callback):

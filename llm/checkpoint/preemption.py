@@ -10,7 +10,17 @@ This callback replaces that handler while training runs:
   of them after the same batch; `state.stop_training()` then makes that batch the last one, and
   Composer's saver writes its end-of-training checkpoint there (the publisher stores it);
 - at `fit_end` (this callback must be the last one; checked when the Trainer is built) the process exits with 128 + the signal
-  number: 143 for SIGTERM, 130 for SIGINT, the codes a shell and launchers expect.
+  number: 143 for SIGTERM, 130 for SIGINT, the codes a shell and launchers expect, after one
+  `[preemption]` line saying what the publisher reported (`StopSave`): the checkpoint stored, or,
+  when the storage could not take it within `checkpoint.upload_wait_s` of the signal (an outage, an
+  upload still in flight), which checkpoint the next run resumes from and the batches it redoes.
+  A preemption notice is short: the signal is never held for the storage's whole outage budget.
+- with `preemption.notice_s` (the time the platform leaves between SIGTERM and the kill), the
+  publisher starts no save that cannot be stored in time: the save's projected seconds (this
+  run's measured snapshot, write and upload, `llm.checkpoint.schedule.SaveCosts`, plus what is
+  left of an upload in flight) must fit the notice less `preemption.margin_s`; if not, the upload
+  in flight is let finish within that time and the line names the checkpoint the next run resumes
+  from and the batches it redoes. The waits after the signal end with the notice less its margin.
 
 `stop_training()` lowers `state.max_duration`, which is not part of a Composer checkpoint: the
 resumed run trains to the recipe's `max_duration`.
@@ -23,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 from composer.core import Callback, State
@@ -34,6 +45,17 @@ log = logging.getLogger(__name__)
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
 
+@dataclass(frozen=True)
+class StopSave:
+    """What became of the checkpoint saved on the signal (the publisher reports it)."""
+
+    batch: int  # the batch it was saved at
+    stored: bool
+    resume_batch: int | None  # the newest complete checkpoint the next run resumes from (None: none)
+    reason: str = ""  # why it was not stored
+    started: bool = True  # False: no save was started (it could not end within preemption.notice_s)
+
+
 class PreemptionCallback(Callback):
     def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)):
         self.signals = signals
@@ -42,6 +64,7 @@ class PreemptionCallback(Callback):
         self.stop_signal: int | None = None  # the signal all ranks agreed to stop on
         self.stop_batch: int | None = None
         self.second: int | None = None  # a second signal, which stops the process at once
+        self.save_outcome: StopSave | None = None  # set by the publisher (no save_folder: None)
         self._previous: dict[int, object] = {}
 
     def init(self, state: State, logger: Logger) -> None:
@@ -88,14 +111,9 @@ class PreemptionCallback(Callback):
         self._restore()
         if self.stop_signal is None:
             return
-        seconds = time.monotonic() - (self.received_at or time.monotonic())
         code = EXIT_CODES.get(self.stop_signal, 128 + self.stop_signal)
         # Printed, not logged: the launcher's log is what an operator reads after a preemption.
-        print(
-            f"[preemption] {signal.Signals(self.stop_signal).name}: checkpoint at batch {self.stop_batch} "
-            f"stored {seconds:.2f} s after the signal; exiting with code {code}",
-            flush=True,
-        )
+        print(f"[preemption] {self._describe(code)}", flush=True)
         sys.stdout.flush()
         if threading.current_thread() is threading.main_thread():
             # Stored and on the way out: a further signal must not raise SystemExit inside the
@@ -103,6 +121,34 @@ class PreemptionCallback(Callback):
             for sig in self.signals:
                 signal.signal(sig, _already_exiting)
         sys.exit(code)
+
+    def _describe(self, code: int) -> str:
+        name = signal.Signals(self.stop_signal).name
+        seconds = time.monotonic() - (self.received_at or time.monotonic())
+        outcome = self.save_outcome
+        if outcome is None:  # no checkpoint.save_folder: nothing is saved
+            return f"{name}: stopped after batch {self.stop_batch}, nothing saved; exiting with code {code}"
+        if outcome.stored:
+            return (
+                f"{name}: checkpoint at batch {outcome.batch} stored {seconds:.2f} s after the signal; "
+                f"exiting with code {code}"
+            )
+        since = outcome.resume_batch or 0
+        resume = (
+            f"the next run resumes from the checkpoint at batch {since}"
+            if outcome.resume_batch is not None
+            else "no checkpoint is complete: the next run starts from scratch"
+        )
+        redo = f"batch {since + 1}" if outcome.batch == since + 1 else f"batches {since + 1}-{outcome.batch}"
+        if not outcome.started:
+            return (
+                f"{name}: no checkpoint saved at batch {outcome.batch} ({outcome.reason}); {resume} and "
+                f"redoes {redo}; exiting with code {code}"
+            )
+        return (
+            f"{name}: the checkpoint at batch {outcome.batch} was not stored within {seconds:.0f} s of the "
+            f"signal ({outcome.reason}); {resume} and redoes {redo}; exiting with code {code}"
+        )
 
     def close(self, state: State, logger: Logger) -> None:
         self._restore()
@@ -132,6 +178,16 @@ def _already_exiting(signum: int, frame) -> None:
         f"[preemption] {signal.Signals(signum).name} during shutdown: the process is already exiting",
         flush=True,
     )
+
+
+def preemption_callback(state: State) -> PreemptionCallback | None:
+    return next((cb for cb in state.callbacks if isinstance(cb, PreemptionCallback)), None)
+
+
+def second_signal(state: State) -> bool:
+    """Whether a second SIGTERM/SIGINT asked to stop at once (nothing more may be waited for)."""
+    cb = preemption_callback(state)
+    return cb is not None and cb.second is not None
 
 
 def stop_requested(state: State) -> bool:

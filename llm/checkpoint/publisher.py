@@ -5,8 +5,9 @@ Composer's `CheckpointSaver` writes the files (into a local staging folder when 
 after it at the same event (it must come after the saver in the callback list), and on every rank:
 
 1. uploads the files this rank wrote (retried by the store; the staging copy is then removed),
-   and on rank 0 first the run's records when the trainer gives them (`llm.run_dir.RunRecords`
-   through `llm.checkpoint.records_hook.RunRecordsHook`: metrics, samples, plot, config beside the
+   and on rank 0 first the run's records (as read at the save) when the trainer gives them
+   (`llm.run_dir.RunRecords` through `llm.checkpoint.records_hook.RunRecordsHook`: metrics, samples,
+   plot, config beside the
    checkpoints),
 2. writes this rank's manifest (sizes + SHA-256 of those files) after its files are stored,
 3. agrees with the other ranks that all of them succeeded (`all_reduce` MIN),
@@ -20,17 +21,23 @@ deletes the files of this run's saves that no manifest claims (`remove_unclaimed
 metrics line, the final plot), and every rank removes its private staging folder.
 
 Uploads run in the background (`checkpoint.background_upload`, on by default): Composer writes
-the files locally on the training thread (the stall), steps 1-2 run in this rank's upload thread
-(`llm.checkpoint.uploader`) while training goes on, and rank 0's thread moves `latest.json` and
-applies retention once every writer's manifest is stored (step 4). At most one upload is in flight
-per rank: the next save first waits for it (a log line says so), then the ranks agree on its
-outcome (step 3, on the training thread) and a failure is raised there as the same one-line
-`StorageError`, as it is at fit end. Fit end and close wait for a pending upload at most
-`checkpoint.upload_wait_s` seconds, with one line when that bound is hit. The save written on
-SIGTERM is stored on the training thread, as every save is with `background_upload: false`, so it
-is durable before the process exits. A crash with an upload in flight leaves that checkpoint
-without all its manifests: the previous complete one stays the resume point, and the next run's
-start removes the unclaimed files.
+the files locally on the training thread (the stall), the run's records are read into memory
+(`RunRecords.snapshot`), and steps 1-2 run in this rank's upload thread (`llm.checkpoint.uploader`)
+while training goes on; rank 0's thread moves `latest.json` and applies retention once every
+writer's manifest is stored (step 4). At most one upload is in flight per rank: the next save
+first waits for it (a log line says so), then the ranks agree on its outcome (step 3, on the
+training thread) and a failure is raised there as the same one-line `StorageError`. With
+`background_upload: false` the training thread waits for each upload at once; the job still runs
+in its thread, so that every wait is bounded where it must be.
+
+The end of a run (its last save, fit end, close) and the save on SIGTERM wait for the storage at
+most `checkpoint.upload_wait_s` in all: one `Deadline`, started at the last save (or at the
+signal), shared with the run lock's release. When it runs out at the end of training, the
+one-line StorageError is the run's last line and the process gives its storage up
+(`storage.s3.OUTAGES.close`: nothing waits or prints after it); on SIGTERM the preemption callback
+says which checkpoint the next run resumes from (`StopSave`) and the process exits 143. A crash
+with an upload in flight leaves that checkpoint without all its manifests: the previous complete
+one stays the resume point, and the next run's start removes the unclaimed files.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import dataclasses
 import functools
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,10 +59,13 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint import manifest as cm
-from llm.checkpoint.preemption import stop_requested
+from llm.checkpoint.preemption import StopSave, preemption_callback, second_signal, stop_requested
 from llm.checkpoint.records_hook import RunRecordsHook
-from llm.checkpoint.uploader import Upload, Uploader
+from llm.checkpoint.saver import DiskFull
+from llm.checkpoint.schedule import SaveCosts
+from llm.checkpoint.uploader import Deadline, Upload, Uploader, run_bounded
 from storage import StorageError, Store
+from storage.s3 import OUTAGES
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +81,12 @@ class CheckpointPublisher(Callback):
         *,
         background: bool = True,
         wait_limit_s: float = 600.0,
+        resumed_from: int | None = None,
+        deadline: Deadline | None = None,
+        costs: SaveCosts | None = None,
+        when_busy: str = "wait",
+        notice_s: float | None = None,
+        margin_s: float = 5.0,
     ):
         self.store = store
         self.records = records  # stored by rank 0 with every checkpoint, before its manifests
@@ -78,14 +95,22 @@ class CheckpointPublisher(Callback):
         self.recipe = recipe
         self.background = background
         self.wait_limit_s = wait_limit_s
+        self.deadline = deadline or Deadline()  # the end's one bound (shared with the run lock's release)
+        self.costs = costs or SaveCosts(stall_s=0.0, background_s=0.0)  # measured here and by the saver
+        self.when_busy = when_busy
+        self.notice_s = notice_s  # preemption.notice_s: the time a SIGTERM leaves (None: unknown)
+        self.margin_s = margin_s
         self.uploader = Uploader()
         self.last_batch: int | None = None
         self.last_stored_at: float | None = None  # time.monotonic() of the last completed save
         self.completed: list[int] = []  # batches this process made complete (rank 0)
+        self.newest_complete = resumed_from  # what the next run would resume from, as far as known here
         self._seen_saves = 0
         self._start_batch: int | None = None  # the batch this fit started at
         self._records_final = False
         self._abandoned: Upload | None = None  # an upload still running after the wait bound
+        self._stop_reason = ""  # why the save on a signal was not stored
+        self._bound_text = f"{wait_limit_s:g} s (checkpoint.upload_wait_s)"  # what the end's wait is
 
     def init(self, state: State, logger: Logger) -> None:
         check_order(state.callbacks)  # Event.INIT runs inside Trainer(): a wrong order fails there
@@ -94,17 +119,32 @@ class CheckpointPublisher(Callback):
         self._start_batch = int(state.timestamp.batch)
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        self._settle(state, limit=self.wait_limit_s)
-        self._remove_interrupted_saves()
+        self.deadline.start(self.wait_limit_s)
+        self._settle(state, final=True)
+        self._bounded(self._remove_interrupted_saves)
 
     def close(self, state: State, logger: Logger) -> None:
+        if second_signal(state):  # stop at once: drop the save in flight (its files go below)
+            if self.uploader.pending is not None:
+                self.uploader.pending.stop.set()
+                self.uploader.pending = None
+            self._bounded(self._remove_interrupted_saves)
+            return
         self._finish_quietly()
-        self._remove_interrupted_saves()
+        self._bounded(self._remove_interrupted_saves)
         # At close, not fit end: Composer runs the loggers' fit_end (metrics.jsonl's last line)
         # after the callbacks', and a run stopping on a signal exits inside fit_end.
-        self._store_records_at_end()
+        self._bounded(self._store_records_at_end)
         if self.store.is_remote and self._abandoned is None:
             shutil.rmtree(self.staging_root, ignore_errors=True)
+
+    def _bounded(self, tidy) -> None:
+        """Run one of the end's storage chores within the end's deadline (if it started); nothing
+        once the storage was given up (the run's last line is printed: nothing may follow)."""
+        if storage_closed():
+            return
+        if not run_bounded(tidy, self.deadline.left()):
+            log.info("%s did not finish within checkpoint.upload_wait_s; left to the next run", tidy.__name__)
 
     def _store_records_at_end(self) -> None:
         if self.records is not None and dist.get_global_rank() == 0 and not self._records_final:
@@ -138,64 +178,177 @@ class CheckpointPublisher(Callback):
         # Every rank sees the same `last_checkpoint_batch`, so all of them reach the collectives below.
         if batch is None or int(batch) == self.last_batch:
             return
-        stopping = stop_requested(state)  # a SIGTERM save: stored before the process exits
-        # One upload in flight per rank: the previous one settles first (bounded on SIGTERM).
-        self._settle(state, next_save=int(batch), limit=self.wait_limit_s if stopping else None)
+        final = self._start_end(state)
         self.last_batch = int(batch)
-        error, files, manifest = None, [], None
+        write, saver.pending = saver_write(saver), None  # the snapshot to write first (the saver's)
+        error, files, manifest, records = None, [], None, None
         try:
             new_paths = saver.saved_checkpoints[self._seen_saves :]
             self._seen_saves = len(saver.saved_checkpoints)
             if new_paths:
                 if self.records is not None and dist.get_global_rank() == 0:
-                    self.records.save(state)  # before the manifests: a complete checkpoint has its records
+                    records = self.records.snapshot(state)  # stored before the manifests
                 files, manifest = self._rank_files(state, new_paths[-1])
         except Exception as err:  # reported after the ranks agree, so no rank hangs in a collective
             error = err
         if not _all_ranks_ok(state, error is None):
             raise self._failure(self.last_batch, error)
-        background = self.background and not stopping
         follow_up = None
         if dist.get_global_rank() == 0:
             writers = manifest.writers if manifest is not None else 1
             follow_up = functools.partial(self._complete_when_stored, writers=writers)
-        store_files = (lambda: self._store_rank_files(files, manifest)) if files else (lambda: None)
-        self.uploader.start(self.last_batch, store_files, follow_up, background=background)
-        if background:
-            log.info("checkpoint at batch %d written locally; storing it in the background", self.last_batch)
+        self.uploader.start(
+            self.last_batch, functools.partial(self._store, write, records, files, manifest), follow_up
+        )
+        if final or not self.background:
+            stored = self._settle(state, final=final)
+            if stop_requested(state):
+                self._report_stop(state, self.last_batch, stored=stored, reason=self._stop_reason)
         else:
-            self._settle(state)
+            log.info(
+                "checkpoint at batch %d taken; writing and storing it in the background", self.last_batch
+            )
 
-    def _settle(self, state: State, *, next_save: int | None = None, limit: float | None = None) -> None:
-        """Wait for the pending upload (at most `limit` s), agree with the other ranks that theirs
-        finished too, and make the checkpoint complete on rank 0 if its thread has not; else raise
-        the one-line StorageError."""
+    def make_room(self, state: State, batch: int) -> bool:
+        """Before the saver takes a save at `batch` (every rank): at most one save in flight per
+        rank, so the previous one is settled first, waiting for it or, with
+        `checkpoint.when_busy: skip`, skipping this save with one line (never the last save). On a
+        signal with `preemption.notice_s`, no save is started that cannot be stored within the
+        notice: the one in flight is let finish if it can, and False. False: no save now."""
+        final = self._start_end(state)
+        if stop_requested(state) and not self._stop_save_fits(state, batch):
+            return False
+        upload = self.uploader.pending
+        if upload is not None and self.when_busy == "skip" and not final:
+            if _any_rank(state, not upload.finished.is_set()):
+                if dist.get_global_rank() == 0:
+                    print(
+                        f"[checkpoint] skipping the save at batch {batch}: the checkpoint at batch "
+                        f"{upload.batch} is still being written or stored (checkpoint.when_busy=skip)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                return False
+        # One save in flight per rank: the previous one settles first (at the end: within the bound).
+        if not self._settle(state, next_save=batch, final=final):
+            self._report_stop(state, batch, stored=False, reason=self._stop_reason)
+            return False
+        return True
+
+    def _stop_save_fits(self, state: State, batch: int) -> bool:
+        """With a notice: whether a save started now (after the one in flight) is projected to be
+        stored before the notice, less its margin, runs out; every rank must agree. If not, the
+        upload in flight is waited for within the notice, and the preemption line says why."""
+        if self.notice_s is None:
+            return True
+        cb = preemption_callback(state)
+        since = cb.received_at if cb is not None and cb.received_at is not None else time.monotonic()
+        left = since + self.notice_s - self.margin_s - time.monotonic()
+        upload = self.uploader.pending
+        ahead = 0.0
+        if upload is not None and not upload.finished.is_set():
+            ahead = max(0.0, self.costs.background_s - (time.monotonic() - upload.started))
+        projected = ahead + self.costs.projected_s
+        if _all_ranks_ok(state, projected <= left):
+            return True
+        reason = (
+            f"no save started: it would take about {projected:.1f} s at this run's rates "
+            f"({'measured' if self.costs.measured else 'estimated'}), more than the {max(left, 0):.1f} s "
+            f"the {self.notice_s:g} s notice leaves (preemption.notice_s less preemption.margin_s)"
+        )
+        if upload is not None and not self._settle(state, final=True):
+            reason += f"; and {self._stop_reason}"
+        self._report_stop(state, batch, stored=False, reason=reason, started=False)
+        return False
+
+    def _start_end(self, state: State) -> bool:
+        """Whether this save is the run's last (the end of training, or on a signal); if so, start
+        the end's deadline: `checkpoint.upload_wait_s` from now, or from the signal."""
+        elapsed = state.get_elapsed_duration()
+        if elapsed is None or not elapsed >= 1.0:
+            return False
+        cb = preemption_callback(state)
+        since = cb.received_at if cb is not None and cb.stop_signal is not None else None
+        bound = self.wait_limit_s
+        if since is not None and self.notice_s is not None and self.notice_s - self.margin_s < bound:
+            bound = max(0.0, self.notice_s - self.margin_s)  # the notice is what the signal leaves
+            self._bound_text = f"{bound:g} s (preemption.notice_s less preemption.margin_s)"
+        self.deadline.start(bound, since=since)
+        return True
+
+    def _store(self, write, records, files: list[Path], manifest: cm.Manifest | None) -> None:
+        """The upload thread's job: the snapshot's write (the saver's), the run's records (rank 0),
+        then this rank's files and manifest."""
+        started = time.monotonic()
+        if write is not None:
+            write()
+        if records is not None:
+            records()
+        if files:
+            self._store_rank_files(files, manifest)
+        self.costs.record(background_s=time.monotonic() - started)  # what the next save will take
+
+    def _settle(self, state: State, *, next_save: int | None = None, final: bool = False) -> bool:
+        """Wait for the pending upload (at the end: until the deadline), agree with the other ranks
+        that theirs finished too, and see it complete on rank 0. On failure the one-line
+        StorageError, except on a signal: False (the preemption line says what the next run does)."""
         upload = self.uploader.pending
         if upload is None:
-            return
+            return True
         if next_save is not None and not upload.stored.is_set():
             log.warning(
                 "checkpoint at batch %d waits for the upload of batch %d, still in flight after %.1f s "
-                "(uploads take longer than checkpoint.save_interval)",
+                "(writing and storing a save take longer than checkpoint.save_interval; "
+                "checkpoint.when_busy=skip skips a save instead)",
                 next_save,
                 upload.batch,
                 time.monotonic() - upload.started,
             )
+        limit = self.deadline.left() if final else None
         stored = upload.stored.wait(limit)
-        if not stored:
-            self._abandoned = upload  # still running: nothing of this run's saves is removed now
-        if not _all_ranks_ok(state, stored and upload.error is None):
-            upload.stop.set()
-            self.uploader.pending = None
+        if _all_ranks_ok(state, stored and upload.error is None):
+            upload.all_stored.set()  # rank 0's thread moves latest.json without asking the store
+            completed = dist.get_global_rank() != 0 or (upload.finished.wait(limit) and upload.completed)
+            if completed:
+                self.uploader.pending = None
+                self.newest_complete = upload.batch
+                return True
+            reason = upload.error or f"latest.json was not moved within {self._bound_text}"
+        else:
             reason = upload.error or (
-                f"its upload did not finish within {limit:g} s (checkpoint.upload_wait_s)"
+                f"its upload did not finish within {self._bound_text}"
                 if not stored
                 else "another rank failed to store its part"
             )
-            raise self._failure(upload.batch, upload.error, reason)
-        self.uploader.finish()  # rank 0: its thread stops waiting for the others' manifests
-        if dist.get_global_rank() == 0 and upload.batch not in self.completed:
-            self._complete(upload)
+        upload.stop.set()
+        self.uploader.pending = None
+        if not upload.finished.is_set():
+            self._abandoned = upload  # still running: nothing of this run's saves is removed now
+        failure = (
+            upload.error
+            if isinstance(upload.error, DiskFull)
+            else self._failure(upload.batch, upload.error, reason)
+        )
+        if final:  # the end stopped waiting for the storage: nothing may wait on it, or print, after
+            close_storage(f"the run stopped waiting for it at the end ({failure})")
+        if stop_requested(state):
+            cb = preemption_callback(state)
+            before = (
+                ""
+                if cb is None or upload.batch == cb.stop_batch
+                else f"the checkpoint at batch {upload.batch} before it: "
+            )
+            self._stop_reason = f"{before}{_short(reason)}"
+            return False
+        raise failure
+
+    def _report_stop(
+        self, state: State, batch: int, *, stored: bool, reason: str, started: bool = True
+    ) -> None:
+        """Tell the preemption callback what became of the save on the signal."""
+        cb = preemption_callback(state)
+        if cb is not None:
+            cb.save_outcome = StopSave(batch, stored, self.newest_complete, reason, started)
 
     def _abandon(self, upload: Upload, limit: float) -> None:
         self._abandoned = upload
@@ -208,21 +361,32 @@ class CheckpointPublisher(Callback):
 
     def _finish_quietly(self) -> None:
         """At close (after an error or a signal, when fit end did not settle): no collective, as
-        the other ranks may be gone; wait at most the bound for this rank's own upload."""
+        the other ranks may be gone; wait within the end's bound for this rank's own upload (rank 0:
+        and for the other ranks' manifests, which its thread looks for, to complete it)."""
         upload = self.uploader.pending
         if upload is None:
             return
-        if not upload.stored.wait(self.wait_limit_s):
-            self._abandon(upload, self.wait_limit_s)
+        self.deadline.start(self.wait_limit_s)
+        if upload.finished.wait(self.deadline.left()):
+            self.uploader.pending = None
             return
-        self.uploader.finish(self.wait_limit_s)  # rank 0: completes it if every manifest is there
+        upload.stop.set()
+        if not storage_closed():
+            self._abandon(upload, self.wait_limit_s)
+        else:
+            self._abandoned = upload
 
     def _failure(self, batch: int, error: BaseException | None, reason: Any = None) -> StorageError:
         where = f"{self.store.root} (batch {batch})"
         reason = reason or error or "another rank failed to store its part"
+        which = (
+            f"batch {self.newest_complete}"
+            if self.newest_complete is not None
+            else "none yet: the next run starts from scratch"
+        )
         failure = StorageError(
             f"could not store checkpoint {where}: {reason}. The previous complete checkpoint "
-            "remains the resume point; fix the storage and rerun the same command."
+            f"remains the resume point ({which}); fix the storage and rerun the same command."
         )
         failure.__cause__ = error
         return failure
@@ -262,22 +426,24 @@ class CheckpointPublisher(Callback):
                 path.unlink(missing_ok=True)
 
     def _complete_when_stored(self, upload: Upload, writers: int) -> None:
-        """Rank 0's upload thread, after its own manifest: once every writer's manifest is stored,
-        move latest.json and apply retention. Returns early when `upload.stop` is set (the training
-        thread then agrees with the ranks and completes the checkpoint itself)."""
+        """Rank 0's upload thread, after its own manifest: once every writer's manifest is stored
+        (it looks in the store, or the training thread says the ranks agreed they are), move
+        latest.json and apply retention. Returns early when `upload.stop` is set."""
         waiting = list(range(1, writers))
-        while True:
-            waiting = [r for r in waiting if not self.store.exists(cm.manifest_name(upload.batch, r))]
-            if not waiting:
+        while not upload.stop.is_set():
+            if not upload.all_stored.is_set():
+                waiting = [r for r in waiting if not self.store.exists(cm.manifest_name(upload.batch, r))]
+            if upload.all_stored.is_set() or not waiting:
                 self._complete(upload)
                 return
-            if upload.stop.wait(0.5):
-                return
+            upload.all_stored.wait(0.5)
 
     def _complete(self, upload: Upload) -> None:
         self._move_latest(upload.batch)
         self._retain()
+        upload.completed = True
         self.completed.append(upload.batch)
+        self.newest_complete = upload.batch
         self.last_stored_at = time.monotonic()
         log.info(
             "checkpoint at batch %d stored in %s (%.2f s after the save)",
@@ -361,7 +527,31 @@ def check_order(callbacks: list) -> None:
         )
 
 
+def saver_write(saver: CheckpointSaver):
+    """The write of the saver's snapshot (`llm.checkpoint.saver.Saver.pending`), if it took one."""
+    pending = getattr(saver, "pending", None)
+    return pending.write if pending is not None else None
+
+
+def _any_rank(state: State, flag: bool) -> bool:
+    return not _all_ranks_ok(state, not flag)
+
+
 def _all_ranks_ok(state: State, ok: bool) -> bool:
     flag = state.device.tensor_to_device(torch.tensor([1 if ok else 0], dtype=torch.int32))
     dist.all_reduce(flag, reduce_operation="MIN")
     return bool(flag.item())
+
+
+def close_storage(reason: str) -> None:
+    """Every later storage request of this process fails at once and quietly (`storage.s3`)."""
+    OUTAGES.close(reason)
+
+
+def storage_closed() -> bool:
+    return OUTAGES.closed is not None
+
+
+def _short(reason: Any) -> str:
+    """The first clause of a failure's reason, for the preemption line."""
+    return str(reason).split("; ")[0]

@@ -9,6 +9,7 @@ package can name the type.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from composer.core import State
@@ -27,4 +28,9 @@ class RunRecordsHook(Protocol):
 
     def save_quietly(self) -> None:
         """`save` at the end of a run, a failure reported as one warning."""
+        ...
+
+    def snapshot(self, state: State | None = None) -> Callable[[], object]:
+        """The records as they are now, read into memory at a save; the returned call stores them
+        (from the background upload thread, so a later step cannot change what is stored)."""
         ...

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import logging
 import os
 import pickle
 import shutil
 import sys
-import tempfile
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +27,10 @@ from llm.checkpoint import manifest as cm
 from llm.checkpoint import restart
 from llm.config import TrainConfig, flatten, parse_duration
 from llm.errors import ConfigError
+from llm.model import ModelConfig, parameter_name, state_shapes
 from storage import StorageError, Store, open_store
 from storage.env_numbers import EnvNumberError, env_number
+from storage.scratch import make_process_folder, remove_dead_process_folders
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ DOWNLOAD_THREADS = 8  # files of one checkpoint downloaded at once
 # Files up to this many bytes in total are SHA-256 checked before loading (env overrides it).
 DEFAULT_VERIFY_MAX_BYTES = 8 << 30
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+RESUME_COPY_PREFIX = "llm-resume-rank"  # + "<rank>-<pid>-<random>": a verified local copy from S3
 
 
 class RunAlreadyComplete(Exception):
@@ -60,7 +63,7 @@ def choose_resume_point(cfg: TrainConfig, *, rank: int = 0) -> ResumePoint:
     """The checkpoint this run starts from: autoresume's find first, then `checkpoint.load_path`."""
     ck = cfg.checkpoint
     if ck.autoresume and ck.save_folder and cfg.run_name:
-        found = newest_usable_checkpoint(ck.save_folder, rank=rank)
+        found = newest_usable_checkpoint(ck.save_folder, rank=rank, model=cfg.model)
         if found is not None:
             return found
     if ck.load_path:
@@ -90,23 +93,36 @@ TRAINING_STATE = ("model", "optimizers")  # what a resume needs; reading weights
 
 
 def newest_usable_checkpoint(
-    save_folder: str, *, rank: int = 0, needs: tuple[str, ...] = TRAINING_STATE
+    save_folder: str,
+    *,
+    rank: int = 0,
+    needs: tuple[str, ...] = TRAINING_STATE,
+    model: ModelConfig | None = None,
+    at_most: int | None = None,
 ) -> ResumePoint | None:
     """The newest complete checkpoint in `save_folder` that verifies and holds the `needs` parts
-    of the state; None if there is none.
+    of the state (a monolithic one's model state: the keys and shapes of `model`, the recipe's,
+    when given); None if there is none. `at_most`: only checkpoints at or before that batch (the
+    guard's rewind, llm/checkpoint/rollback.py).
 
-    A checkpoint that is incomplete, truncated or corrupt is reported and skipped. If checkpoints
-    exist but none is usable, StorageError: starting over silently would throw away the
-    run.
+    A checkpoint that is incomplete, truncated or corrupt, or whose model state is not this model
+    (re-signed with other contents), is reported and skipped. If checkpoints exist but none is
+    usable, StorageError: starting over silently would throw away the run. A checkpoint saved with
+    another `model.*` than the recipe's whose state does not fit it: ConfigError (the recipe
+    changed, the checkpoint is fine).
     """
     store = open_store(save_folder)
     ckpts, listing = cm.scan(store)
+    ckpts = [c for c in ckpts if at_most is None or c.batch <= at_most]
+    expected = state_shapes(model) if model is not None else None
     rejected = []
     for ckpt in ckpts:
         problem = cm.size_problem(ckpt, listing)
         load_path = None
         if problem is None:
-            load_path, problem = _verified_load_path(store, ckpt, rank, needs)
+            load_path, problem = _verified_load_path(store, ckpt, rank, needs, expected)
+        if problem is not None and problem.startswith(MODEL_MISMATCH) and model is not None:
+            _refuse_changed_model(ckpt, model, problem)
         if problem is None:
             return ResumePoint(load_path=load_path, batch=ckpt.batch, checkpoint=ckpt, source="autoresume")
         rejected.append(ckpt.batch)
@@ -135,25 +151,43 @@ def verify_limit() -> int:
         raise ConfigError(str(err)) from None
 
 
+def _refuse_changed_model(ckpt: cm.Checkpoint, model: ModelConfig, problem: str) -> None:
+    """ConfigError when the checkpoint's recorded recipe has another `model.*` than `model`."""
+    saved = (ckpt.head.recipe or {}).get("model")
+    current = dataclasses.asdict(model)
+    if not isinstance(saved, dict) or saved == current:
+        return  # same model recipe: the state itself is wrong, the caller falls back
+    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    raise ConfigError(
+        f"the checkpoint at batch {ckpt.batch} was trained with another model "
+        f"({', '.join(f'model.{k}: {saved.get(k)!r} -> {current.get(k)!r}' for k in changed)}) and "
+        f"{problem.removeprefix(MODEL_MISMATCH).strip()}; resume with the checkpoint's model settings, "
+        "or give this recipe its own checkpoint.save_folder (or load only weights that fit)"
+    )
+
+
 def _verified_load_path(
-    store: Store, ckpt: cm.Checkpoint, rank: int, needs: tuple[str, ...]
+    store: Store, ckpt: cm.Checkpoint, rank: int, needs: tuple[str, ...], expected: Shapes | None = None
 ) -> tuple[str | None, str | None]:
     """(path to give Composer, None) or (None, why the checkpoint cannot be used)."""
     small = sum(f.size for f in ckpt.files.values()) <= verify_limit()
     if not store.is_remote:
         problem = cm.hash_problem(ckpt.files, Path(store.root)) if small else None
         if problem is None and not ckpt.sharded:
-            problem = state_problem(Path(store.root) / ckpt.load_path, needs)
+            problem = state_problem(Path(store.root) / ckpt.load_path, needs, expected)
         return (None, problem) if problem else (store.url(ckpt.load_path), None)
     if ckpt.sharded:
         # Each rank reads only its shards straight from S3; sizes were checked against the listing.
         return store.url(ckpt.load_path), None
-    local_root = Path(tempfile.mkdtemp(prefix=f"llm-resume-rank{rank}-"))
+    remove_dead_process_folders(rf"{RESUME_COPY_PREFIX}\d+-")  # copies of killed runs: a checkpoint each
+    local_root = make_process_folder(f"{RESUME_COPY_PREFIX}{rank}-")
     # A full copy of the checkpoint: removed when this process exits (normally, on an error or on
     # SIGTERM through Composer's handler), once Composer or `llm generate` has read it.
     atexit.register(shutil.rmtree, local_root, ignore_errors=True)
     download_files(store, sorted(ckpt.files), local_root)
-    problem = cm.hash_problem(ckpt.files, local_root) or state_problem(local_root / ckpt.load_path, needs)
+    problem = cm.hash_problem(ckpt.files, local_root) or state_problem(
+        local_root / ckpt.load_path, needs, expected
+    )
     if problem:
         shutil.rmtree(local_root, ignore_errors=True)
         return None, problem
@@ -179,35 +213,86 @@ class _Opaque:
         pass
 
 
+@dataclass(frozen=True)
+class _TensorShape:
+    """A tensor of the pickle, as its shape: its bytes are never read."""
+
+    shape: tuple[int, ...]
+
+
+def _rebuild_tensor(storage, offset, size, *rest, **kwargs) -> _TensorShape:
+    return _TensorShape(tuple(int(n) for n in size))
+
+
+def _rebuild_parameter(data, *rest, **kwargs):
+    return data
+
+
+# How torch's pickles name the functions that rebuild a tensor or a parameter.
+_REBUILDS = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+}
+# torch.save's format before the zip one (`_use_new_zipfile_serialization=False`): four pickles,
+# the first of them this number.
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
 class _ShapeReader(pickle.Unpickler):
     """Reads a checkpoint's pickle without running it: every class and function it names becomes
-    `_Opaque` (dicts stay dicts), every tensor a placeholder."""
+    `_Opaque` (dicts stay dicts), every tensor its shape (`_TensorShape`)."""
 
     def find_class(self, module: str, name: str):
-        if (module, name) == ("collections", "OrderedDict"):
-            return collections.OrderedDict
-        return _Opaque
+        return _REBUILDS.get((module, name), _Opaque)
 
     def persistent_load(self, pid):
-        return "tensor"
+        return "storage"
 
 
-def state_problem(path: Path, needs: tuple[str, ...] = TRAINING_STATE) -> str | None:
-    """Why a monolithic Composer checkpoint cannot be used although its bytes verify: it holds no
-    state for one of `needs` (a resume without model or optimizer state would silently start
-    from step 1; `llm generate` needs only the model); else None.
+class _NotTorch(Exception):
+    """The file is neither of torch.save's formats."""
 
-    Only torch's zip format is read (its `data.pkl`, never the tensors, and nothing is run); other
-    files are left for Composer to judge."""
-    try:
+
+def _read_pickle(path: Path) -> Any:
+    """The object a torch.save file holds, read with `_ShapeReader` (zip or the legacy format)."""
+    if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             name = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
             if name is None:
-                return None
+                raise _NotTorch
             with archive.open(name) as f:
-                saved = _ShapeReader(f).load()
-    except zipfile.BadZipFile:
-        return None
+                return _ShapeReader(f).load()
+    with open(path, "rb") as f:
+        if _ShapeReader(f).load() != _LEGACY_MAGIC:
+            raise _NotTorch
+        _ShapeReader(f).load()  # the format's protocol version
+        _ShapeReader(f).load()  # the writer's system (endianness, type sizes)
+        return _ShapeReader(f).load()
+
+
+Shapes = dict[str, tuple[int, ...]]
+MODEL_MISMATCH = "its model state does not fit"  # the problem `state_problem` names a wrong model with
+
+
+def state_problem(
+    path: Path, needs: tuple[str, ...] = TRAINING_STATE, expected: Shapes | None = None
+) -> str | None:
+    """Why a monolithic Composer checkpoint cannot be used although its bytes verify; else None:
+
+    - it is not a torch.save file, or holds no state for one of `needs` (a resume without model or
+      optimizer state would silently start from step 1; `llm generate` needs only the model);
+    - its model state holds none of our parameters, or (with `expected`: `llm.model.state_shapes`
+      of the recipe's model) other keys or shapes than the model: Composer loads model weights
+      non-strictly, so a re-signed checkpoint with unrelated keys would train on from fresh
+      weights while saying it resumed.
+
+    Only the pickle is read (never the tensors' bytes, and nothing in it is run)."""
+    try:
+        saved = _read_pickle(path)
+    except (_NotTorch, pickle.UnpicklingError, EOFError):
+        return "it is not a torch checkpoint file"
     except Exception as err:  # a pickle we cannot even walk: Composer could not load it either
         return f"its state cannot be read ({type(err).__name__})"
     state = saved.get("state") if isinstance(saved, dict) else None
@@ -216,7 +301,43 @@ def state_problem(path: Path, needs: tuple[str, ...] = TRAINING_STATE) -> str | 
     missing = [key for key in needs if not state.get(key)]
     if missing:
         return f"it holds no {' and no '.join(missing)} state"
-    return None
+    wrong = [
+        f"its {key} state is a {type(state[key]).__name__}"
+        for key in needs
+        if not isinstance(state[key], dict)
+    ]
+    if wrong:
+        return f"{' and '.join(wrong)}, not a state dict"
+    return _model_problem(state["model"], expected) if "model" in needs else None
+
+
+def _model_problem(model: dict, expected: Shapes | None) -> str | None:
+    """Why a checkpoint's model state is not the model (`expected`: our names and shapes)."""
+    found: dict[str, tuple[int, ...]] = {}
+    foreign = []
+    for key, value in model.items():
+        name = parameter_name(str(key))
+        if name is None or not isinstance(value, _TensorShape):
+            foreign.append(str(key))
+        else:
+            found[name] = value.shape
+    if not found:
+        return f"{MODEL_MISMATCH} this project's models: none of its {len(model)} entries is one of our parameters"
+    if expected is None:
+        return None
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected)) + foreign
+    resized = sorted(n for n in set(found) & set(expected) if found[n] != expected[n])
+    if not (missing or unexpected or resized):
+        return None
+    parts = [f"{len(missing)} of its parameters missing (e.g. {missing[0]})"] if missing else []
+    parts += [f"{len(unexpected)} entries it does not have (e.g. {unexpected[0]})"] if unexpected else []
+    if resized:
+        n = resized[0]
+        parts.append(
+            f"{len(resized)} of another shape (e.g. {n}: {list(found[n])} here, {list(expected[n])} in the model)"
+        )
+    return f"{MODEL_MISMATCH} the recipe's model: {', '.join(parts)}"
 
 
 def download_files(store: Store, rels: list[str], local_root: Path) -> None:
@@ -308,6 +429,9 @@ def announce(cfg: TrainConfig, point: ResumePoint, world_size: int) -> None:
 
 # What a resumed run takes from where; see docs/resume.md. Keys not listed come from the recipe.
 FROM_CHECKPOINT = {
+    # The loss's penalties on the logits live in the model section but are no part of its shape.
+    "model.z_loss": "the recipe's new value applies from the resume point on",
+    "model.max_z_loss": "the recipe's new value applies from the resume point on",
     "optimizer.": "the optimizer state in the checkpoint (lr, embedding_lr, betas, eps, weight_decay) is used; "
     "the new value is ignored",
     "seed": "the RNG state in the checkpoint is used; the new seed has no effect",

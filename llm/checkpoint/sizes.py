@@ -8,7 +8,9 @@ node rate outside `BANDWIDTH_RANGE`.
 
 A checkpoint holds fp32 weights and AdamW's two fp32 moments: 12 bytes per parameter (Composer's
 state besides them is kilobytes). A sharded save (`fsdp.state_dict_type: sharded`) is written by
-every rank of one replica group, each its 1/shards part; a monolithic one by rank 0 alone.
+every rank of one replica group, each its 1/shards part; a monolithic one by rank 0 alone. A
+writing rank's snapshot (`checkpoint.snapshot`, llm/checkpoint/saver.py) holds its part in host
+memory, so a node needs its writing ranks' parts in host memory too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ DEFAULT_DISK_BANDWIDTH = "2GB/s"
 # The node rates a plan takes, in bytes per second: below 1 MB/s or above 1 TB/s (8 Tbit/s; 8 x
 # 400 Gbit/s NICs are 400 GB/s) is a typo or a degenerate number (1e400, a denormal), not a machine.
 BANDWIDTH_RANGE = (1e6, 1e12)
+# One GPU's device-to-host copy into pinned memory while all of a node's GPUs copy at once: HGX
+# H100/H200 nodes put two GPUs behind one PCIe Gen5 x16 link to the host (~50 GB/s), so ~25 GB/s
+# each at best; half of that is assumed until `make gpu-check` measures it (its "snapshot" row).
+DEFAULT_SNAPSHOT_BANDWIDTH = "12GB/s"
 NOTICES_S = (30, 120)  # preemption notices to check a SIGTERM save against (spot: 30 s to 2 min)
 STALL_TARGET = 0.01  # the share of training time the saves may take
 GPUS_PER_NODE = 8
@@ -99,19 +105,10 @@ def checkpoint_size(num_params: int, gpus: int, *, sharded: bool, shards: int) -
     return CheckpointSize(checkpoint_bytes(num_params), writers, gpus, min(gpus, GPUS_PER_NODE))
 
 
-def stall_free_interval(stall_s: float, upload_s: float, step_s: float) -> int:
-    """The fewest batches between saves for which each save's stall is under STALL_TARGET of the
-    training time and a background upload ends before the next save (else that save waits)."""
-    by_stall = stall_s / (STALL_TARGET * step_s)
+def stall_free_interval(stall_s: float, upload_s: float, step_s: float, target: float = STALL_TARGET) -> int:
+    """The fewest batches between saves for which each save's stall is under `target` of the
+    training time and its background part (`upload_s`: the upload, and with snapshots the write
+    too) ends before the next save (else that save waits)."""
+    by_stall = stall_s / (target * step_s)
     by_upload = upload_s / step_s
     return max(1, int(-(-max(by_stall, by_upload) // 1)))
-
-
-def round_interval(batches: int) -> int:
-    """Up to a round number (1, 2, 5 x 10^k) a recipe would use."""
-    scale = 1
-    while True:
-        for step in (1, 2, 5):
-            if step * scale >= batches:
-                return step * scale
-        scale *= 10

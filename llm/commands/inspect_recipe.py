@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from llm.checkpoint.sizes import DEFAULT_DISK_BANDWIDTH, DEFAULT_UPLOAD_BANDWIDTH
+from llm.checkpoint.sizes import DEFAULT_DISK_BANDWIDTH, DEFAULT_SNAPSHOT_BANDWIDTH, DEFAULT_UPLOAD_BANDWIDTH
 from llm.config import load_config
 from llm.memory_plan import (
     DEFAULT_GPU_GB,
@@ -71,6 +71,12 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         help="a node's local disk write rate for a save, a size per second from 1MB/s to 1TB/s "
         f"(default {DEFAULT_DISK_BANDWIDTH})",
     )
+    parser.add_argument(
+        "--snapshot-bandwidth",
+        default=DEFAULT_SNAPSHOT_BANDWIDTH,
+        help="one GPU's device-to-host copy rate into pinned memory while all copy, a size per second "
+        f"(default {DEFAULT_SNAPSHOT_BANDWIDTH}; make gpu-check measures it)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             mfu=args.mfu,
             upload_bandwidth=args.upload_bandwidth,
             disk_bandwidth=args.disk_bandwidth,
+            snapshot_bandwidth=args.snapshot_bandwidth,
         )
     )
     return 0

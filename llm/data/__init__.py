@@ -8,6 +8,7 @@ One module per job, in the order the trainer needs them:
   shared_memory.py    streaming's shared memory: stale registrations of our folders, the prefix race
   verified_stream.py  `VerifiedStream`: shard files fetched through `storage` and hash-checked
   datasets.py         `TokenDataset`, `SftDataset`: samples as tensors, download failures in one line
+  skip.py             `SkipWindows` (data.skip) and `SkippingLoader`, the training loader that drops them
   loaders.py          `build_dataloader(cfg, split, batch_size)` and what the Trainer gets (`train_data_spec`)
 
 The names below are the package's public face (the trainer, the callbacks, bench/ and tests/).
@@ -18,11 +19,14 @@ from llm.data.datasets import SftDataset, TokenDataset
 from llm.data.loaders import build_dataloader, build_dataset, train_data_spec
 from llm.data.meta_checks import chat_template_of, check_streams
 from llm.data.shared_memory import clean_stale_shared_memory
+from llm.data.skip import SkippingLoader, SkipWindows
 from llm.data.verified_stream import CorruptShard, VerifiedStream
 
 __all__ = [
     "CorruptShard",
     "SftDataset",
+    "SkipWindows",
+    "SkippingLoader",
     "TokenDataset",
     "VerifiedStream",
     "all_stream_locals",

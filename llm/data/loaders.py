@@ -6,7 +6,8 @@ shards (`data.kind: sft`) also `loss_mask` and `segments` (llm/data/datasets.py)
 
 `batch_size` is the per-device batch: streaming partitions samples per rank with it, and Composer
 saves the dataset's `state_dict` in checkpoints so a resumed run continues mid-epoch without
-replaying batches.
+replaying batches. The training loader is a `SkippingLoader` (llm/data/skip.py): it drops the
+batches of `data.skip`'s windows and of those the guard adds.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from llm.config import TrainConfig
 from llm.data.cache import cache_limit, drop_stale_caches, index_digest, largest_shard_bytes, stream_local
 from llm.data.datasets import SftDataset, TokenDataset
 from llm.data.shared_memory import with_shm_race_retry
+from llm.data.skip import SkippingLoader, SkipWindows
 from llm.data.verified_stream import VerifiedStream
 from llm.run_dir import RunDir
 from shards.index import read_index
@@ -114,8 +116,7 @@ def build_dataloader(cfg: TrainConfig, split: str, batch_size: int, stream: int 
     stream of the split when `stream` is given)."""
     dataset = build_dataset(cfg, split, batch_size, stream)
     workers = cfg.data.num_workers
-    return DataLoader(
-        dataset,
+    options = dict(
         batch_size=batch_size,
         collate_fn=collate_sft if cfg.data.kind == "sft" else collate_tokens,
         num_workers=workers,
@@ -123,3 +124,6 @@ def build_dataloader(cfg: TrainConfig, split: str, batch_size: int, stream: int 
         drop_last=split == "train",
         persistent_workers=workers > 0,
     )
+    if split == "train":  # the batches of data.skip are read and dropped (llm/data/skip.py)
+        return SkippingLoader(dataset, windows=SkipWindows(cfg.data.skip), **options)
+    return DataLoader(dataset, **options)

@@ -20,10 +20,14 @@ from llm.checkpoint.preemption import stop_requested
 
 # metrics.jsonl field -> Composer metric name (lr is matched by prefix: "lr-AdamW/group0"). Also
 # written: each eval stream's `eval_loss/<name>` and `eval_perplexity/<name>` (from
-# metrics/eval/<name>/...; eval_loss itself is their token-weighted total, llm/callbacks/eval_sources.py)
-# and every multiple-choice result under its own name, `tasks/<task>/acc` ... (llm/callbacks/task_eval.py).
+# metrics/eval/<name>/...; eval_loss itself is their token-weighted total, llm/callbacks/eval_sources.py),
+# every multiple-choice result under its own name, `tasks/<task>/acc` ... (llm/callbacks/task_eval.py),
+# and the guard's events on the step of the spike, `guard/rolled_back_to` ... (llm/callbacks/guard.py).
 FIELDS = {
-    "loss": "loss/train/total",
+    "loss": "loss/train/total",  # what is back-propagated: the cross-entropy plus the logit penalties
+    "cross_entropy": "loss/train/cross_entropy",  # the three below: with model.z_loss / max_z_loss only
+    "z_loss": "loss/train/z_loss",
+    "max_z_loss": "loss/train/max_z_loss",
     "eval_loss": "metrics/eval/LanguageCrossEntropy",
     "eval_perplexity": "metrics/eval/LanguagePerplexity",
     "tokens_per_sec": "throughput/tokens_per_sec",
@@ -36,8 +40,9 @@ _SOURCE_FIELDS = {"LanguageCrossEntropy": "eval_loss", "LanguagePerplexity": "ev
 
 
 def _per_run_field(key: str) -> str | None:
-    """The metrics.jsonl field of a per-source or task metric, or None for other metrics."""
-    if key.startswith("tasks/"):
+    """The metrics.jsonl field of a per-source, task or guard metric, or None for other metrics.
+    Such a value belongs to the step it was logged at only, and that step's line is always written."""
+    if key.startswith(("tasks/", "guard/")):
         return key
     parts = key.split("/")
     if len(parts) == 4 and parts[:2] == ["metrics", "eval"] and parts[3] in _SOURCE_FIELDS:
@@ -101,7 +106,8 @@ class MetricsFile(LoggerDestination):
         if lr is not None:
             record["lr"] = lr
         for key in [k for k in self._latest if _per_run_field(k)]:  # an evaluation belongs to its step
-            record[_per_run_field(key)] = self._latest.pop(key)
+            value = self._latest.pop(key)
+            record[_per_run_field(key)] = int(value) if key.startswith("guard/") else value  # batches
         for name in _EVAL_KEYS:  # an evaluation belongs to the step it ran at only
             self._latest.pop(FIELDS[name], None)
         self._last_written = step

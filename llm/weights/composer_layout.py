@@ -18,26 +18,18 @@ import torch
 from torch import Tensor
 
 from llm.errors import ConfigError
-from llm.model import ModelConfig
+from llm.model import ModelConfig, parameter_name
 from llm.weights.build import LoadedWeights
 from llm.weights.keys import CHAT_TEMPLATE_KEY, MODEL_CONFIG_KEY
 
-ROOT_NAMES = ("tok_embeddings.", "layers.", "norm.", "output.")
-WRAPPER_LEVELS = {"_orig_mod", "module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
-
 
 def strip_wrappers(state: dict[str, Any]) -> dict[str, Tensor]:
-    """Our parameter names from `model._orig_mod.layers.0...`-style keys; non-tensors dropped.
-
-    Wrapper levels (torch.compile, DDP, FSDP, activation checkpointing) are removed wherever they
-    sit; then leading attribute names (the ComposerModel's `model.`) up to one of ours.
-    """
+    """Our parameter names from `model._orig_mod.layers.0...`-style keys (`llm.model.parameter_name`);
+    non-tensors dropped."""
     out = {}
     for key, value in state.items():
-        name = ".".join(p for p in key.split(".") if p not in WRAPPER_LEVELS)
-        while name and not name.startswith(ROOT_NAMES) and "." in name:
-            name = name.split(".", 1)[1]
-        if name.startswith(ROOT_NAMES) and isinstance(value, Tensor):
+        name = parameter_name(key)
+        if name is not None and isinstance(value, Tensor):
             out[name] = value
     return out
 

@@ -36,7 +36,7 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     printed = capsys.readouterr()
     assert code == 0, printed.out[-3000:] + printed.err[-3000:]
     table = printed.out.strip().splitlines()
-    assert table[0].startswith("gpu-check: cpu (smoke") and "10 checks" in table[0]
+    assert table[0].startswith("gpu-check: cpu (smoke") and "11 checks" in table[0]
     assert table[1].split()[:3] == ["check", "ok", "result"]
     listed = json.loads(out.read_text())
     assert all(r["error"] is None for r in listed), listed
@@ -57,7 +57,7 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     assert any(op.startswith("aten::_scaled_dot_product") for op in trace["block_ops"])
     assert next(r for r in listed if r["check"] == "float8")["figures"]["speedup"] > 0
     rows = {r["check"]: r for r in listed if r["check"] != "7b-slice"}
-    assert list(rows) == ["float8", "tiny", "7b-init", "resume", "generation"]
+    assert list(rows) == ["float8", "tiny", "7b-init", "resume", "generation", "snapshot"]
     rows["7b-slice"] = slices[0]
 
     # tiny: tokens and FLOPs of the timed batches (global batch 4 of 64-token samples).
@@ -85,6 +85,12 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     assert rows["resume"]["ok"] is True and rows["resume"]["figures"]["same_weights"] is True
     assert SMOKE.resume_stop <= rows["resume"]["figures"]["stop"] < SMOKE.resume_steps
     assert rows["generation"]["ok"] is True and rows["generation"]["figures"]["samples"] == 3
+
+    # snapshot: the saver's host copy of 16 MiB, exact, and its rate against the 7B's part per rank.
+    snap = rows["snapshot"]["figures"]
+    assert snap["exact"] is True and snap["pinned"] is False and snap["bytes"] == SMOKE.snapshot_bytes
+    assert snap["bytes_per_s"] == pytest.approx(snap["bytes"] / sorted(snap["seconds"])[1])
+    assert snap["seven_b_seconds"] == pytest.approx(12 * 7_000_559_616 / 8 / snap["bytes_per_s"])
 
 
 def test_make_targets_run_the_check_and_its_smoke_mode():

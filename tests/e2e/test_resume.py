@@ -97,6 +97,72 @@ def test_a_longer_max_duration_on_resume_trains_on_and_warns(killed):
     assert [b["batch"] for b in longer.batches()] == [13, 14]
 
 
+@dataclass
+class Intervals:
+    clock: Run  # save_interval=1s, SIGKILLed after batch 7
+    clock_point: int  # the checkpoint auto resumed from
+    auto: Run  # save_interval=auto resumes, SIGKILLed after batch 10
+    auto_point: int
+    last: Run  # save_interval=auto again: resumes and finishes
+
+
+def _resumed_at(run: Run) -> int:
+    import re
+
+    found = re.search(r"\[resume\] resuming run 'rs' from the checkpoint at batch (\d+)", run.output)
+    assert found, run.output[-3000:]
+    return int(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def intervals(tmp_path_factory, shards) -> Intervals:
+    """Saves by wall-clock time and by `auto` (llm/checkpoint/schedule.py), each killed after its
+    saves and resumed: the interval decides only which batch a save falls on."""
+    folder = tmp_path_factory.mktemp("intervals")
+    recipe = write_recipe(folder / "recipe.yaml", shards, str(folder / "ckpt"), cache=folder / "cache")
+    paced = {"LLM_TEST_BATCH_SLEEP": "0.25"}  # steps of ~0.3 s: a 1 s interval saves every few batches
+    clock = interrupt(
+        recipe, "clock", cwd=folder, at_batch=7, sig=signal.SIGKILL, env=paced,
+        overrides=["checkpoint.save_interval=1s"],
+    )  # fmt: skip
+    auto = interrupt(
+        recipe, "auto", cwd=folder, at_batch=10, sig=signal.SIGKILL, env=paced,
+        overrides=["checkpoint.save_interval=auto"],
+    )  # fmt: skip
+    last = run(recipe, "last", cwd=folder, overrides=["checkpoint.save_interval=auto"])
+    return Intervals(clock, _resumed_at(auto), auto, _resumed_at(last), last)
+
+
+@pytest.mark.slow
+def test_saves_by_wall_clock_time_and_by_auto_resume_bit_identically(intervals, reference):
+    assert intervals.clock.returncode == intervals.auto.returncode == -signal.SIGKILL
+    assert 0 < intervals.clock_point <= 7  # the clock saved before the kill
+    assert intervals.clock_point < intervals.auto_point <= 10  # and so did auto, after resuming
+    cp, ap = intervals.clock_point, intervals.auto_point
+    auto = intervals.auto.batches()  # killed after batch 10; resumed from what the clock saved
+    assert [b["batch"] for b in auto] == list(range(cp + 1, 11))
+    kept = [b for b in intervals.clock.batches() if b["batch"] <= cp] + [b for b in auto if b["batch"] <= ap]
+    combined = kept + intervals.last.batches()
+    assert [(b["batch"], b["ids"], b["loss"]) for b in combined] == [
+        (b["batch"], b["ids"], b["loss"]) for b in reference.batches()
+    ]
+    assert [(b["ids"], b["loss"]) for b in auto] == [
+        (b["ids"], b["loss"]) for b in reference.batches()[cp:10]
+    ]
+    assert intervals.last.returncode == 0, intervals.last.output[-4000:]
+    assert_same_weights(reference.weights, intervals.last.weights)
+
+
+@pytest.mark.slow
+def test_auto_prints_the_interval_it_chose_and_why(intervals):
+    lines = [
+        x for x in intervals.auto.output.splitlines() if x.startswith("[checkpoint] save_interval auto:")
+    ]
+    assert lines, intervals.auto.output[-3000:]
+    assert "a save stalls training" in lines[0] and "checkpoint.max_stall" in lines[0]
+    assert "estimated from the checkpoint's size, no save measured yet" in lines[0]  # the first save
+
+
 def _cfg(tmp_path, *overrides):
     recipe = write_recipe(
         tmp_path / "recipe.yaml", tmp_path / "shards", str(tmp_path / "ckpt"), cache=tmp_path / "cache"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from tests.support.resume import (
     SAVE_EVERY,
     assert_continues,
     assert_same_weights,
+    finish,
     interrupt,
     release,
     run,
@@ -42,6 +44,21 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_resumes_
     assert_same_weights(reference.weights, second.weights)
 
 
+def _torch_bytes(tag: str) -> bytes:
+    """A small torch.save file with a model and an optimizer state, told apart by `tag`."""
+    import io
+
+    import torch
+
+    state = {"model": {"model.tok_embeddings.weight": torch.ones(2)}, "optimizers": {"AdamW": {}}}
+    buffer = io.BytesIO()
+    torch.save({"state": state, "tag": tag}, buffer)
+    return buffer.getvalue()
+
+
+OLDER, NEWER = _torch_bytes("older checkpoint"), _torch_bytes("newer checkpoint")
+
+
 def _fake_checkpoint(store, batch: int, payload: bytes, tmp_path) -> None:
     """A stored monolithic checkpoint holding `payload`, with its manifest."""
     local = tmp_path / f"ba{batch}.pt"
@@ -54,12 +71,12 @@ def test_a_malformed_newest_manifest_is_reported_by_name_and_the_previous_checkp
     tmp_path, bad, caplog
 ):
     store = open_store(tmp_path / "run")
-    _fake_checkpoint(store, 4, b"older checkpoint", tmp_path)
-    _fake_checkpoint(store, 8, b"newer checkpoint", tmp_path)
+    _fake_checkpoint(store, 4, OLDER, tmp_path)
+    _fake_checkpoint(store, 8, NEWER, tmp_path)
     store.write_bytes(cm.manifest_name(8, 0), bad)
 
     point = newest_usable_checkpoint(store.root)
-    assert point.batch == 4 and open(point.load_path, "rb").read() == b"older checkpoint"
+    assert point.batch == 4 and open(point.load_path, "rb").read() == OLDER
     assert f"ignoring the manifest {store.url(cm.manifest_name(8, 0))}" in caplog.text
 
 
@@ -70,7 +87,7 @@ def test_a_verified_checkpoint_without_model_or_optimizer_state_is_refused_and_t
 
     store = open_store(tmp_path / "run")
     for batch, state in (
-        (4, {"model": {"w": torch.ones(2)}, "optimizers": {"AdamW": {"state": {0: {}}}}}),
+        (4, {"model": {"model.norm.weight": torch.ones(2)}, "optimizers": {"AdamW": {"state": {0: {}}}}}),
         (8, {"model": {}, "optimizers": {}, "timestamp": None}),  # what a resume must not trust
     ):
         path = tmp_path / f"ba{batch}.pt"
@@ -83,7 +100,7 @@ def test_a_verified_checkpoint_without_model_or_optimizer_state_is_refused_and_t
 
 def test_a_malformed_manifest_is_reported_once_however_often_the_folder_is_scanned(tmp_path, caplog):
     store = open_store(tmp_path / "run")
-    _fake_checkpoint(store, 4, b"older checkpoint", tmp_path)
+    _fake_checkpoint(store, 4, OLDER, tmp_path)
     store.write_bytes(cm.manifest_name(8, 0), b"{}")
     for _ in range(5):  # every save scans the folder twice (latest.json, retention)
         assert [c.batch for c in cm.scan(store)[0]] == [4]
@@ -110,15 +127,17 @@ def test_a_corrupt_newest_s3_checkpoint_of_the_right_size_fails_its_sha256_and_i
     tmp_path, s3_server, s3_bucket, caplog
 ):
     store = open_store(f"s3://{s3_bucket}/run")
-    _fake_checkpoint(store, 4, b"older checkpoint", tmp_path)
-    _fake_checkpoint(store, 8, b"newer checkpoint", tmp_path)
-    s3_server.client().put_object(Bucket=s3_bucket, Key="run/ep0-ba8-rank0.pt", Body=b"newer checkpoinX")
+    _fake_checkpoint(store, 4, OLDER, tmp_path)
+    _fake_checkpoint(store, 8, NEWER, tmp_path)
+    s3_server.client().put_object(
+        Bucket=s3_bucket, Key="run/ep0-ba8-rank0.pt", Body=NEWER[:-1] + bytes([NEWER[-1] ^ 1])
+    )
     # An interrupted save: files but only an incomplete manifest set never counts.
     store.write_text(cm.manifest_name(12, 1), json.dumps({"batch": 12, "rank": 1, "writers": 2, "files": {}}))
 
     point = newest_usable_checkpoint(store.root)
     assert point.batch == 4
-    assert open(point.load_path, "rb").read() == b"older checkpoint"
+    assert open(point.load_path, "rb").read() == OLDER
     assert "checkpoint at batch 8" in caplog.text and "SHA-256" in caplog.text
 
     s3_server.client().put_object(Bucket=s3_bucket, Key="run/ep0-ba4-rank0.pt", Body=b"x")
@@ -151,3 +170,140 @@ def test_s3_down_at_save_time_fails_clearly_after_retries_and_the_run_resumes_fr
     assert_same_weights(reference.weights, second.weights)
     ref = reference.batches()
     assert [b["ids"] for b in second.batches()] == [b["ids"] for b in ref[SAVE_EVERY:]]
+
+
+def _recipe(tmp_path, save_folder, *extra):
+    from llm.config import load_config
+
+    path = write_recipe(tmp_path / "recipe.yaml", tmp_path / "shards", str(save_folder), cache=tmp_path / "c")
+    return load_config(path, list(extra))
+
+
+def _composer_checkpoint(path, model):
+    """What Composer writes for our model (its state dict keys), with an optimizer state."""
+    import torch
+
+    from llm.composer_model import LanguageModel
+
+    if model is None:
+        return
+    weights = LanguageModel.from_config(model, seed=1).state_dict() if not isinstance(model, dict) else model
+    torch.save({"state": {"model": weights, "optimizers": {"AdamW": {"state": {0: {}}}}}}, path)
+
+
+def _foreign_checkpoints(cfg):
+    import dataclasses
+
+    import torch
+
+    wider = dataclasses.replace(cfg.model, dim=2 * cfg.model.dim)
+    return {
+        "unrelated keys": {"encoder.weight": torch.ones(2), "decoder.bias": torch.zeros(3)},
+        "model is 1": 1,
+        "another model's shapes": wider,
+        "legacy pickle of unrelated keys": "legacy",
+    }
+
+
+@pytest.mark.parametrize(
+    "kind", ["unrelated keys", "model is 1", "another model's shapes", "legacy pickle of unrelated keys"]
+)
+def test_a_re_signed_checkpoint_whose_model_state_is_not_the_model_is_skipped_for_the_previous_one(
+    tmp_path, kind, caplog
+):
+    # Issue 36 item 6c: Composer loads model weights non-strictly, so such a checkpoint "resumed
+    # from batch 8" and trained on from freshly initialised weights (or crashed on model=1).
+    import torch
+
+    from llm.checkpoint.resume import choose_resume_point
+
+    cfg = _recipe(tmp_path, tmp_path / "run")
+    store = open_store(tmp_path / "run")
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    _composer_checkpoint(good, cfg.model)
+    foreign = _foreign_checkpoints(cfg)[kind]
+    if foreign == "legacy":
+        state = {"model": {"encoder.weight": torch.ones(2)}, "optimizers": {"AdamW": {}}}
+        torch.save({"state": state}, bad, _use_new_zipfile_serialization=False)
+    elif isinstance(foreign, dict) or foreign == 1:
+        torch.save({"state": {"model": foreign, "optimizers": {"AdamW": {"state": {0: {}}}}}}, bad)
+    else:
+        _composer_checkpoint(bad, foreign)
+    _fake_checkpoint(store, 4, good.read_bytes(), tmp_path)
+    _fake_checkpoint(store, 8, bad.read_bytes(), tmp_path)  # signed: its manifest records its hash
+
+    point = choose_resume_point(cfg)
+    assert point.batch == 4, kind
+    lines = [r.getMessage() for r in caplog.records if "checkpoint at batch 8" in r.getMessage()]
+    assert len(lines) == 1 and "unusable" in lines[0] and "trying an older one" in lines[0], caplog.text
+    assert "model" in lines[0] or "not a torch checkpoint" in lines[0], lines[0]
+
+
+def test_a_checkpoint_of_another_model_recipe_is_refused_as_a_recipe_change_not_skipped(tmp_path):
+    import dataclasses
+
+    from llm.checkpoint.resume import choose_resume_point
+    from llm.errors import ConfigError
+
+    cfg = _recipe(tmp_path, tmp_path / "run")
+    wider = dataclasses.replace(cfg.model, dim=2 * cfg.model.dim)
+    store = open_store(tmp_path / "run")
+    path = tmp_path / "ba4.pt"
+    _composer_checkpoint(path, wider)
+    _fake_checkpoint(store, 4, path.read_bytes(), tmp_path)
+    manifest = json.loads(store.read_text(cm.manifest_name(4, 0)))
+    manifest["recipe"] = {"model": dataclasses.asdict(wider)}  # what the saving run recorded
+    store.write_text(cm.manifest_name(4, 0), cm.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"trained with another model \(model.dim: 64 -> 32\)"):
+        choose_resume_point(cfg)
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_save_ends_in_one_line_and_keeps_the_previous_checkpoint_whole(
+    tmp_path, shards
+):
+    # Issue 36 item 1: rc 1 with two tracebacks (ENOSPC, then torch's "unexpected pos") and the
+    # partial file left. The save folder is a tmpfs with room for 3.5 checkpoints: the start check
+    # (num_to_keep=2 kept + the one being written) passes; once the checkpoint at 8 is stored, the
+    # run holds at batch 9 while another tenant takes one checkpoint's room, so the save at 12 (with
+    # 4 and 8 still kept until it is complete) finds the disk full half-way.
+    import sys
+
+    from llm.config import load_config
+    from llm.model import count_params
+    from scenarios.resume import private_shm_problem
+
+    if private_shm_problem():  # the same capability: a mount namespace of its own
+        pytest.skip(f"cannot mount a small disk here: {private_shm_problem()}")
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(save), cache=tmp_path / "cache")
+    one = 12 * count_params(load_config(recipe).model).total  # a checkpoint is ~12 B/param
+    record = tmp_path / "first.jsonl"  # the harness's record of this run (tag "first")
+    # Mounted in the process's own mount namespace (the filler is written there too); what it holds
+    # is copied out before it goes.
+    script = (
+        f'mount -t tmpfs -o size={int(3.5 * one)} tmpfs "$0" || exit 99; "$@" & pid=$!; '
+        f"until grep -qs '\"batch\": 9,' {record}; do sleep 0.1; done; "
+        f'fallocate -l {one} "$0/another-tenant.bin"; touch {record}.go.9; '
+        'wait $pid; rc=$?; rm -f "$0/another-tenant.bin"; mkdir -p "$0.after" && cp -a "$0"/. "$0.after"; exit $rc'
+    )
+    started = time.monotonic()
+    proc, record, weights = start(
+        recipe,
+        "first",
+        cwd=tmp_path,
+        launcher=["unshare", "--mount", "sh", "-c", script, str(save), sys.executable],
+        pause_at=9,
+    )
+    first = finish(proc, record, weights, started)
+    assert first.returncode == 1, first.output[-4000:]
+    errors = [line for line in first.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, first.output[-4000:]
+    assert f"could not write the checkpoint at batch 12 to {save}: no space left on the device" in errors[0]
+    assert "a checkpoint needs about 506 KiB on this rank" in errors[0] and " is free)" in errors[0]
+    assert "the partial file was removed and the checkpoint at batch 8 remains the resume point" in errors[0]
+    assert "Traceback" not in first.output and "unexpected pos" not in first.output
+    kept = tmp_path / "ckpt.after"
+    assert sorted(p.name for p in kept.glob("ep*")) == ["ep0-ba4-rank0.pt", "ep0-ba8-rank0.pt"]
+    assert json.loads((kept / "latest.json").read_text())["batch"] == 8

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from llm.checkpoint.preemption import PreemptionCallback
+from llm.checkpoint.preemption import PreemptionCallback, StopSave
 
 
 def test_a_signal_during_shutdown_after_a_preemption_save_is_one_line_not_an_exception(capsys):
@@ -18,6 +18,7 @@ def test_a_signal_during_shutdown_after_a_preemption_save_is_one_line_not_an_exc
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # as Composer's
     callback = PreemptionCallback()
     callback.stop_signal, callback.stop_batch, callback.received_at = signal.SIGTERM, 5, None
+    callback.save_outcome = StopSave(batch=5, stored=True, resume_batch=5)  # what the publisher reports
     try:
         with pytest.raises(SystemExit) as stopped:
             callback.fit_end(None, None)  # the state is not read on this path

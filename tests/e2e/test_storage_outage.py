@@ -9,11 +9,21 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from scenarios.proxy import Proxy
-from tests.support.resume import SAVE_EVERY, release, run, start, wait_for_batch, write_recipe, write_shards
+from tests.support.resume import (
+    SAVE_EVERY,
+    Run,
+    release,
+    run,
+    start,
+    wait_for_batch,
+    write_recipe,
+    write_shards,
+)
 
 BUDGET, TIMEOUT = 4, 1
 FAST_FAILURE = {
@@ -132,3 +142,105 @@ def test_a_corrupt_remote_shard_ends_in_one_line_with_both_hashes_and_once_repai
     second = run(recipe, "second", cwd=tmp_path)
     assert second.returncode == 0, second.output[-3000:]
     assert "finished at step 12" in second.output
+
+
+# --- the end of a run and a SIGTERM, with the remote frozen: bounded by checkpoint.upload_wait_s ---
+
+LONG_BUDGET = {"LLM_S3_OUTAGE_S": "3600"}  # far longer than the test waits: only the bound can end it
+WAIT = 3  # checkpoint.upload_wait_s
+ENDS_WITHIN = 240  # liveness, not speed: without the bound the process waits the whole budget
+
+
+@dataclass
+class FrozenEnd:
+    save: str
+    end: Run  # frozen before the last save (batch 12; the checkpoint at 8 stored)
+    term: Run  # frozen after batch 5 (the checkpoint at 4 stored), then SIGTERM
+    after: Run  # the same command once the remote answers again
+
+
+def _until_exit(proc, record, weights, seconds: float) -> Run:
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(
+            f"still waiting for the storage {seconds} s after the freeze:\n{proc.tag_log.read_text()[-3000:]}"
+        )
+    return Run(proc.returncode, proc.tag_log.read_text(), record, weights, 0.0)
+
+
+@pytest.fixture(scope="module")
+def frozen_end(tmp_path_factory, s3_server) -> FrozenEnd:
+    root = tmp_path_factory.mktemp("frozen-end")
+    bucket = s3_server.create_bucket("frozen-end")
+    split = write_shards(root / "shards")
+    proxy = Proxy(s3_server.port)
+    env = {"S3_ENDPOINT_URL": proxy.endpoint, **LONG_BUDGET}
+    bound = [f"checkpoint.upload_wait_s={WAIT}"]
+    try:
+        recipe = write_recipe(root / "end.yaml", split, f"s3://{bucket}/end", cache=root / "cache-end")
+        proc, record, weights = start(recipe, "end", cwd=root, pause_at=11, env=env, overrides=bound)
+        wait_for_batch(record, 11, proc)
+        proxy.freeze()
+        release(record, 11)
+        end = _until_exit(proc, record, weights, ENDS_WITHIN)
+
+        proxy.set("pass")
+        save = f"s3://{bucket}/term"
+        recipe = write_recipe(root / "term.yaml", split, save, cache=root / "cache-term")
+        proc, record, weights = start(
+            recipe, "term", cwd=root, pause_at=SAVE_EVERY + 1, env=env, overrides=bound
+        )
+        wait_for_batch(record, SAVE_EVERY + 1, proc)
+        proxy.freeze()
+        os.killpg(proc.pid, signal.SIGTERM)
+        term = _until_exit(proc, record, weights, ENDS_WITHIN)
+
+        proxy.set("pass")
+        after = run(recipe, "after", cwd=root, env=env)
+    finally:
+        proxy.cut()
+    return FrozenEnd(save, end, term, after)
+
+
+def _lines(run: Run) -> list[str]:
+    return [line for line in run.output.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_the_end_of_a_run_waits_for_a_frozen_remote_at_most_upload_wait_s_then_one_last_line(frozen_end):
+    # Issue 36 item 3: the records' upload on the training thread waited the whole outage budget
+    # (320 s with upload_wait_s=5), and a storage warning came after the final error line.
+    end = frozen_end.end
+    assert end.returncode == 1, end.output[-3000:]
+    errors = [line for line in _lines(end) if line.startswith("error:")]
+    assert len(errors) == 1 and _lines(end)[-1] == errors[0], _lines(end)[-4:]
+    assert "could not store checkpoint s3://frozen-end/end (batch 12)" in errors[0]
+    assert f"did not finish within {WAIT} s (checkpoint.upload_wait_s)" in errors[0]
+    assert "Traceback" not in end.output
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_sigterm_with_the_remote_frozen_names_the_resume_checkpoint_and_exits_143_within_the_bound(
+    frozen_end,
+):
+    # Issue 36 item 6b: SIGTERM during an outage was ignored for the whole budget, then rc 1.
+    term = frozen_end.term
+    assert term.returncode == 143, term.output[-3000:]
+    last = _lines(term)[-1]
+    assert last.startswith(
+        f"[preemption] SIGTERM: the checkpoint at batch {SAVE_EVERY + 1} was not stored"
+    ), last
+    assert f"did not finish within {WAIT} s (checkpoint.upload_wait_s)" in last
+    assert (
+        f"the next run resumes from the checkpoint at batch {SAVE_EVERY} and redoes batch {SAVE_EVERY + 1}"
+        in last
+    )
+    assert "error:" not in term.output and "Traceback" not in term.output
+    after = frozen_end.after
+    assert after.returncode == 0, after.output[-3000:]
+    assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in after.output

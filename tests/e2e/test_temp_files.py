@@ -23,7 +23,7 @@ from llm.checkpoint.plan import plan_checkpointing
 cfg = load_config(Path("recipes/demo.yaml"), [f"checkpoint.save_folder=s3://{sys.argv[1]}/run"])
 plan = plan_checkpointing(cfg, rank=0, world_size=1)
 saver = plan.callbacks[0]
-assert type(saver).__name__ == "CheckpointSaver", plan.callbacks
+assert type(saver).__name__ == "Saver", plan.callbacks
 print(saver.folder)
 """
 

@@ -32,6 +32,7 @@ def test_tiny_is_baby_llama2_chinese():
     assert (cfg.scheduler.warmup, cfg.scheduler.min_lr, cfg.training.grad_clip_norm) == ("1000ba", 1e-5, 1.0)
     assert cfg.training.device_microbatch_size == 32
     assert cfg.fsdp.enabled and cfg.fsdp.version == 2 and cfg.fsdp.activation_checkpointing == "none"
+    assert cfg.guard.enabled and cfg.guard.skip == 50  # docs/guard.md: a few batches at this scale
 
 
 def test_7b_is_baichuan_on_s3_with_fsdp():
@@ -47,6 +48,7 @@ def test_7b_is_baichuan_on_s3_with_fsdp():
     assert (cfg.fsdp.version, cfg.fsdp.replicate, cfg.fsdp.mixed_precision) == (2, 1, "DEFAULT")  # FSDP2
     assert all(s.remote.startswith("s3://") for s in cfg.data.train + cfg.data.eval)
     assert cfg.checkpoint.save_folder.startswith("s3://")
+    assert cfg.guard.enabled and cfg.guard.skip == 200  # PaLM skipped 200-500 batches
     # Not Baichuan's published 1e-8: a real peak with warmup and cosine decay.
     assert (
         cfg.optimizer.lr == 3e-4 and cfg.scheduler.warmup != "0ba" and cfg.scheduler.min_lr < cfg.optimizer.lr

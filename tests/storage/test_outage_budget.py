@@ -147,3 +147,39 @@ def test_with_an_attempt_cap_the_clean_up_shares_the_deadline_too(store, switch,
     ):
         store.write_text("records/metrics.jsonl", "{}")
     assert time.monotonic() - started < 0.5
+
+
+@pytest.mark.s3
+def test_writes_that_keep_failing_while_reads_succeed_spend_their_own_budget(store, switch, monkeypatch):
+    # Issue 36 item 4: checkpoint PUTs refused while shard GETs answered; every GET reset the one
+    # clock of the endpoint, so the save was retried for ever and the run trained on without it.
+    monkeypatch.setenv("LLM_S3_OUTAGE_S", "2")
+    store.write_text("a.txt", "before")
+    switch.set("error", errors=10**6, methods=("PUT",))
+    stop, reads, outcome = threading.Event(), [], {}
+
+    def keep_reading() -> None:
+        while not stop.is_set():
+            reads.append(store.read_text("a.txt"))
+            time.sleep(0.1)
+
+    def write() -> None:
+        try:
+            store.write_text("ckpt/manifest.json", "{}")
+        except StorageError as err:
+            outcome["error"] = str(err)
+
+    reader = threading.Thread(target=keep_reading, daemon=True)
+    writer = threading.Thread(target=write, daemon=True)
+    reader.start()
+    writer.start()
+    writer.join(timeout=40)  # liveness, not speed: the old clock never ran out while reads answered
+    stop.set()
+    reader.join(timeout=10)
+    assert not writer.is_alive(), "the write was retried for as long as reads kept answering"
+    assert "SlowDown" in outcome["error"] and "LLM_S3_OUTAGE_S" in outcome["error"], outcome
+    assert len(reads) > 5 and set(reads) == {"before"}  # reads answered all along
+    # Writes are given up for the process, reads still answer.
+    with pytest.raises(StorageError, match="not tried, .* has failed for over 2s .* on writes"):
+        store.write_text("records/metrics.jsonl", "{}")
+    assert store.read_text("a.txt") == "before"

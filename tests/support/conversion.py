@@ -1,7 +1,7 @@
 """Fixtures for the converter's tests: a small real tokenizer, a small real corpus, helpers.
 
-Import them into a test module (`from convert_fixtures import small_tokenizer, ...`) or expose
-them from conftest. Everything is built from the People's Daily text (`chinese_documents`).
+A pytest plugin (tests/conftest.py lists it): tests name the fixtures as arguments. Everything
+is built from the People's Daily text (`chinese_documents`).
 """
 
 from __future__ import annotations

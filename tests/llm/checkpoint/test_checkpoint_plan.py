@@ -19,7 +19,8 @@ from llm.checkpoint.plan import RestartTimings, RunLockCallback, check_save_fold
 from llm.checkpoint.preemption import PreemptionCallback
 from llm.checkpoint.publisher import CheckpointPublisher
 from llm.checkpoint.resume import RunAlreadyComplete
-from llm.checkpoint.uploader import Uploader
+from llm.checkpoint.saver import Saver
+from llm.checkpoint.uploader import Deadline, Uploader, run_bounded
 from llm.composer_model import LanguageModel
 from llm.config import load_config
 from llm.errors import ConfigError
@@ -59,7 +60,7 @@ def test_the_plan_puts_saver_publisher_lock_and_preemption_last_in_that_order(tm
     callbacks = plan.callbacks_after(others)
     assert [type(c) for c in callbacks] == [
         LRMonitor,
-        CheckpointSaver,
+        Saver,
         CheckpointPublisher,
         RunLockCallback,
         RestartTimings,
@@ -122,7 +123,11 @@ def test_a_save_folder_without_room_for_one_checkpoint_is_refused_before_trainin
     ).block
     layers = 2 * free // (12 * per_layer) + 1  # twice the disk's free space, at 12 bytes a parameter
     model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
-    cfg = recipe(tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck"), "model": model})
+    # No snapshot: a model this large would be refused first for the host memory its snapshot takes.
+    cfg = recipe(
+        tmp_path,
+        **{"checkpoint.save_folder": str(tmp_path / "ck"), "model": model, "checkpoint.snapshot": "false"},
+    )
     with pytest.raises(ConfigError, match=r"iB free, but this rank's checkpoints need at least"):
         plan_checkpointing(cfg, rank=0, world_size=1)
     assert not (tmp_path / "ck" / LOCK_FILE).exists()  # refused before the lock was taken
@@ -210,7 +215,8 @@ def test_one_upload_in_flight_at_a_time_and_a_failure_is_kept_for_the_training_t
         uploader.start(8, lambda: None)
     assert not first.stored.is_set()
     gate.set()
-    assert uploader.finish(timeout=30) and uploader.pending is None
+    assert first.finished.wait(30) and first.error is None
+    uploader.pending = None  # settled (the publisher's part)
 
     def broken():
         raise OSError("disk gone")
@@ -219,17 +225,128 @@ def test_one_upload_in_flight_at_a_time_and_a_failure_is_kept_for_the_training_t
     assert failed.stored.wait(30) and isinstance(failed.error, OSError)
 
 
-def test_a_synchronous_upload_runs_on_the_calling_thread_without_the_follow_up():
+def test_every_upload_runs_in_its_own_thread_so_that_every_wait_for_it_is_bounded():
     uploader, threads, followed = Uploader(), [], []
-    uploader.start(4, lambda: threads.append(threading.current_thread()), followed.append, background=False)
-    assert threads == [threading.main_thread()] and followed == []
-    assert uploader.pending.finished.is_set()
+    upload = uploader.start(4, lambda: threads.append(threading.current_thread()), followed.append)
+    assert upload.finished.wait(30)
+    assert threads and threads[0] is not threading.main_thread() and followed == [upload]
 
 
-def test_the_wait_for_an_upload_is_bounded():
-    uploader, gate = Uploader(), threading.Event()
-    uploader.start(4, gate.wait)
-    assert not uploader.finish(timeout=0.05)  # still pending: the caller reports the bound
-    assert uploader.pending is not None
+def test_the_end_has_one_deadline_and_a_bounded_wait_says_when_it_ran_out():
+    gate, deadline = threading.Event(), Deadline()
+    assert deadline.left() is None  # not started: no bound
+    deadline.start(60)
+    deadline.start(0)  # started once: the first save of the end sets it
+    assert 50 < deadline.left() <= 60
+    assert not run_bounded(gate.wait, 0.05)  # still running: the caller stops waiting
     gate.set()
-    assert uploader.finish(timeout=30)
+    with pytest.raises(OSError, match="disk gone"):  # an error in time is the caller's
+        run_bounded(lambda: (_ for _ in ()).throw(OSError("disk gone")), 30)
+
+
+# --- the snapshot (llm/checkpoint/saver.py) ------------------------------------------------------
+
+
+def test_a_snapshot_is_a_copy_that_later_steps_do_not_change_and_its_buffers_are_reused():
+    from llm.checkpoint.saver import HostStager
+
+    trainer = build([])
+    stager = HostStager()
+    trainer.fit(duration="1ba")
+    live = trainer.state.state_dict()
+    staged = stager.stage({"state": live})
+    taken = {k: v.clone() for k, v in staged["state"]["model"].items()}
+    moments = staged["state"]["optimizers"]["AdamW"]["state"]
+    first = next(iter(moments.values()))["exp_avg"].clone()
+    buffers = {k: v.data_ptr() for k, v in staged["state"]["model"].items()}
+    trainer.fit(duration="1ba")  # another step: the live weights and moments move on
+    after = trainer.state.state_dict()
+    assert all(torch.equal(staged["state"]["model"][k], taken[k]) for k in taken)  # the snapshot did not
+    assert torch.equal(next(iter(moments.values()))["exp_avg"], first)
+    assert any(not torch.equal(after["model"][k], taken[k]) for k in taken)
+    again = stager.stage({"state": after})  # the next save: the same host buffers, the new state
+    assert {k: v.data_ptr() for k, v in again["state"]["model"].items()} == buffers
+    assert all(torch.equal(again["state"]["model"][k], after["model"][k]) for k in taken)
+    assert stager.nbytes >= sum(v.numel() * 4 for v in taken.values())
+    trainer.close()
+
+
+def test_host_memory_a_snapshot_cannot_fit_is_refused_in_one_line(tmp_path):
+    from llm.checkpoint.plan import check_host_memory, rank_checkpoint_bytes
+
+    cfg = recipe(tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck")})
+    need = rank_checkpoint_bytes(cfg, 1)
+    check_host_memory(cfg, 1, available=need)  # fits exactly
+    with pytest.raises(ConfigError) as err:
+        check_host_memory(cfg, 1, available=need - 1)
+    message = str(err.value)
+    assert "\n" not in message and "checkpoint.snapshot: the snapshots of a checkpoint take" in message
+    assert "checkpoint.snapshot=false" in message
+    check_host_memory(recipe(tmp_path, **{"checkpoint.snapshot": "false"}), 1, available=0)  # no snapshot
+
+
+def test_a_model_whose_snapshot_exceeds_this_machines_free_memory_is_refused_at_start(tmp_path):
+    from llm.checkpoint.plan import memory_available
+
+    available, free = memory_available(), shutil.disk_usage(tmp_path).free
+    if available is None or free < 3 * available:
+        pytest.skip("needs a disk with room for a checkpoint larger than this machine's free memory")
+    per_layer = count_params(
+        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
+    ).block
+    layers = int(1.5 * available // (12 * per_layer)) + 1  # 1.5 x the free memory, well within the disk
+    model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
+    cfg = recipe(tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck"), "model": model})
+    with pytest.raises(ConfigError, match=r"of host memory on this node .* available; free memory"):
+        plan_checkpointing(cfg, rank=0, world_size=1)
+    assert not (tmp_path / "ck" / LOCK_FILE).exists()  # refused before the lock was taken
+
+
+def test_when_busy_skip_skips_a_save_while_the_previous_one_is_written_and_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    from composer.core import Callback
+
+    import llm.checkpoint.saver as saver_module
+
+    gate, real_write = threading.Event(), saver_module.write_file
+
+    def held_write(state_dict, path):  # the write of batch 1 waits until batch 4 ends
+        if "-ba1-" in str(path):
+            assert gate.wait(60)
+        real_write(state_dict, path)
+
+    class ReleaseAt4(Callback):
+        def batch_end(self, state, logger):
+            if int(state.timestamp.batch) == 4:
+                gate.set()
+
+    monkeypatch.setattr(saver_module, "write_file", held_write)
+    cfg = recipe(
+        tmp_path,
+        **{"checkpoint.save_folder": str(tmp_path / "ck"), "checkpoint.save_interval": "1ba"},
+        **{"checkpoint.when_busy": "skip"},
+    )
+    plan = plan_checkpointing(cfg, rank=0, world_size=1)
+    model = LanguageModel.from_config(CFG, seed=1)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(
+            [{"input_ids": torch.randint(0, 64, (9,))} for _ in range(4)], batch_size=1
+        ),
+        max_duration="4ba",
+        optimizers=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        device="cpu",
+        callbacks=plan.callbacks_after([ReleaseAt4()]),
+        progress_bar=False,
+    )
+    trainer.fit()
+    trainer.close()
+    err = capsys.readouterr().err
+    for batch in (2, 3):
+        assert (
+            f"[checkpoint] skipping the save at batch {batch}: the checkpoint at batch 1 is still being "
+            "written or stored (checkpoint.when_busy=skip)"
+        ) in err
+    manifests = sorted(p.name for p in (tmp_path / "ck" / "manifests").iterdir())
+    assert manifests == ["ba0000000001-rank00000.json", "ba0000000004-rank00000.json"]  # the last: waited for

@@ -1,0 +1,277 @@
+"""The guard: loss spikes and non-finite steps, detected, rolled back and skipped without a person.
+
+The recipe's `guard:` section (`llm.config.GuardConfig`; docs/guard.md). Every rank runs the same
+code on the same numbers and ends in the same decision; three events of each step:
+
+- AFTER_TRAIN_BATCH: every micro-batch is done, the optimizer has not stepped (Composer's trainer
+  passes the optimizer a closure that runs the micro-batches, ending with this event, and the
+  update follows it). The guard measures the gradient norm over all parameters before clipping,
+  and does `training.grad_clip_norm`'s clipping itself, with the very call of Composer's
+  `GradientClipping` algorithm (`torch.nn.utils.clip_grad_norm_`), which the trainer then leaves
+  out: Composer runs algorithms before callbacks, so a callback would only see the clipped norm.
+  If the norm, or any micro-batch's loss (noted at AFTER_LOSS), is not finite on any rank
+  (`all_reduce` MAX), every gradient is set to None. AdamW skips a parameter without a gradient,
+  so the step moves neither the weights nor the moments nor the step count and applies no weight
+  decay; zeroing the gradients would still do all three. A non-finite step is never applied.
+- BATCH_END, first of all callbacks (checked at INIT): the step is judged (`SpikeDetector`) on the
+  loss every rank agrees on (Composer's all-reduced `loss/train/total`) and the norm above, and the
+  verdict is agreed once more (`all_reduce` MAX). A spike at batch S (the S-th batch; the step
+  numbering of metrics.jsonl) then:
+  1. stops the run (`SpikeStop`, exit 3) if `guard.max_rollbacks` rollbacks already happened within
+     the last `guard.max_rollbacks_window` batches, or if there is nothing to roll back to yet:
+     nothing is saved after the spike, so the newest checkpoint is the last good state;
+  2. else restores model, optimizer, scheduler and RNG from the rollback point
+     (`llm.checkpoint.rollback.RollbackPoint`; today the newest complete checkpoint at least
+     `guard.rewind` batches before the spike, batch R);
+  3. adds the window [R, S + skip) to the skip windows (`SkipWindowsCallback`): the batches since
+     R, the spike's own and `guard.skip` more are never trained on, and the batch counter moves
+     over them, as in a run told `data.skip: [[R, S + skip]]` from the start (llm/data/skip.py);
+  4. forgets the steps after R in its medians, prints one line
+     (`[guard] loss 9.8 at batch 1200 (median 2.31): rolled back to batch 1150, skipping batches
+     1150-1350`), logs the event (`guard/*` metrics: metrics.jsonl's line of step S and every
+     tracker) and trains on.
+  It runs before the other callbacks' BATCH_END and before BATCH_CHECKPOINT, so no checkpoint
+  ever holds the spike's state, and what the others record (the learning rate, a preemption's
+  checkpoint) is the restored state.
+
+Its checkpointed state (Composer stores callbacks' `state_dict`) is the medians' history and the
+rollbacks, so a resumed run judges its first steps against the same medians (no new warm-up) and
+counts earlier rollbacks toward the limit. Both are stored as JSON text: a sharded checkpoint
+(torch.distributed.checkpoint) flattens a list of dicts into one key per entry, and a resumed run,
+whose fresh guard has none yet, would ask for keys the checkpoint does not have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, NoReturn
+
+import torch
+from composer.core import Callback, Precision, State
+from composer.loggers import Logger, LoggerDestination
+from composer.utils import dist
+
+from llm.callbacks.skip_windows import SkipWindowsCallback
+from llm.checkpoint.rollback import RollbackPoint
+from llm.config import GuardConfig
+from llm.errors import SpikeStop
+from llm.loggers import MetricsFile
+
+
+@dataclass(frozen=True)
+class Step:
+    """One judged step: its batch (the S-th), the all-rank loss and the gradient norm before clipping."""
+
+    batch: int
+    loss: float
+    grad_norm: float
+
+
+@dataclass(frozen=True)
+class Spike:
+    """Why a step is a spike: which value, the value, and its running median (None: none yet)."""
+
+    batch: int
+    what: str  # "loss" | "gradient norm"
+    value: float
+    median: float | None
+
+    def describe(self) -> str:
+        median = "-" if self.median is None else f"{self.median:.4g}"
+        return f"{self.what} {self.value:.4g} at batch {self.batch} (median {median})"
+
+
+class SpikeDetector:
+    """The rules of `GuardConfig` over the good steps seen (pure: no Composer, no ranks).
+
+    `history` keeps the last `window` good steps plus `keep` more, so that a rollback up to `keep`
+    batches back (`rewind`) leaves exactly the window a run that never took those steps would have.
+    """
+
+    def __init__(self, cfg: GuardConfig, keep: int = 0):
+        self.cfg = cfg
+        self.history: deque[Step] = deque(maxlen=cfg.window + max(0, keep))
+        self.seen = 0  # good steps judged so far (kept across resumes, less those rolled back)
+
+    def medians(self) -> tuple[float | None, float | None]:
+        recent = list(self.history)[-self.cfg.window :]
+        if not recent:
+            return None, None
+        return statistics.median(s.loss for s in recent), statistics.median(s.grad_norm for s in recent)
+
+    def judge(self, step: Step) -> Spike | None:
+        """The spike `step` is, or None (then it joins the history)."""
+        loss_median, norm_median = self.medians()
+        if not math.isfinite(step.loss):
+            return Spike(step.batch, "loss", step.loss, loss_median)
+        if not math.isfinite(step.grad_norm):
+            return Spike(step.batch, "gradient norm", step.grad_norm, norm_median)
+        if self.seen >= self.cfg.warmup and loss_median is not None:
+            if self.cfg.loss_factor and step.loss > self.cfg.loss_factor * loss_median:
+                return Spike(step.batch, "loss", step.loss, loss_median)
+            if self.cfg.grad_factor and step.grad_norm > self.cfg.grad_factor * norm_median:
+                return Spike(step.batch, "gradient norm", step.grad_norm, norm_median)
+        self.history.append(step)
+        self.seen += 1
+        return None
+
+    def rewind(self, batch: int) -> None:
+        """Forget the steps after `batch` (a rollback to the state after it)."""
+        kept = [s for s in self.history if s.batch <= batch]
+        self.seen = max(0, self.seen - (len(self.history) - len(kept)))
+        self.history = deque(kept, maxlen=self.history.maxlen)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": json.dumps([asdict(s) for s in self.history]), "seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        history = _records(state.get("history"))
+        self.history = deque((Step(**s) for s in history), maxlen=self.history.maxlen)
+        self.seen = int(state.get("seen", len(self.history)))
+
+
+def _records(value: str | list | None) -> list[dict]:
+    """A list of records stored as JSON text (or, in checkpoints saved before, as the list itself)."""
+    if value is None:
+        return []
+    return json.loads(value) if isinstance(value, str) else list(value)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """One rollback: the spike's batch, the batch rolled back to, the window skipped."""
+
+    spike_batch: int
+    rolled_back_to: int
+    skip_from: int
+    skip_to: int
+
+
+class SpikeGuard(Callback):
+    """The guard (module docstring). `clip`: `training.grad_clip_norm` (0: no clipping); `keep`:
+    how far back a rollback may go with exact medians (the trainer passes two save intervals)."""
+
+    def __init__(
+        self,
+        cfg: GuardConfig,
+        point: RollbackPoint,
+        skips: SkipWindowsCallback,
+        *,
+        clip: float = 0.0,
+        keep: int = 0,
+    ):
+        self.cfg = cfg
+        self.point = point
+        self.skips = skips
+        self.clip = clip
+        self.detector = SpikeDetector(cfg, keep)
+        self.rollbacks: list[Rollback] = []
+        self._bad_loss: torch.Tensor | None = None  # any micro-batch loss of this step not finite
+        self._grad_norm = float("nan")
+        self._dropped = False  # this step's gradients were dropped: its update was not applied
+
+    def init(self, state: State, logger: Logger) -> None:
+        others = [cb for cb in state.callbacks if not isinstance(cb, LoggerDestination)]
+        if others[0] is not self:  # Event.INIT runs inside Trainer(): a wrong order fails there
+            raise RuntimeError(
+                f"callback order: SpikeGuard must be the first callback, not after "
+                f"{type(others[0]).__name__}: its rollback must precede what the others record"
+            )
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self._bad_loss, self._grad_norm, self._dropped = None, float("nan"), False
+
+    def after_loss(self, state: State, logger: Logger) -> None:
+        loss = state.loss["total"] if isinstance(state.loss, dict) else state.loss
+        bad = ~torch.isfinite(loss.detach()).all()
+        self._bad_loss = bad if self._bad_loss is None else self._bad_loss | bad
+
+    def after_train_batch(self, state: State, logger: Logger) -> None:
+        params = list(state.model.parameters())
+        if self.clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm=self.clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+        bad_loss = self._bad_loss if self._bad_loss is not None else torch.tensor(False)
+        flag = torch.tensor([int(bool(bad_loss)) or int(not torch.isfinite(norm).item())], dtype=torch.int32)
+        flag = state.device.tensor_to_device(flag)
+        dist.all_reduce(flag, reduce_operation="MAX")
+        self._grad_norm = float(norm.item())
+        if flag.item():
+            self._dropped = True
+            if state.precision == Precision.AMP_FP16:
+                # Composer steps through a GradScaler, which skips a step with non-finite gradients
+                # itself (and fails on an optimizer without any): leave them to it.
+                return
+            for p in params:
+                p.grad = None  # AdamW skips these parameters: no update, no moments, no decay
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        batch = int(state.timestamp.batch)
+        loss = state.total_loss_dict.get("loss/train/total", float("nan"))
+        step = Step(batch, float(loss), self._grad_norm)
+        spike = self.detector.judge(step)
+        if spike is None and self._dropped:
+            spike = Spike(batch, "loss", float("nan"), self.detector.medians()[0])
+        flag = state.device.tensor_to_device(torch.tensor([0 if spike is None else 1], dtype=torch.int32))
+        dist.all_reduce(flag, reduce_operation="MAX")
+        if not flag.item():
+            return
+        if spike is None:  # another rank saw one: the same numbers should have shown it here too
+            spike = Spike(batch, "loss", step.loss, self.detector.medians()[0])
+        self._handle(state, logger, spike)
+
+    def _handle(self, state: State, logger: Logger, spike: Spike) -> None:
+        since = spike.batch - self.cfg.max_rollbacks_window
+        recent = [r for r in self.rollbacks if r.spike_batch > since]
+        if len(recent) >= self.cfg.max_rollbacks:
+            self._stop(
+                state,
+                logger,
+                spike,
+                f"{len(recent)} rollback(s) within the last {self.cfg.max_rollbacks_window} batches "
+                f"(guard.max_rollbacks={self.cfg.max_rollbacks}); stopping with exit code "
+                f"{SpikeStop.EXIT_CODE}, the newest checkpoint is the last good state: look at the "
+                "data and the learning rate before resuming",
+            )
+        restored = self.point.restore(state, logger, at_most=spike.batch - self.cfg.rewind)
+        if restored is None:
+            self._stop(
+                state,
+                logger,
+                spike,
+                f"no checkpoint to roll back to yet; stopping with exit code {SpikeStop.EXIT_CODE}. "
+                f"To start over without this batch and the {self.cfg.skip} after it: "
+                f"data.skip=[[{spike.batch - 1},{spike.batch + self.cfg.skip}]]",
+            )
+        rollback = Rollback(spike.batch, restored, restored, spike.batch + self.cfg.skip)
+        self.rollbacks.append(rollback)
+        self.skips.add(rollback.skip_from, rollback.skip_to)
+        self.detector.rewind(restored)
+        if dist.get_global_rank() == 0:
+            print(
+                f"[guard] {spike.describe()}: rolled back to batch {restored}, "
+                f"skipping batches {rollback.skip_from}-{rollback.skip_to}",
+                flush=True,
+            )
+        logger.log_metrics({f"guard/{k}": v for k, v in asdict(rollback).items()})
+        logger.log_metrics({"guard/rollbacks": len(self.rollbacks)})
+
+    def _stop(self, state: State, logger: Logger, spike: Spike, why: str) -> NoReturn:
+        logger.log_metrics({"guard/spike_batch": spike.batch, "guard/stopped": 1})
+        for destination in logger.destinations:
+            if isinstance(destination, MetricsFile):  # its line is written at BATCH_CHECKPOINT: not reached
+                destination.flush(state)
+        raise SpikeStop(f"[guard] {spike.describe()}: {why}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.detector.state_dict(), "rollbacks": json.dumps([asdict(r) for r in self.rollbacks])}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.detector.load_state_dict(state)
+        self.rollbacks = [Rollback(**r) for r in _records(state.get("rollbacks"))]

@@ -1,0 +1,209 @@
+"""The guard: its rules (pure), its settings, and a non-finite step in a real run (never applied).
+
+The rollbacks themselves, with real `train.py` processes (one rank and two under FSDP2), are in
+tests/e2e/test_guard_rollback.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from composer.core import Callback
+
+from llm.callbacks.guard import SpikeDetector, Step
+from llm.config import GuardConfig
+from llm.errors import ConfigError, SpikeStop
+from scenarios.resume_driver import LossSpike
+from tests.support.training import load, read_metrics, write_recipe
+
+
+def _steps(losses, norms=None, start=1):
+    norms = norms or [1.0] * len(losses)
+    return [Step(start + i, loss, norm) for i, (loss, norm) in enumerate(zip(losses, norms, strict=True))]
+
+
+def test_non_finite_values_are_spikes_from_the_first_step_the_factor_rules_after_warmup():
+    detector = SpikeDetector(GuardConfig(enabled=True, window=4, warmup=3, loss_factor=1.5, grad_factor=10))
+    assert detector.judge(Step(1, float("nan"), 1.0)).describe() == "loss nan at batch 1 (median -)"
+    assert detector.judge(Step(1, 3.0, float("inf"))).what == "gradient norm"
+    assert detector.judge(Step(1, 9.0, 1.0)) is None  # warmup: not judged by the factors yet
+    assert [detector.judge(s) for s in _steps([3.0, 2.0], start=2)] == [None, None]
+    spike = detector.judge(Step(4, 9.0, 1.0))  # 9 > 1.5 x median(9, 3, 2) = 4.5
+    assert (spike.what, spike.value, spike.median) == ("loss", 9.0, 3.0)
+    assert detector.judge(Step(4, 4.4, 1.0)) is None
+    spike = detector.judge(Step(5, 3.0, 50.0))
+    assert (spike.what, spike.median) == ("gradient norm", 1.0)
+    assert detector.seen == 4 and [s.batch for s in detector.history] == [1, 2, 3, 4]
+
+
+def test_the_medians_cover_the_last_window_good_steps_and_a_rollback_forgets_the_steps_after_it():
+    cfg = GuardConfig(enabled=True, window=3, warmup=0)
+    detector = SpikeDetector(cfg, keep=4)
+    for step in _steps([5.0, 4.0, 3.0, 2.0, 2.0, 2.0]):
+        detector.judge(step)
+    assert detector.medians() == (2.0, 1.0)
+    detector.rewind(3)  # back to the state after batch 3: steps 4-6 never happened
+    assert [s.batch for s in detector.history] == [1, 2, 3] and detector.seen == 3
+    assert detector.medians() == (4.0, 1.0)
+    # What a run that never took steps 4-6 has: the same history, the same verdicts from here on.
+    fresh = SpikeDetector(cfg, keep=4)
+    for step in _steps([5.0, 4.0, 3.0]):
+        fresh.judge(step)
+    assert fresh.state_dict() == detector.state_dict()
+    restored = SpikeDetector(cfg, keep=4)
+    restored.load_state_dict(detector.state_dict())
+    assert restored.judge(Step(4, 6.1, 1.0)) is not None and restored.judge(Step(4, 5.9, 1.0)) is None
+
+
+def test_the_guards_state_resumes_from_a_sharded_checkpoint_into_a_fresh_guard(tmp_path):
+    """torch.distributed.checkpoint loads into the fresh guard's own state dict: its keys have to
+    be the ones the saved guard had (a list of records is stored as one value, not one per entry)."""
+    import torch.distributed.checkpoint as dcp
+
+    from llm.callbacks.guard import Rollback, SpikeGuard
+
+    cfg = GuardConfig(enabled=True, window=3, warmup=0)
+    saved = SpikeGuard(cfg, point=None, skips=None, keep=2)
+    for step in _steps([5.0, 4.0, 3.0, 2.0]):
+        saved.detector.judge(step)
+    saved.rollbacks.append(Rollback(9, 4, 4, 12))
+    dcp.save({"guard": saved.state_dict()}, checkpoint_id=tmp_path, no_dist=True)
+    fresh = SpikeGuard(cfg, point=None, skips=None, keep=2)
+    into = {"guard": fresh.state_dict()}
+    dcp.load(into, checkpoint_id=tmp_path, no_dist=True)
+    fresh.load_state_dict(into["guard"])
+    assert [s.batch for s in fresh.detector.history] == [1, 2, 3, 4] and fresh.detector.seen == 4
+    assert fresh.rollbacks == [Rollback(9, 4, 4, 12)] and fresh.state_dict() == saved.state_dict()
+
+
+def test_a_factor_of_zero_turns_its_rule_off():
+    detector = SpikeDetector(GuardConfig(enabled=True, window=2, warmup=0, loss_factor=0, grad_factor=0))
+    detector.judge(Step(1, 1.0, 1.0))
+    assert detector.judge(Step(2, 100.0, 100.0)) is None
+    assert detector.judge(Step(3, float("nan"), 1.0)) is not None  # non-finite values always count
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["checkpoint.save_folder=null"], "guard.enabled=true needs checkpoint.save_folder"),
+        (
+            ["guard.loss_factor=0.9"],
+            "guard.loss_factor=0.9 must be above 1 (e.g. 1.5), or 0 to turn that rule off",
+        ),
+        (["guard.window=0"], "guard.window=0 must be at least 1"),
+        (["guard.max_rollbacks=-1"], "guard.max_rollbacks=-1 must be 0 or more"),
+        (["model.z_loss=-1e-4"], "model.z_loss=-0.0001 must be 0 (off) or positive"),
+    ],
+)
+def test_unusable_guard_settings_are_refused_in_one_line(tmp_path, train_data, overrides, message):
+    recipe = write_recipe(tmp_path / "r.yaml", train_data, checkpoint={"save_folder": str(tmp_path / "ck")})
+    with pytest.raises(ConfigError) as err:
+        load(recipe, "guard.enabled=true", *overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# --- a real run: a rollback from S3, then the limit; the non-finite step never applied ------------
+
+
+class Before(Callback):
+    """Copies of the weights and the optimizer state at the start of batch `batch`; the state."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+        self.weights: dict[str, torch.Tensor] = {}
+        self.optimizer: dict = {}
+        self.state = None
+
+    def batch_start(self, state, logger) -> None:
+        self.state = state
+        if int(state.timestamp.batch) + 1 == self.batch:
+            self.weights = {k: v.detach().clone() for k, v in state.model.state_dict().items()}
+            self.optimizer = copy.deepcopy(state.optimizers[0].state_dict())
+
+
+@dataclass
+class Capped:
+    code: int
+    stdout: str
+    stderr: str
+    before: Before
+    run_dir: Path
+    save_folder: str
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory, train_data, s3_server) -> Capped:
+    """`train.py` in this process, checkpoints on S3 every 4 batches, guard.rewind=5 and
+    max_rollbacks=1: batch 9's loss x 50 rolls back past the checkpoint at 8 to the one at 4
+    (skipping 4-11), batch 12's NaN loss is one spike too many."""
+    import train
+
+    root = tmp_path_factory.mktemp("guard-capped")
+    save_folder = f"s3://{s3_server.create_bucket('guard-capped')}/ckpt"
+    recipe = write_recipe(
+        root / "r.yaml",
+        train_data,
+        checkpoint={"save_folder": save_folder, "save_interval": "4ba"},
+        guard={"enabled": True, "max_rollbacks": 1, "rewind": 5, "window": 4, "warmup": 3, "skip": 2},
+        training={
+            "global_batch_size": 8,
+            "device_microbatch_size": 4,
+            "max_duration": "12ba",
+            "log_interval": 1,
+        },
+    )
+    before = Before(12)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = train.main([str(recipe)], extra_callbacks=[before, LossSpike({9: 50.0, 12: float("nan")})])
+    return Capped(code, stdout.getvalue(), stderr.getvalue(), before, root / "run", save_folder)
+
+
+@pytest.mark.s3
+def test_the_update_of_a_non_finite_step_is_never_applied(capped):
+    before, state = capped.before, capped.before.state
+    assert before.weights, "the probe saw batch 12 start"
+    weights = state.model.state_dict()
+    assert all(torch.isfinite(v).all() for v in weights.values())
+    assert all(torch.equal(weights[k], v) for k, v in before.weights.items())
+    # AdamW's moments and step counts did not move either (zeroing the gradients would move them).
+    optimizer = state.optimizers[0].state_dict()
+    assert optimizer["state"].keys() == before.optimizer["state"].keys()
+    for key, saved in before.optimizer["state"].items():
+        for name, value in saved.items():
+            assert torch.equal(optimizer["state"][key][name], value), (key, name)
+
+
+@pytest.mark.s3
+def test_a_loss_spike_rolls_back_and_past_max_rollbacks_the_run_stops_with_exit_3(capped):
+    from llm.checkpoint import manifest as cm
+    from storage import open_store
+
+    assert capped.code == SpikeStop.EXIT_CODE == 3, capped.stderr[-3000:]
+    (rollback,) = [line for line in capped.stdout.splitlines() if line.startswith("[guard]")]
+    # guard.rewind=5: the newest checkpoint at or before batch 4, not the one at 8.
+    assert rollback.startswith("[guard] loss ") and " at batch 9 (median " in rollback
+    assert rollback.endswith("rolled back to batch 4, skipping batches 4-11")
+    stop = capped.stderr.strip().splitlines()[-1]
+    assert stop.startswith("[guard] loss nan at batch 12 (median ")
+    assert stop.endswith(
+        "1 rollback(s) within the last 1000 batches (guard.max_rollbacks=1); stopping with exit code 3, "
+        "the newest checkpoint is the last good state: look at the data and the learning rate before resuming"
+    )
+    assert "Traceback" not in capped.stderr
+    # Nothing is saved after a spike: the checkpoints of 4 and 8 stay, 8 the newest.
+    checkpoints, _ = cm.scan(open_store(capped.save_folder))
+    assert sorted(c.batch for c in checkpoints if c.complete) == [4, 8]
+    rows = read_metrics(capped.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [*range(1, 10), 12]
+    assert rows[8]["guard/rolled_back_to"] == 4 and rows[8]["guard/skip_to"] == 11 and rows[8]["loss"] > 50
+    assert rows[-1]["guard/stopped"] == 1 and rows[-1]["guard/spike_batch"] == 12
+    assert math.isnan(rows[-1]["loss"])
