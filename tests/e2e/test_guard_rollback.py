@@ -133,8 +133,13 @@ def test_a_resumed_run_keeps_the_window_and_judges_its_first_steps_against_the_k
     (checkpoint,) = (single.folder / "ckpt").glob("ep*-ba7-rank0.pt")
     callbacks = torch.load(checkpoint, map_location="cpu", weights_only=False)["state"]["callbacks"]
     assert callbacks["SkipWindowsCallback"] == {"windows": [[4, 9]]}
-    assert [r["rolled_back_to"] for r in callbacks["SpikeGuard"]["rollbacks"]] == [4]
-    assert [s["batch"] for s in callbacks["SpikeGuard"]["history"]] == [1, 2, 3, 4]  # the medians' steps
+    assert [r["rolled_back_to"] for r in json.loads(callbacks["SpikeGuard"]["rollbacks"])] == [4]
+    assert [s["batch"] for s in json.loads(callbacks["SpikeGuard"]["history"])] == [
+        1,
+        2,
+        3,
+        4,
+    ]  # the medians' steps
     # Batch 11 is the resumed run's second step: judged only because the medians came back.
     (line,) = [line for line in resumed.output.splitlines() if line.startswith("[guard]")]
     assert line.startswith("[guard] loss ") and " at batch 11 (median 5.561)" in line
