@@ -101,6 +101,11 @@ _TOO_SHORT = REASON_CODES["too_short_chars"]
 _NEAR_DUPLICATE = "near_duplicate"
 _LEAST_SHARE = 16 << 10  # a worker's share of the budget below which the merge refuses to start
 _PROCESS_BYTES = 20 << 20  # a process's own memory (`make bench-dedup-scale`: 41-56 MiB for 3)
+# The partitions fill this share of what the merge leaves its workers: headroom for what the
+# per-entry figures miss (the allocator; the main process's ordered pass starting while a stage's
+# last jobs are still resident). Without it, 10 M documents under a 256 MiB budget peaked at
+# 220-275 MiB in three runs (`make bench-dedup-scale`, 2026-12-03).
+HEADROOM = 0.8
 
 
 # --- the tasks ------------------------------------------------------------------------------------
@@ -269,7 +274,7 @@ def plan_stages(
     """Partitions that each fit a worker's share of what the ordered pass leaves of the budget: its
     duplicate bitmaps (a bit per row, two per pid) and the near outputs' read buffers (an eighth)."""
     main = main_bytes(tasks, budget, workers)
-    share = (budget - main) // workers
+    share = int((budget - main) * HEADROOM) // workers
     if share < _LEAST_SHARE:
         raise ConvertError(
             f"--memory-budget {format_size(budget)} leaves less than {format_size(_LEAST_SHARE)} per worker once what "
