@@ -294,7 +294,7 @@ def test_one_machine_over_its_budget_converts_in_two_passes_to_the_record(
     task and a merge here: the record's bytes, the pair report of the in-memory run, nothing left
     of the task and the merge's files."""
     out = tmp_path / "out"
-    opts = dataclasses.replace(options(near, 2, False), memory_budget=60_000)
+    opts = dataclasses.replace(options(near, 2, False), memory_budget=70_000)
     summary = convert_corpus(golden_tasks["inputs"], tokenizer=small_tokenizer, out=str(out), options=opts)
     printed = capsys.readouterr().out
     assert "more than the budget, so it runs in two passes" in printed and "merge: " in printed
