@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-train bench-data bench-generate bench-eval soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -105,6 +105,11 @@ bench-convert: install
 bench-dedup: install
 	$(UV) pip install --python $(PY) --quiet 'datasketch==2.0.0' 'rensa==0.5.0'
 	$(PY) -m bench.dedup
+
+# memory per document of the merge's de-duplication at 1-10 M synthetic documents, the merge's main
+# process against the tasks, a 600 M / 6 B projection (about an hour on 2 cores; ARGS="--sizes 1e6")
+bench-dedup-scale: install
+	$(PY) -m bench.dedup_scale $(ARGS)
 
 bench-train: install
 	$(PY) -m bench.train

@@ -342,6 +342,124 @@ def edit_table(options: NearDedupOptions, documents: int, seed: int) -> list[str
     return rows
 
 
+# --- the decision rule: today's against its variants ------------------------------------------------
+
+
+def plant_chains(corpus: Corpus, chains: int, share: float, seed: int) -> list[tuple[int, int, int]]:
+    """Chains A ~ B ~ C inserted into the corpus: B an edited copy of article A, C an edited copy of
+    B (scattered substitutions of `share` of the characters each step), B and C later in the input.
+    Returns their positions (A, B, C) in the new order; `corpus.origin` follows."""
+    rng = random.Random(seed + 1)
+    texts = corpus.texts
+    articles = [i for i, t in enumerate(texts) if len(t) >= 600 and i not in corpus.origin]
+    rows = [(t, None) for t in texts]
+    for n, a in enumerate(rng.sample(articles, chains)):
+        b = edited(texts[a], "scattered substitutions", share, rng)
+        c = edited(b, "scattered substitutions", share, rng)
+        rows.insert(rng.randint(a + 1, len(rows)), (b, ("b", n, texts[a])))
+        rows.insert(len(rows) - rng.randint(0, 50), (c, ("c", n, b)))
+    corpus.texts = [t for t, _ in rows]
+    where = {id(t): i for i, (t, _) in enumerate(rows)}
+    found: dict[int, dict[str, int]] = {}
+    for i, (_, tag) in enumerate(rows):
+        if tag is not None:
+            found.setdefault(tag[1], {})[tag[0]] = i
+            if tag[0] == "b":
+                found[tag[1]]["a"] = where[id(tag[2])]
+    old = {id(t): i for i, t in enumerate(texts)}
+    corpus.origin = {
+        where[id(texts[copy])]: (where[id(texts[source])], share_) for copy, (source, share_) in corpus.origin.items()
+        if id(texts[copy]) in old
+    }  # fmt: skip
+    return [(chain["a"], chain["b"], chain["c"]) for chain in found.values()]
+
+
+def rule_decisions(texts: list[str], options: NearDedupOptions, per_key: int, exact: bool, kept_rule: bool):
+    """Removed documents under a variant of the rule: candidates by LSH with `per_key`, verified by
+    the sketches' estimate or by exact Jaccard, a document removed when near any earlier document
+    or (`kept_rule`) near an earlier kept one."""
+    from convert.dedup.minhash import estimate_jaccard
+    from convert.dedup.pairs import candidate_pairs
+
+    codes, lengths = utf32(texts)
+    keys, sketches = signatures(codes, lengths, options)
+    docs = np.repeat(np.arange(len(texts)), options.bands)
+    later, before = candidate_pairs(keys.ravel(), docs, per_key)
+    if exact:
+        sets = [shingle_set(t, options.ngram) for t in texts]
+        score = np.array(
+            [len(sets[a] & sets[b]) / len(sets[a] | sets[b]) for a, b in zip(later, before, strict=True)]
+        )
+    else:
+        score = estimate_jaccard(sketches[later], sketches[before])
+    near = score >= options.threshold
+    later, before = later[near], before[near]
+    removed = np.zeros(len(texts), dtype=bool)
+    if not kept_rule:
+        removed[later] = True
+        return removed
+    for d, e in zip(later.tolist(), before.tolist(), strict=True):  # by later, then before: in order
+        if not removed[e]:
+            removed[d] = True
+    return removed
+
+
+def exact_truth(texts: list[str], ngram: int, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """By brute force: documents near any earlier one; documents near an earlier kept one."""
+    pairs = exact_pairs(texts, ngram, threshold)
+    near_any = np.array([bool(p) for p in pairs])
+    removed = np.zeros(len(texts), dtype=bool)
+    for d, found in enumerate(pairs):
+        removed[d] = any(not removed[e] for e, _ in found)
+    return near_any, removed
+
+
+def rules_table(
+    corpus: Corpus, options: NearDedupOptions, sample_size: int, chains: list, seed: int
+) -> list[str]:
+    sample = set(sample_for_brute_force(corpus, sample_size, seed))
+    for chain in chains:
+        sample.update(chain)
+    order = sorted(sample)
+    texts = [corpus.texts[i] for i in order]
+    near_any, near_kept = exact_truth(texts, options.ngram, options.threshold)
+    variants = [
+        (
+            "today: LSH, per_key 8, 8-bit sketch estimate, near any earlier document",
+            options.per_key,
+            False,
+            False,
+        ),
+        ("per_key unbounded", 1 << 30, False, False),
+        ("exact Jaccard instead of the sketch estimate", options.per_key, True, False),
+        ("near an earlier KEPT document (the issue's wording)", options.per_key, False, True),
+        ("kept rule with exact Jaccard", options.per_key, True, True),
+    ]
+    rows = [
+        f"{len(texts):,} documents (the brute-force sample with {len(chains)} planted chains A ~ B ~ C, A and C "
+        f"not near); by brute force {int(near_any.sum())} are near an earlier document, {int(near_kept.sum())} "
+        "near an earlier kept one (they differ on the third document of a chain)",
+        "| rule | removed | precision vs near-any | recall vs near-any | precision vs near-kept | recall vs near-kept |",
+        "|---|---|---|---|---|---|",
+    ]
+    decisions = {}
+    for label, per_key, exact, kept_rule in variants:
+        removed = rule_decisions(texts, options, per_key, exact, kept_rule)
+        decisions[label] = removed
+        pa, ra = precision_recall(removed, near_any)
+        pk, rk = precision_recall(removed, near_kept)
+        rows.append(f"| {label} | {int(removed.sum())} | {pa:.3f} | {ra:.3f} | {pk:.3f} | {rk:.3f} |")
+    today, kept = decisions[variants[0][0]], decisions[variants[3][0]]
+    index = {d: i for i, d in enumerate(order)}
+    third = [index[c] for _, _, c in chains]
+    rows.append(
+        f"today's rule and the kept rule differ on {int((today != kept).sum())} documents; of the {len(chains)} "
+        f"chains' third documents today removes {int(today[third].sum())}, the kept rule {int(kept[third].sum())}; "
+        f"per_key changes {int((today != decisions[variants[1][0]]).sum())} decisions"
+    )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.dedup",
@@ -358,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         "--edit-table", type=int, default=0, metavar="ARTICLES",
         help="only print the table of edit kind vs removal rate, over this many articles",
     )  # fmt: skip
+    parser.add_argument(
+        "--rules", type=int, default=0, metavar="CHAINS",
+        help="only compare the decision rule with its variants (per_key, exact Jaccard, near an earlier kept "
+        "document) on the brute-force sample, with this many planted chains",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     options = NearDedupOptions(threshold=args.threshold).resolve(5)
@@ -368,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(edit_table(options, args.edit_table, args.seed)))
         return 0
     corpus = build_corpus(args.planted, args.seed)
+    if args.rules:
+        chains = plant_chains(corpus, args.rules, 0.015, args.seed)
+        print("\n".join(rules_table(corpus, options, args.sample, chains, args.seed)))
+        return 0
     texts = corpus.texts
     chars = sum(map(len, texts))
     print(

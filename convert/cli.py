@@ -94,6 +94,14 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-chars", type=int, default=1_000_000, help=argparse.SUPPRESS)
     parser.add_argument("--overwrite", action="store_true", help="replace a complete existing output")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_budget(parser)
+
+
+def _add_budget(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--memory-budget", default=None, metavar="SIZE",
+        help="memory for what grows with the corpus, e.g. 8GB (default: half of this machine's); more goes to disk",
+    )  # fmt: skip
 
 
 def _add_shards(commands) -> None:
@@ -151,6 +159,10 @@ def _add_merge(commands) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a complete existing output")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_budget(parser)
+    parser.add_argument(
+        "--partitions", default=None, help=argparse.SUPPRESS
+    )  # EXACT,NEAR instead of the plan's
     parser.set_defaults(run=run_merge)
 
 
@@ -284,7 +296,14 @@ def _shard_options(args: argparse.Namespace):
         seq_len=args.seq_len, val_fraction=args.val_fraction, workers=workers, add_bos=args.bos,
         min_tokens=args.min_tokens, dtype=args.dtype, shard_size_mb=args.shard_size_mb,
         overwrite=args.overwrite, chunk_chars=args.chunk_chars, progress=not args.no_progress,
+        memory_budget=_memory_budget(args),
     )  # fmt: skip
+
+
+def _memory_budget(args: argparse.Namespace) -> int:
+    from convert.budget import parse_size
+
+    return parse_size(args.memory_budget) if args.memory_budget is not None else 0
 
 
 def _command_line() -> str:
@@ -345,9 +364,14 @@ def run_shards(args: argparse.Namespace) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     from convert.run import available_cpus, merge_tasks
 
+    partitions = None
+    if args.partitions is not None:
+        exact, _, near = args.partitions.partition(",")
+        partitions = (int(exact), int(near or exact))
     merge_tasks(
         args.out, workers=args.workers if args.workers is not None else available_cpus(),
         progress=not args.no_progress, overwrite=args.overwrite, command=_command_line(),
+        memory_budget=_memory_budget(args), partitions=partitions,
     )  # fmt: skip
     return 0
 

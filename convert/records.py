@@ -150,6 +150,9 @@ class PartResult:
     too_short: int
     tail: np.ndarray
     reused: bool = False
+    # Its prefixed shard entries as index.json holds them (`shards.writer.index_entries_text`),
+    # formatted where the part is written; empty for a part reused from part.json.
+    index_text: str = ""
 
     def marker(self, fingerprint: str) -> dict:
         """part.json: written after the part's shards; a re-run reuses the part when it matches."""

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import textwrap
 from collections.abc import Iterable
+from typing import TextIO
 
 import numpy as np
 
@@ -186,6 +188,29 @@ def prefixed_entries(shards: list[dict], folder: str) -> list[dict]:
 
 def index_json(shards: list[dict]) -> dict:
     return {"version": 2, "shards": shards}
+
+
+def index_entries_text(shards: Iterable[dict]) -> str:
+    """Shard entries as `Store.write_json` lays them out inside index.json, joined by ",\\n" (a
+    conversion's workers format their part's entries; the main process only concatenates them)."""
+    return ",\n".join(
+        textwrap.indent(json.dumps(shard, indent=2, sort_keys=True, ensure_ascii=False), "    ")
+        for shard in shards
+    )
+
+
+def write_index_json(stream: TextIO, texts: Iterable[str]) -> None:
+    """`index_json` of all the shards, byte for byte as `Store.write_json` writes it, from the
+    `index_entries_text` of consecutive groups of them (a split of a million parts has an index of
+    a million entries: not held in memory)."""
+    stream.write('{\n  "shards": [')
+    first = True
+    for text in texts:
+        if text:
+            stream.write(("\n" if first else ",\n") + text)
+            first = False
+    stream.write("]" if first else "\n  ]")
+    stream.write(',\n  "version": 2\n}\n')
 
 
 def write_token_split(store: Store, rows: Iterable[np.ndarray], meta: SplitMeta, *, size_limit: int) -> None:

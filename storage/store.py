@@ -115,6 +115,9 @@ class Store:
     def check_writable(self) -> None: ...
     def size(self, rel: str) -> int | None: ...
     def read_bytes(self, rel: str) -> bytes | None: ...
+    def read_range(self, rel: str, start: int, end: int) -> bytes | None:
+        """Bytes `start` to `end` (exclusive) of a file (`end` within it), None if it is absent."""
+
     def write_bytes(self, rel: str, data: bytes) -> None: ...
     def upload(self, local: str | os.PathLike, rel: str) -> None: ...
     def download(self, rel: str, local: str | os.PathLike, *, read_timeout: float | None = None) -> None: ...
@@ -192,6 +195,16 @@ class LocalStore(Store):
     def read_bytes(self, rel: str) -> bytes | None:
         try:
             return self.path(rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as err:
+            raise StorageError(f"reading {self.path(rel)}: {err.strerror or err}") from err
+
+    def read_range(self, rel: str, start: int, end: int) -> bytes | None:
+        try:
+            with open(self.path(rel), "rb") as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as err:
@@ -333,6 +346,17 @@ class S3Store(Store):
             return self._call(
                 "reading", rel, lambda c: c.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read()
             )
+        except StorageError as err:
+            if err.missing:
+                return None
+            raise
+
+    def read_range(self, rel: str, start: int, end: int) -> bytes | None:
+        if end <= start:
+            return b"" if self.size(rel) is not None else None
+        request = {"Bucket": self.bucket, "Key": self.key(rel), "Range": f"bytes={start}-{end - 1}"}
+        try:
+            return self._call("reading", rel, lambda c: c.get_object(**request)["Body"].read())
         except StorageError as err:
             if err.missing:
                 return None

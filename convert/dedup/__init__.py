@@ -5,6 +5,9 @@ near_dedup.py       the band index and the near-duplicate decisions; a sample of
 index_processes.py  the duplicate state split over index processes (many workers), pipelined
 selection.py        `Selection`: exact duplicates, filter drops and near duplicates per batch
 options.py          `NearDedupOptions` and the LSH band layout for a threshold (`lsh_parameters`)
+runs.py             sorted runs on disk: written as the memory budget requires, read by value range
+pairs.py            the decisions of one partition of digests or band keys; `RankedBits`
+stages.py           the merge's stages: one partition per worker job (exact, then near)
 """
 
 from convert.dedup.index_processes import IndexProcesses

@@ -126,11 +126,17 @@ def signatures(
     signature = np.full(n * bins, _EMPTY, dtype=np.uint64)
     np.minimum.at(signature, slot, hashes & _U64((1 << (64 - bits)) - 1))
     signature = densify(signature.reshape(n, bins))
+    return band_keys(signature, options), (signature & _U64(0xFF)).astype(np.uint8)
+
+
+def band_keys(signature: np.ndarray, options: NearDedupOptions) -> np.ndarray:
+    """The LSH band keys (texts x bands) of densified signatures (texts x bins, uint64)."""
+    n = len(signature)
     used = signature[:, : options.bands * options.rows].reshape(n, options.bands, options.rows)
     keys = (used * _multipliers(0x5EED_0002, options.rows)).sum(axis=2, dtype=np.uint64) + _salts(
         options.bands
     )
-    return mix64(keys), (signature & _U64(0xFF)).astype(np.uint8)
+    return mix64(keys)
 
 
 def densify(signature: np.ndarray) -> np.ndarray:

@@ -15,10 +15,12 @@ Here each batch of documents, in input order:
      than `per_key` documents yet.
 
 So a document is removed exactly when it is near an earlier document, whatever batches the
-documents came in: the result is the same for any number of workers, on resume, and in a merge
-of tasks (convert/run/tasks.py), which replays these decisions over the tasks' signatures. The first
+documents came in: the result is the same for any number of workers, and on resume. The first
 document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A and C are not
-near each other. `per_key` bounds the work on boilerplate: a key shared by thousands of
+near each other (a removed document still counts: the rule is not "near an earlier kept
+document"). Nothing carries over from one key to another, so the merge of a multi-machine
+conversion decides the same pairs partition by partition of the keys, from sorted runs on disk
+(convert/dedup/stages.py, pairs.py), with no index in memory. `per_key` bounds the work on boilerplate: a key shared by thousands of
 documents keeps the first `per_key`, and a new document is compared with those.
 
 Split over processes (convert/dedup/index_processes.py, with many workers): every step above is
@@ -27,10 +29,11 @@ so the keys are split by value over index processes, each finding and verifying 
 pairs (`candidates`) against the sketches, and the main process picks each document's best pair
 among theirs: the same decisions as one index.
 
-Memory: the band index holds 12 bytes (64-bit key, 32-bit position) per band and document,
-the sketches `bins` bytes per document: with the defaults (26 bands at threshold 0.8, 256
-bins) about 570 bytes per document, 5.7 GB per 10 M documents (`make bench-dedup` measures
-it). The index is a log-structured set of sorted numpy arrays: a few levels, a new run merged
+Memory: the band index holds 12 bytes (64-bit key, 32-bit position; 16 once positions pass
+2**32) per band and document, the sketches `bins` bytes per document: with the defaults (26
+bands at threshold 0.8, 256 bins) about 570 bytes per document, 5.7 GB per 10 M documents
+(`make bench-dedup` measures it). A one-machine conversion whose state would not fit its
+`--memory-budget` runs in two passes instead (convert/run/jobs.py `plan_memory`). The index is a log-structured set of sorted numpy arrays: a few levels, a new run merged
 into the last (a linear merge, no sort) while it is at least a quarter of it, so inserting
 costs O(log n) per key; a lookup is a binary search in a small level and, in a large one, a
 look at the few entries that a directory over the keys' top bits points to (about 1 byte per
@@ -46,9 +49,9 @@ import numpy as np
 
 from convert.dedup.minhash import estimate_jaccard, jaccard
 from convert.dedup.options import NearDedupOptions
+from convert.dedup.pairs import best_pairs, distinct, expand
 
 _BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
-_MAX_POSITIONS = (1 << 32) - 1
 _MERGE_RATIO = 4  # a new run joins the last level while it is at least 1/_MERGE_RATIO of it
 _DIRECTORY_FROM = 1 << 16  # levels of this many keys or more get a directory
 
@@ -80,12 +83,12 @@ class _Level:
             if len(present):
                 found[present] = self.keys.searchsorted(queries[present], side="right") - low[present]
             which = np.flatnonzero(found)
-            query, offset = _expand(which, found[which])
+            query, offset = expand(which, found[which])
             return query, low[query] + offset
         # The directory narrows each query to a few entries, compared all at once.
         slot = (queries >> self.shift).astype(np.intp)
         start = self.directory[slot].astype(np.int64)
-        query, offset = _expand(np.arange(len(queries)), self.directory[slot + 1] - start)
+        query, offset = expand(np.arange(len(queries)), self.directory[slot + 1] - start)
         entry = start[query] + offset
         equal = self.keys[entry] == queries[query]
         return query[equal], entry[equal]
@@ -139,13 +142,6 @@ class BandIndex:
         self.levels.append(_Level(*run))
 
 
-def _expand(items: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each item repeated `count` times, with 0..count-1 beside it."""
-    repeated = np.repeat(items, counts)
-    starts = np.cumsum(counts) - counts
-    return repeated, np.arange(len(repeated)) - np.repeat(starts, counts)
-
-
 def _merge_sorted(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]):
     """Two sorted levels as one; equal keys keep the older level's entries first."""
     (old_keys, old_pos), (new_keys, new_pos) = older, newer
@@ -154,7 +150,7 @@ def _merge_sorted(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray,
     from_old = np.ones(total, dtype=bool)
     from_old[slots] = False
     keys = np.empty(total, dtype=old_keys.dtype)
-    positions = np.empty(total, dtype=old_pos.dtype)
+    positions = np.empty(total, dtype=np.result_type(old_pos, new_pos))
     keys[slots], positions[slots] = new_keys, new_pos
     keys[from_old], positions[from_old] = old_keys, old_pos
     return keys, positions
@@ -212,36 +208,43 @@ def candidates(index: BandIndex, flat: np.ndarray, doc: np.ndarray, base: int, p
     rank = np.arange(len(sorted_keys)) - group_start
     room = np.maximum(per_key - stored_before, 0)
     earlier = np.minimum(rank, room)  # stored documents of this batch before this one
-    source, offset = _expand(np.arange(len(sorted_keys)), earlier)
+    source, offset = expand(np.arange(len(sorted_keys)), earlier)
 
     later = np.concatenate([sorted_doc[hit_query], sorted_doc[source]])
     before = np.concatenate([hit_position.astype(np.int64), base + sorted_doc[group_start[source] + offset]])
     stored = rank < room
-    index.insert(sorted_keys[stored], (base + sorted_doc[stored]).astype(np.uint32), ordered=True)
+    index.insert(
+        sorted_keys[stored], position_array(base + sorted_doc[stored], base + len(flat)), ordered=True
+    )
     return later, before
 
 
+def position_array(positions: np.ndarray, end: int) -> np.ndarray:
+    """Positions below `end` as the index stores them: 32-bit while they fit, 64-bit past 2**32."""
+    return positions.astype(np.uint32 if end <= 1 << 32 else np.uint64)
+
+
 def distinct_pairs(later: np.ndarray, before: np.ndarray, base: int, count: int):
-    """The distinct (later, before) pairs, by later then before, without a document and itself."""
-    width = base + count
-    pairs = np.unique(later * width + before)
-    later, before = pairs // width, pairs % width
-    keep = before != base + later  # (a document's two bands with one key: never itself)
-    return later[keep], before[keep]
+    """The distinct (later, before) pairs, by later then before, without a document and itself;
+    `later` within the batch (0-based, its first document at position `base`)."""
+    later, before = distinct(later + base, before)
+    return later - base, before
 
 
 class NearDuplicates:
     """The near-duplicate decisions of one conversion in this process (see the module docstring)."""
 
-    def __init__(self, options: NearDedupOptions) -> None:
+    def __init__(self, options: NearDedupOptions, first: int = 0) -> None:
         self.options = options
+        self.first = first  # the first document's position (a test starts just below 2**32)
         self.index = BandIndex()
         self.sketches = SketchStore(options.bins)
         self.candidates = 0  # pairs verified, for the benchmark
 
     @property
     def size(self) -> int:
-        return self.sketches.size
+        """The next document's position."""
+        return self.first + self.sketches.size
 
     @property
     def nbytes(self) -> int:
@@ -256,8 +259,6 @@ class NearDuplicates:
         """
         count = len(sketches)
         base = self.size
-        if base + count > _MAX_POSITIONS:
-            raise OverflowError("more than 2**32 documents in one near-duplicate index")
         self.sketches.append(sketches)
         flat = keys.ravel()
         doc = np.repeat(np.arange(count), keys.shape[1])
@@ -273,7 +274,8 @@ class NearDuplicates:
         step = max(1, (1 << 24) // self.options.bins)  # bounded temporary arrays
         for lo in range(0, len(later), step):
             hi = lo + step
-            scores[lo:hi] = estimate_jaccard(sketches[later[lo:hi]], self.sketches.take(before[lo:hi]))
+            earlier = self.sketches.take(before[lo:hi] - self.first)
+            scores[lo:hi] = estimate_jaccard(sketches[later[lo:hi]], earlier)
         near = scores >= self.options.threshold
         return self.best(later[near], before[near], scores[near], count)
 
@@ -283,11 +285,8 @@ class NearDuplicates:
         the highest estimate, then the earliest document."""
         match = np.full(count, -1, dtype=np.int64)
         estimate = np.zeros(count, dtype=np.float64)
-        if len(later):
-            best = np.lexsort((before, -scores, later))
-            first = best[np.r_[True, later[best][1:] != later[best][:-1]]]
-            match[later[first]] = before[first]
-            estimate[later[first]] = scores[first]
+        documents, matches, estimates = best_pairs(later, before, scores)
+        match[documents], estimate[documents] = matches, estimates
         return match, estimate
 
 

@@ -12,8 +12,10 @@ For every row of a `TokenizedBatch` (a cleaned text), in order:
 
 Each drop is counted by reason in `cleaner.drops`, and for the filters and near duplicates its
 tokens too (`dropped_tokens`). The decisions depend only on the sequence of rows, never on how
-they were cut into batches, so a merge of multi-machine tasks (convert/run/tasks.py) feeds the
-tasks' stored rows through the same `Selection` and keeps the same documents.
+they were cut into batches. A multi-machine task runs a `Selection` without near duplicates
+(exact duplicates within the task, filter counts); the merge (convert/run/merge.py) decides the
+rest by the same rules from sorted runs, partition by partition (convert/dedup/stages.py), and
+counts in this order too.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from convert.records import Selected, TokenizedBatch, ToSelect
 
 NEAR_DUPLICATE = "near_duplicate"
 _TOO_SHORT = REASON_CODES["too_short_chars"]
-_MAX_POSITIONS = (1 << 32) - 1  # positions are 32-bit in the band index
 
 
 class _Rows(NamedTuple):
@@ -91,6 +92,11 @@ class Selection:
         if self.processes is not None:
             return self.processes.nbytes
         return self.near.nbytes if self.near is not None else 0
+
+    @property
+    def near_index_bytes(self) -> int | None:
+        """`index_bytes` when this selection decides near duplicates, else None."""
+        return self.index_bytes if self.near is not None or self.near_in_processes else None
 
     def select(self, batch: TokenizedBatch, text: Callable[[int], str | None], *, deduped: bool) -> Selected:
         """One batch decided at once (`select_all`)."""
@@ -195,8 +201,6 @@ class Selection:
             rows, filtered = np.flatnonzero(fresh), np.empty(0, dtype=np.int64)
         first = self.positions
         self.positions += len(rows)
-        if self.positions > _MAX_POSITIONS and (self.near is not None or self.near_in_processes):
-            raise OverflowError("more than 2**32 documents in one near-duplicate index")
         return _Rows(indexed=rows, filtered=filtered, first_position=first)
 
     def _finish(

@@ -86,6 +86,10 @@ class Cleaner:
         self.dedup = dedup
         self.drops = DropCounts()
         self._seen: set[bytes] = set()
+        # At most this many digests are kept (None: no limit): a multi-machine task's share of the
+        # memory budget. A copy of a document whose digest was not kept is not dropped here; the
+        # merge's exact stage drops it (convert/dedup/stages.py).
+        self.seen_limit: int | None = None
         # Texts shorter than this are left to the quality filter's "too_short_chars" (counted by
         # the first rule that drops them), not de-duplicated: set by `Selection` (--min-chars).
         self.filtered_below = 0
@@ -115,7 +119,8 @@ class Cleaner:
         if key in self._seen:
             self._drop("duplicate")
             return False
-        self._seen.add(key)
+        if self.seen_limit is None or len(self._seen) < self.seen_limit:
+            self._seen.add(key)
         return True
 
     def first_seen_all(self, digests: bytes, skip: np.ndarray | None = None) -> np.ndarray:
@@ -132,10 +137,13 @@ class Cleaner:
             views = [d for d, keep in zip(views, checked.tolist(), strict=True) if keep]
         new = dict.fromkeys(views).keys() - seen
         fresh = np.ones(count, dtype=bool)
-        if len(new) == len(views):
+        limit = self.seen_limit
+        if len(new) == len(views) and (limit is None or len(seen) + len(new) <= limit):
             seen |= new
-        else:
+        elif limit is None:
             fresh[checked] = [d not in seen and not seen.add(d) for d in views]
+        else:  # in order, until the set is full
+            fresh[checked] = [d not in seen and (len(seen) >= limit or not seen.add(d)) for d in views]
         duplicates = int(count - fresh.sum())
         if duplicates:
             self.drops.add("duplicate", duplicates)

@@ -34,26 +34,35 @@ and names the chunk's fingerprint; a re-run after a kill reads and tokenizes the
 rebuild the de-duplication state and the chunks) but reuses the parts whose marker matches
 instead of writing them again. Memory is bounded by a few batches and chunks in flight, plus
 the de-duplication state (16-byte digests, and with near-dedup the index of
-convert/dedup/near_dedup.py), not the corpus.
+convert/dedup/near_dedup.py); when that state would pass `--memory-budget` the conversion runs
+in two passes instead (convert/run/jobs.py). The parts' records (shard entries, tails) go to a
+scratch file as they come back (`PartLog`).
 
 A conversion can also be split over machines (convert/run/tasks.py): each task runs the same loop
-over its share of the files up to the `Selection`, stores the selected rows, and the merge
-feeds them, in input order, through a `Selection` and the chunk/part steps here.
+over its share of the files up to the `Selection` and stores the selected rows; the merge
+(convert/run/merge.py) decides the duplicates across tasks by partition and hands the kept
+documents' chunks to `Conversion.run`'s part steps here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
+import os
+import shutil
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 import xxhash
 
+from convert.dedup.near_dedup import PairSample
 from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.executor import Executor, ordered, start_workers
@@ -71,11 +80,12 @@ from convert.records import (
 from convert.run.options import ShardOptions
 from convert.run.report import NearDedupSummary, SplitSummary, Summary, build_summary, print_summary
 from convert.run.worker import clean_batch, init_worker, part_name, process_chunk, tokenize_batch
+from convert.scratch import make_scratch
 from convert.tokens.packing import TOKEN_DTYPE, Packer
 from shards.meta import SPLITS, SplitMeta, now, write_meta
 from shards.output import open_output, prepare_output
 from shards.tokenizer import Tokenizer, TokenizerInfo
-from shards.writer import ShardWriter, index_json, prefixed_entries
+from shards.writer import ShardWriter, index_entries_text, prefixed_entries, write_index_json
 from storage import Store
 
 _PIPELINE_VERSION = "2"  # part in every chunk fingerprint: bump when packing/writing changes
@@ -234,9 +244,14 @@ def chunk_documents(docs: Iterable[Doc], *, chunk_size: int) -> Iterator[Chunk]:
             yield chunk
 
 
-def reuse_part(store: Store, chunk: ChunkTokens) -> PartResult | None:
-    """The finished part of an earlier run for this exact chunk, if all its shards are stored."""
+def reuse_part(
+    store: Store, chunk: ChunkTokens, existing: dict[str, set[str]] | None = None
+) -> PartResult | None:
+    """The finished part of an earlier run for this exact chunk, if all its shards are stored.
+    `existing`: each split's part folders when the run started (no read for a part not there)."""
     folder = f"{chunk.split}/{part_name(chunk.index)}"
+    if existing is not None and part_name(chunk.index) not in existing[chunk.split]:
+        return None
     marker = store.read_json(f"{folder}/part.json")
     if not marker or marker.get("fingerprint") != chunk.fingerprint:
         return None
@@ -246,10 +261,64 @@ def reuse_part(store: Store, chunk: ChunkTokens) -> PartResult | None:
     return PartResult.from_marker(chunk.split, chunk.index, marker)
 
 
+class SelectionReport(Protocol):
+    """What `Conversion.finish` reports of the decisions: a `Selection`'s, or the merge's."""
+
+    dropped_tokens: dict[str, int]
+    sample: PairSample | None
+
+    @property
+    def near_index_bytes(self) -> int | None: ...
+
+
+class PartLog:
+    """One split's parts as they come back, on disk rather than in memory: a conversion has a part
+    per chunk (about a million characters), 1.7 M of them at 1.2 T tokens, whose tails and shard
+    entries would take gigabytes. Each part's prefixed shard entries go to a JSON-lines file and
+    its tail's tokens to a token file, both in a scratch folder, and are read back in order for
+    the split's last part and its index.json."""
+
+    def __init__(self, folder: str, split: str) -> None:
+        self.split = split
+        self.entries_path = os.path.join(folder, f"{split}.shards.jsonl")
+        self.tails_path = os.path.join(folder, f"{split}.tails.u32")
+        self._entries = open(self.entries_path, "w", encoding="utf-8")  # noqa: SIM115
+        self._tails = open(self.tails_path, "wb")  # noqa: SIM115
+        self.parts = self.samples = self.documents = self.too_short = self.shards = 0
+
+    def add(self, part: PartResult) -> None:
+        if part.index != self.parts:
+            raise RuntimeError(f"{self.split} part {part.index} came back after part {self.parts - 1}")
+        text = part.index_text or index_entries_text(prefixed_entries(part.shards, part_name(part.index)))
+        self._entries.write(json.dumps(text, ensure_ascii=False) + "\n")
+        self._tails.write(part.tail.astype(np.uint32).tobytes())
+        self.parts += 1
+        self.shards += len(part.shards)
+        self.samples += part.samples
+        self.documents += part.documents
+        self.too_short += part.too_short
+
+    def close(self) -> None:
+        self._entries.close()
+        self._tails.close()
+
+    def tails(self, block: int = 1 << 24) -> Iterator[np.ndarray]:
+        """Every part's tail, concatenated in part order, in blocks of `block` tokens."""
+        with open(self.tails_path, "rb") as f:
+            while len(tokens := np.fromfile(f, dtype=np.uint32, count=block)):
+                yield tokens
+
+    def entries(self) -> Iterator[str]:
+        """Each part's shard entries as index.json holds them (`index_entries_text`), in order."""
+        with open(self.entries_path, encoding="utf-8") as f:
+            for line in f:
+                yield json.loads(line)
+
+
 @dataclass
 class SplitTotals:
-    parts: list[PartResult] = field(default_factory=list)
-    shards: list[dict] = field(default_factory=list)
+    log: PartLog
+    tail_shards: list[dict] = field(default_factory=list)  # the split's last part's, prefixed
     samples: int = 0
     documents: int = 0
     too_short: int = 0
@@ -258,7 +327,7 @@ class SplitTotals:
     def summary(self, seq_len: int) -> SplitSummary:
         return SplitSummary(
             documents=self.documents, too_short_tokens=self.too_short, samples=self.samples,
-            tokens=self.samples * seq_len, shards=len(self.shards), parts=len(self.parts),
+            tokens=self.samples * seq_len, shards=self.log.shards + len(self.tail_shards), parts=self.log.parts,
             lost_tail_tokens=self.lost_tail_tokens,
         )  # fmt: skip
 
@@ -272,7 +341,8 @@ class Conversion:
         self.options = options.resolve(self.tokenizer)
         self.out = out
         self.store = open_output(out)
-        self.totals = {split: SplitTotals() for split in SPLITS}
+        self.scratch = make_scratch("spool")  # the parts' records (`PartLog`), removed by `finish`
+        self.totals = {split: SplitTotals(log=PartLog(self.scratch, split)) for split in SPLITS}
         self.reused_parts = 0
 
     def prepare_output(self) -> None:
@@ -308,9 +378,10 @@ class Conversion:
             else:
                 tasks = chunks(executor)
             parts = None if write_here else executor
-            reusable = partial(reuse_part, self.store)
+            existing = {split: set(self.store.list_dirs(split)) for split in SPLITS}
+            reusable = partial(reuse_part, self.store, existing=existing)
             for result in ordered(parts, process, tasks, window, shortcut=reusable):
-                self.totals[result.split].parts.append(result)
+                self.totals[result.split].log.add(result)
                 self.reused_parts += result.reused
                 if done is not None:
                     done(result)
@@ -318,27 +389,24 @@ class Conversion:
             self._finish_split(split)
 
     def _finish_split(self, split: str) -> None:
-        """Pack the parts' tails, in chunk order, into one last part; collect the shard list."""
+        """Pack the parts' tails, in chunk order, into one last part; count the split."""
         totals, options = self.totals[split], self.options
-        totals.parts.sort(key=lambda part: part.index)
+        log = totals.log
+        log.close()
         packer = Packer(options.seq_len)
-        tail_index = len(totals.parts)
+        tail_index = log.parts
         folder = f"{split}/{part_name(tail_index)}"
         self.store.delete_tree(folder)
         writer = ShardWriter(
             self.store, folder, seq_len=options.seq_len, dtype=options.dtype, size_limit=options.size_limit
         )
-        for part in totals.parts:
-            writer.write(packer.add(part.tail))
+        for tails in log.tails():
+            writer.write(packer.add(tails))
         tail_shards = writer.finish()
         self._remove_stale_parts(split, keep=tail_index + (1 if tail_shards else 0))
-        for part in totals.parts:
-            totals.shards += prefixed_entries(part.shards, part_name(part.index))
-            totals.samples += part.samples
-            totals.documents += part.documents
-            totals.too_short += part.too_short
-        totals.shards += prefixed_entries(tail_shards, part_name(tail_index))
-        totals.samples += writer.samples
+        totals.samples = log.samples + writer.samples
+        totals.documents, totals.too_short = log.documents, log.too_short
+        totals.tail_shards = prefixed_entries(tail_shards, part_name(tail_index))
         totals.lost_tail_tokens = len(packer.tail)
 
     def _remove_stale_parts(self, split: str, keep: int) -> None:
@@ -354,7 +422,7 @@ class Conversion:
         dropped: dict[str, int],
         start: float,
         command: str,
-        selection: Selection | None = None,
+        selection: SelectionReport | None = None,
         tasks: int | None = None,
     ) -> Summary:
         """Check there is something to write; write meta, the near-duplicate report, summary,
@@ -402,18 +470,18 @@ class Conversion:
             )
         return summary
 
-    def _near_report(self, selection: Selection) -> NearDedupSummary | None:
+    def _near_report(self, selection: SelectionReport) -> NearDedupSummary | None:
         """With near-dedup: the sample of removed pairs written beside summary.json, and its summary."""
         near = self.options.near_dedup
         if near is None:
             return None
         pairs = selection.sample.pairs(near.ngram) if selection.sample is not None else []
         self.store.write_json(NEAR_REPORT, {"threshold": near.threshold, "ngram": near.ngram, "pairs": pairs})
-        index_bytes = (
-            selection.index_bytes if selection.near is not None or selection.near_in_processes else None
-        )
         return NearDedupSummary(
-            options=near, report=NEAR_REPORT, pairs_in_report=len(pairs), index_bytes=index_bytes
+            options=near,
+            report=NEAR_REPORT,
+            pairs_in_report=len(pairs),
+            index_bytes=selection.near_index_bytes,
         )
 
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:
@@ -430,4 +498,11 @@ class Conversion:
     def write_indexes(self) -> None:
         """Last step: each split's merged index.json; its presence marks the split complete."""
         for split in ("val", "train"):
-            self.store.write_json(f"{split}/index.json", index_json(self.totals[split].shards))
+            totals = self.totals[split]
+            local = os.path.join(self.scratch, f"{split}.index.json")
+            with open(local, "w", encoding="utf-8") as stream:
+                write_index_json(
+                    stream, itertools.chain(totals.log.entries(), [index_entries_text(totals.tail_shards)])
+                )
+            self.store.upload(local, f"{split}/index.json")
+        shutil.rmtree(self.scratch, ignore_errors=True)

@@ -13,6 +13,7 @@ from contextlib import closing
 
 import numpy as np
 
+from convert.budget import format_size, resolve_budget
 from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
@@ -20,9 +21,11 @@ from convert.reading.bin_files import bin_documents
 from convert.reading.options import ReadOptions
 from convert.records import Doc
 from convert.run.conversion import Conversion, digest_of, split_of, tokenize_in_workers
+from convert.run.merge import MERGE, merge_tasks
 from convert.run.options import ShardOptions
 from convert.run.report import Summary, counted_texts, progress_bar
-from convert.run.tasks import TaskMarker, TaskSpec, merge_tasks, run_task
+from convert.run.tasks import TASKS, TaskMarker, TaskSpec, run_task
+from shards.output import open_output
 
 __all__ = ["TaskSpec", "check_read_options", "convert_corpus", "import_bin", "merge_tasks"]
 
@@ -41,7 +44,7 @@ def convert_corpus(
     summary. With `task`, only that task's share of the files, up to the selected rows; returns
     its task.json."""
     from convert.reading.readers import ReadStats, check_read, read_documents
-    from convert.reading.sources import expand_inputs, refuse_output_among_inputs
+    from convert.reading.sources import expand_inputs, input_sizes, refuse_output_among_inputs
     from convert.run.ranges import RangeFeed, process_spooled_chunk, range_formats, spool_folder
 
     refuse_output_among_inputs(inputs, out)  # else a rerun would read the shards' JSON as text
@@ -50,9 +53,15 @@ def convert_corpus(
         return run_task(
             inputs, tokenizer=tokenizer, out=out, options=options, read=read, task=task, command=command
         )
+    paths = expand_inputs(inputs)
+    in_memory, line = plan_memory(paths, input_sizes(paths), options, read)
+    print(line, flush=True)
+    if not in_memory:
+        return _in_two_passes(
+            inputs, tokenizer=tokenizer, out=out, options=options, read=read, command=command
+        )
     conversion = Conversion(tokenizer=tokenizer, out=out, options=options)
     cleaner = read.cleaner()
-    paths = expand_inputs(inputs)
     check_read(read.fmt, read.text_field, read.preset)
     formats = range_formats(paths, read)
     conversion.prepare_output()
@@ -102,6 +111,64 @@ def convert_corpus(
     return conversion.finish(
         read=stats.as_dict(), dropped=dropped, start=start, command=command, selection=selection
     )
+
+
+# One machine's de-duplication state per document, in memory (`make bench-dedup`): the Python set
+# of exact digests, and with --near-dedup the band index and sketches (convert/dedup/near_dedup.py).
+EXACT_BYTES_PER_DOCUMENT = 100
+NEAR_BYTES_PER_DOCUMENT = 570 + EXACT_BYTES_PER_DOCUMENT
+# Documents are counted from the inputs' bytes at this many a document (short: counts high, so
+# a conversion goes to disk early rather than late); a compressed file counts 4 times its size.
+INPUT_BYTES_PER_DOCUMENT = 400
+_COMPRESSED = (".gz", ".zst", ".bz2", ".xz")
+
+
+def plan_memory(
+    paths: list[str], sizes: list[int], options: ShardOptions, read: ReadOptions
+) -> tuple[bool, str]:
+    """Whether the de-duplication state of a one-machine conversion fits its memory budget, and the
+    line that says so. When it does not, the conversion runs as one task and a merge on this
+    machine (`_in_two_passes`): its state goes to disk as sorted runs, decided by partition."""
+    budget = resolve_budget(options.memory_budget)
+    size = sum(s * (4 if p.endswith(_COMPRESSED) else 1) for p, s in zip(paths, sizes, strict=True))
+    documents = size // INPUT_BYTES_PER_DOCUMENT
+    per_document = (
+        NEAR_BYTES_PER_DOCUMENT if options.near_dedup is not None
+        else EXACT_BYTES_PER_DOCUMENT if read.dedup else 0
+    )  # fmt: skip
+    need = documents * per_document
+    head = (
+        f"memory budget {format_size(budget)}: the de-duplication state of up to {documents:,} documents "
+        f"({format_size(size)} of input at {INPUT_BYTES_PER_DOCUMENT} bytes a document) needs up to {format_size(need)}"
+    )
+    if need <= budget:
+        return True, head + ": in memory"
+    bands = options.near_dedup.bands if options.near_dedup is not None else 0
+    bins = options.near_dedup.bins if options.near_dedup is not None else 0
+    disk = documents * (41 + 32 + 16 * bands + bins) + 2 * size
+    return False, (
+        head + f": more than the budget, so it runs in two passes on this machine (one task, then the merge: "
+        f"sorted runs decided by partition), with up to {format_size(disk)} of disk under OUT/tasks and OUT/merge, "
+        "removed at the end"
+    )
+
+
+def _in_two_passes(
+    inputs: list[str], *, tokenizer: str, out: str, options: ShardOptions, read: ReadOptions, command: str
+) -> Summary:
+    """A conversion whose de-duplication state does not fit its budget: one task, then the merge,
+    here; the same output as in memory (convert/run/merge.py). A re-run after a kill reuses the
+    finished task (and the merge's finished stages and parts)."""
+    run_task(inputs, tokenizer=tokenizer, out=out, options=options, read=read, task=TaskSpec(1, 0),
+             command=command, reuse=True)  # fmt: skip
+    summary = merge_tasks(
+        out, workers=options.workers, progress=options.progress, overwrite=options.overwrite, command=command,
+        memory_budget=options.memory_budget,
+    )  # fmt: skip
+    store = open_output(out)
+    store.delete_tree(TASKS)
+    store.delete_tree(MERGE)
+    return summary
 
 
 def check_read_options(read: ReadOptions, options: ShardOptions) -> None:

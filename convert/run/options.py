@@ -43,6 +43,9 @@ class ShardOptions:
     # Processes that hold the near-duplicate band index, split by key value (the same decisions
     # for any number); 0: `auto_index_processes` (1: the main process holds it).
     index_processes: int = 0
+    # Bytes every structure that grows with the corpus stays under (convert/budget.py); 0: a share
+    # of this machine's memory. Decides nothing about the output.
+    memory_budget: int = 0
 
     @property
     def main_helps(self) -> bool:

@@ -1,33 +1,40 @@
-"""Conversion across many machines: N independent tasks, then one merge that equals a single run.
+"""Conversion across many machines, the task side: N independent tasks, each storing what it
+read, selected, signed and tokenized, for one merge (convert/run/merge.py) that equals a single run.
 
-    task I of N (`shards ... --num-tasks N --task-index I`,      merge (`python -m convert merge --out OUT`,
-    any machine, any order, e.g. one SLURM array element)        one machine, once every task is done)
-    ------------------------------------------------------       ------------------------------------------
-    its share of the inputs: a contiguous run of the file        checks that every task finished, with the
-    list (as `expand_inputs` orders it), balanced by bytes       same inputs, tokenizer, options and code
-    read, clean, filter, sign, tokenize: the workers of a        feeds the stored rows, task after task (so
-    normal conversion; exact de-duplication inside the task      in input order), through one `Selection`:
-    stores every row that reached the selection as pieces       exact duplicates across tasks, filter
-    under OUT/tasks/task-IIIII/: filtered rows with their        counts, near duplicates over the
-    digest and token count, the others with their tokens,        signatures of all tasks; then the chunks,
-    band keys and sketch; then task.json LAST                    parts, tails, meta.json, summary.json,
-                                                                 near_duplicates.json and index.json
+    task I of N (`shards ... --num-tasks N --task-index I`, any machine, any order, e.g. one
+    SLURM array element): its share of the inputs, a contiguous run of the file list (as
+    `expand_inputs` orders it) balanced by bytes; read, clean, filter, sign, tokenize with the
+    workers of a normal conversion; exact de-duplication inside the task; then, under
+    OUT/tasks/task-IIIII/:
 
-Why the merge equals one machine: a task drops nothing that one machine would keep. Its exact
-de-duplication removes a document only after an identical earlier one of the same task, which
-comes earlier in the whole input too; everything that depends on other tasks' documents (exact
-duplicates across tasks, every near-duplicate decision) is left to the merge, which makes it with
-the same code, in the same order, over the same digests and signatures (convert/dedup/selection.py;
-its decisions do not depend on how rows are batched). So the kept documents, their order and
-tokens are those of a single run, and the same chunk and part steps turn them into the same
-samples, shards and index. The counts add up the same way: the tasks' own drops (empty texts,
-duplicates inside a task) plus the merge's.
+      piece-PPPPP.rows     zstd .npz of the piece's rows (every row that reached the selection):
+                           digest, characters, tokens, filter reason, the first band key of each
+                           passing row (the pair sample), and the table of the token frames
+      piece-PPPPP.tokens   the passing rows' tokens as independent zstd frames of about
+                           FRAME_TOKENS tokens each (a merge worker reads only the frames it needs)
+      digests-RRRRR.run    sorted runs (convert/dedup/runs.py) of (digest, row, pid) for every
+                           row but the too-short ones, spilled as the memory budget requires
+      keys-RRRRR.run       sorted runs of (band key, pid) for every band of every passing row
+      sketches.u8          the passing rows' sketches in order (bins bytes each)
+      sample.json          the texts of the task's pair-sample members
+      tokenizer.model      the tokenizer the task used
+      task.json            LAST: settings, counts, every file's size (the rows files' checksums;
+                           the runs and frames check themselves), when it finished
 
-Costs: the tasks do the expensive part (cleaning and tokenizing, about 1 M tokens/s per core,
-and the signatures); a task's pieces hold its tokens (zstd) plus about 500 bytes per document
-(digest, sizes, band keys, sketch). The merge reads them back, holds the near-duplicate index (as one
-machine would) and packs, compresses and writes the shards with its workers. A task that is
-re-run starts its share again from scratch; a merge that is re-run reuses the parts it wrote.
+Rows count from 0 in each task, and pids over the task's passing rows; the merge numbers both over
+all tasks in input order. Why the merge equals one machine: a task drops nothing that one machine
+would keep. Its exact de-duplication removes a document only after an identical earlier one of
+the same task, which comes earlier in the whole input too (when its set of digests reaches its
+share of the memory budget it stops growing, and the later copies it no longer recognises are
+left to the merge); everything that depends on other tasks' documents (exact duplicates across
+tasks, every near-duplicate decision) is left to the merge, which decides by the same rules over
+the same digests and signatures. The counts add up the same way: the tasks' own drops (empty
+texts, duplicates inside a task) plus the merge's.
+
+Costs: the tasks do the expensive part (cleaning and tokenizing, about 1 M tokens/s per core, and
+the signatures); a task's files hold its tokens (zstd) plus, per document, about 41 bytes of row,
+32 of digest run, 16 per band of key runs and `bins` of sketch (about 750 bytes with the default
+26 bands and 256 bins). A task that is re-run starts its share again from scratch.
 """
 
 from __future__ import annotations
@@ -36,35 +43,46 @@ import hashlib
 import io
 import os
 import time
-from collections.abc import Iterator
-from contextlib import closing
 from dataclasses import asdict, dataclass
-from functools import partial
 
 import numpy as np
+import xxhash
 
+from convert.budget import format_size, resolve_budget
 from convert.dedup.minhash import SIGNATURE_VERSION
 from convert.dedup.near_dedup import PairSample
-from convert.dedup.options import NearDedupOptions
+from convert.dedup.pairs import NONE
+from convert.dedup.runs import RunInfo, RunSpiller
 from convert.dedup.selection import Selection
-from convert.errors import ConvertError
+from convert.errors import ConvertError, DamagedFile
 from convert.executor import start_workers
-from convert.filters.quality import QualityFilters
+from convert.filters.quality import REASON_CODES
 from convert.reading.options import ReadOptions
-from convert.records import DIGEST_BYTES, Doc, Selected, TokenizedBatch, ToSelect
-from convert.run.conversion import Conversion, select_in_workers
+from convert.records import DIGEST_BYTES, Selected
+from convert.run.conversion import select_in_workers
 from convert.run.options import ShardOptions
-from convert.run.report import Summary, counted_texts, progress_bar
+from convert.run.report import counted_texts, progress_bar
 from convert.run.worker import init_worker
+from convert.scratch import make_scratch
 from shards.output import open_output, refuse_complete
 from shards.tokenizer import Tokenizer
 from storage import Store
 
 TASKS = "tasks"
 MARKER = "task.json"
-TASK_FORMAT = 1  # bump when the pieces or task.json change
-_PIECE_TOKENS = 1 << 24  # tokens per piece file (32 MiB of uint16 before compression)
+TASK_FORMAT = 2  # bump when the task's files or task.json change
+_PIECE_TOKENS = 1 << 24  # tokens per piece (32 MiB of uint16 before compression)
+PIECE_ROWS = 1 << 16  # rows per piece at most: the merge holds a few pieces' rows at a time
+# Tokens per independently compressed frame of a piece's tokens: a chunk reads the frames its
+# documents lie in (a val chunk, a frame for each of its few documents of a piece).
+FRAME_TOKENS = 1 << 16
 _ZSTD_LEVEL = 3
+_TOO_SHORT = REASON_CODES["too_short_chars"]
+# Shares of the memory budget in a task: the exact-duplicate set (about 100 bytes per digest:
+# a Python set of bytes), and the buffers of the digest and key runs before each is sorted and
+# written (a run is written with about three times its entries' bytes at hand).
+_SEEN_SHARE, _DIGEST_RUN_SHARE, _KEY_RUN_SHARE = 4, 24, 12
+_SEEN_BYTES_PER_DIGEST = 100
 
 
 @dataclass(frozen=True)
@@ -159,11 +177,24 @@ def _inputs_fingerprint(paths: list[str], sizes: list[int]) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TaskPiece:
-    """One piece file of a task's rows."""
+    """One piece of a task's rows: `<name>.rows` and `<name>.tokens`."""
 
     name: str
     rows: int  # rows that reached the selection
-    indexed: int  # of them, the rows that passed the filters
+    passing: int  # of them, the rows that passed the filters (they have tokens and a signature)
+    rows_bytes: int
+    rows_xxh3: str  # of the rows file (the token frames carry their own checksums)
+    tokens_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SketchInfo:
+    """A task's sketch file: `count` sketches of `bins` bytes."""
+
+    name: str
+    count: int
+    bytes: int
+    xxh3: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,15 +210,27 @@ class TaskMarker:
     dropped: dict[str, int]
     dropped_tokens: dict[str, int]
     pieces: list[TaskPiece]
+    rows: int
+    passing: int
+    digest_runs: list[RunInfo]
+    key_runs: list[RunInfo]
+    sketches: SketchInfo | None
     elapsed_s: float
+    finished_at: float  # time.time() when task.json was written
     command: str
 
     def to_json(self) -> dict:
-        return {**asdict(self), "pieces": [asdict(piece) for piece in self.pieces]}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> TaskMarker:
-        return cls(**{**data, "pieces": [TaskPiece(**piece) for piece in data["pieces"]]})
+        return cls(**{
+            **data,
+            "pieces": [TaskPiece(**piece) for piece in data["pieces"]],
+            "digest_runs": [RunInfo(**run) for run in data["digest_runs"]],
+            "key_runs": [RunInfo(**run) for run in data["key_runs"]],
+            "sketches": SketchInfo(**data["sketches"]) if data["sketches"] is not None else None,
+        })  # fmt: skip
 
 
 # --- one task ------------------------------------------------------------------------------------
@@ -195,9 +238,10 @@ class TaskMarker:
 
 def run_task(
     inputs: list[str], *, tokenizer: str, out: str, options: ShardOptions, read: ReadOptions, task: TaskSpec,
-    command: str = "",
+    command: str = "", reuse: bool = False,
 ) -> TaskMarker:  # fmt: skip
-    """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json."""
+    """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json.
+    `reuse`: a finished task with the same settings is kept (a one-machine conversion in two passes)."""
     from convert.reading.readers import ReadStats, read_documents
     from convert.reading.sources import expand_inputs, input_sizes
 
@@ -211,36 +255,69 @@ def run_task(
     share = assign_files(sizes, task.count)[task.index]
     mine = paths[share.start : share.stop]
     settings = settings_of(options, read, info.sha256, _inputs_fingerprint(paths, sizes), task.count)
+    if reuse:
+        done = store.read_json(f"{task.folder}/{MARKER}")
+        if done is not None and done.get("settings") == settings:
+            print(f"task {task.index} of {task.count}: finished by an earlier run, reused", flush=True)
+            return TaskMarker.from_json(done)
     store.delete_tree(task.folder)  # a task is redone from scratch
     start = time.monotonic()
+    budget = resolve_budget(options.memory_budget)
     cleaner = read.cleaner()
+    cleaner.seen_limit = budget // _SEEN_SHARE // _SEEN_BYTES_PER_DIGEST
     sample = PairSample(per_key=8) if options.near_dedup is not None else None
     selection = Selection(options, cleaner, decide_near=False, sample=sample)
-    pieces = PieceWriter(store, task.folder, options.dtype)
+    writer = TaskWriter(store, task.folder, options, budget)
     stats = ReadStats()
-    if mine:
-        docs = read_documents(
-            mine, read.fmt, text_field=read.text_field, preset=read.preset, strict=read.strict, stats=stats,
-            allow_empty=True,
-        )  # fmt: skip
-        setup = (options, out, model_bytes, read.worker_cleaner())
-        desc = f"task {task.index}/{task.count}"
-        with (
-            progress_bar(None, "doc", desc, enabled=options.progress) as bar,
-            start_workers(options.workers, init_worker, *setup) as executor,
-        ):
-            texts = counted_texts(docs, bar, documents=True)
-            window = 4 * options.workers + 4
-            for selected in select_in_workers(
-                executor, texts, selection=selection, window=window, clean_here=options.main_helps
+    print(
+        f"task {task.index} of {task.count}: {len(mine)} file(s), {format_size(sum(sizes[share.start : share.stop]))}; "
+        f"memory budget {format_size(budget)}: {writer.describe()}",
+        flush=True,
+    )
+    with writer:
+        if mine:
+            docs = read_documents(
+                mine, read.fmt, text_field=read.text_field, preset=read.preset, strict=read.strict, stats=stats,
+                allow_empty=True,
+            )  # fmt: skip
+            setup = (options, out, model_bytes, read.worker_cleaner())
+            desc = f"task {task.index}/{task.count}"
+            with (
+                progress_bar(None, "doc", desc, enabled=options.progress) as bar,
+                start_workers(options.workers, init_worker, *setup) as executor,
             ):
-                pieces.add(selected)
-    pieces.finish()
+                texts = counted_texts(docs, bar, documents=True)
+                window = 4 * options.workers + 4
+                for selected in select_in_workers(
+                    executor, texts, selection=selection, window=window, clean_here=options.main_helps
+                ):
+                    writer.add(selected)
+        writer.finish()
     store.write_bytes(f"{task.folder}/tokenizer.model", model_bytes)
+    _write_sample(store, task.folder, sample)
+    dropped = cleaner.drops.as_dict()
+    marker = TaskMarker(
+        task=task.index, settings=settings, files=mine, read=stats.as_dict(),
+        dropped_before_selection={k: v for k, v in dropped.items() if k in ("empty", "duplicate")},
+        dropped=dropped, dropped_tokens=dict(sorted(selection.dropped_tokens.items())), pieces=writer.pieces,
+        rows=writer.rows, passing=writer.passing, digest_runs=writer.digest_runs, key_runs=writer.key_runs,
+        sketches=writer.sketches, elapsed_s=round(time.monotonic() - start, 3), finished_at=time.time(),
+        command=command,
+    )  # fmt: skip
+    store.write_json(f"{task.folder}/{MARKER}", marker.to_json())  # last: the task is done
+    print(
+        f"task {task.index} of {task.count}: {stats.documents} documents read, {writer.rows} rows "
+        f"in {len(writer.pieces)} piece(s) under {store.url(task.folder)} in {marker.elapsed_s:.1f} s; "
+        f"merge with `python -m convert merge --out {store.url()}` once all {task.count} tasks are done"
+    )
+    return marker
+
+
+def _write_sample(store: Store, folder: str, sample: PairSample | None) -> None:
     members = sample.texts() if sample is not None else []
     where = sample.where if sample is not None else {}
     store.write_json(
-        f"{task.folder}/sample.json",
+        f"{folder}/sample.json",
         [
             {
                 "key": str(k),
@@ -251,67 +328,132 @@ def run_task(
             for k, p, t in members
         ],
     )
-    dropped = cleaner.drops.as_dict()
-    marker = TaskMarker(
-        task=task.index,
-        settings=settings,
-        files=mine,
-        read=stats.as_dict(),
-        dropped_before_selection={k: v for k, v in dropped.items() if k in ("empty", "duplicate")},
-        dropped=dropped,
-        dropped_tokens=dict(sorted(selection.dropped_tokens.items())),
-        pieces=pieces.pieces,
-        elapsed_s=round(time.monotonic() - start, 3),
-        command=command,
-    )
-    store.write_json(f"{task.folder}/{MARKER}", marker.to_json())  # last: the task is done
-    rows = sum(piece.rows for piece in pieces.pieces)
-    print(
-        f"task {task.index} of {task.count}: {len(mine)} file(s), {stats.documents} documents read, {rows} rows "
-        f"in {len(pieces.pieces)} piece(s) under {store.url(task.folder)} in {marker.elapsed_s:.1f} s; "
-        f"merge with `python -m convert merge --out {store.url()}` once all {task.count} tasks are done"
-    )
-    return marker
 
 
-class PieceWriter:
-    """A task's selected rows, written as pieces: zstd-compressed .npz files of `TokenizedBatch` fields."""
+class TaskWriter:
+    """A task's selected rows, written as pieces (rows and token frames), sorted runs of digests and
+    band keys, and the sketch file (module docstring)."""
 
-    def __init__(self, store: Store, folder: str, dtype: str) -> None:
-        self.store, self.folder, self.dtype = store, folder, np.dtype(dtype)
+    def __init__(self, store: Store, folder: str, options: ShardOptions, budget: int) -> None:
+        self.store, self.folder, self.dtype = store, folder, np.dtype(options.dtype)
+        self.near = options.near_dedup
         self.pieces: list[TaskPiece] = []
+        self.rows = self.passing = 0  # so far: the next row's number and the next pid
         self._parts: list[dict[str, np.ndarray]] = []
-        self._tokens = 0
-        self._first_position: int | None = None
+        self._tokens = self._rows = 0  # in the piece being gathered
+        self._digest_spiller = RunSpiller(store, f"{folder}/digests", 4, budget // _DIGEST_RUN_SHARE)
+        self._key_spiller = (
+            RunSpiller(store, f"{folder}/keys", 2, budget // _KEY_RUN_SHARE)
+            if self.near is not None
+            else None
+        )
+        self.digest_runs: list[RunInfo] = []
+        self.key_runs: list[RunInfo] = []
+        self.sketches: SketchInfo | None = None
+        self._scratch = make_scratch("spool") if self.near is not None else None
+        self._sketch_path = os.path.join(self._scratch, "sketches.u8") if self._scratch else None
+        self._sketch_file = open(self._sketch_path, "wb") if self._sketch_path else None  # noqa: SIM115
+        self._sketch_hash = xxhash.xxh3_64()
+        self._sketch_count = 0
+
+    def describe(self) -> str:
+        limits = [f"digest runs spilled every {format_size(self._digest_spiller.limit)}"]
+        if self._key_spiller is not None:
+            limits.append(f"band-key runs every {format_size(self._key_spiller.limit)}")
+        bands = self.near.bands if self.near is not None else 0
+        per_doc = 41 + 32 + 16 * bands + (self.near.bins if self.near is not None else 0)
+        return ", ".join(limits) + f"; disk: about {per_doc} bytes per document beside the tokens"
+
+    def __enter__(self) -> TaskWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._sketch_file is not None:
+            self._sketch_file.close()
+        if self._scratch is not None:
+            import shutil
+
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def add(self, selected: Selected) -> None:
         part = piece_rows(selected)
-        if not len(part["chars"]):
+        count = len(part["chars"])
+        if not count:
             return
-        if self._first_position is None:
-            self._first_position = selected.first_position
+        rows = np.arange(self.rows, self.rows + count, dtype=np.uint64)
+        passing = part["reasons"] == 0
+        pids = np.full(count, NONE, dtype=np.uint64)
+        pids[passing] = np.arange(self.passing, self.passing + int(passing.sum()), dtype=np.uint64)
+        digests = part["digests"].view("<u8").reshape(-1, 2)
+        counted = part["reasons"] != _TOO_SHORT  # too-short rows are never duplicates (selection.py)
+        self._digest_spiller.add(digests[counted, 0], digests[counted, 1], rows[counted], pids[counted])
+        if self._key_spiller is not None:
+            keys = part.pop("keys")
+            bands = keys.shape[1]
+            self._key_spiller.add(keys.ravel(), np.repeat(pids[passing], bands))
+            part["first_keys"] = np.ascontiguousarray(keys[:, 0])
+            sketches = np.ascontiguousarray(part.pop("sketches"))
+            self._sketch_file.write(memoryview(sketches).cast("B"))
+            self._sketch_hash.update(memoryview(sketches).cast("B"))
+            self._sketch_count += len(sketches)
+        self.rows += count
+        self.passing += int(passing.sum())
         self._parts.append(part)
         self._tokens += len(part["tokens"])
-        if self._tokens >= _PIECE_TOKENS:
+        self._rows += count
+        if self._tokens >= _PIECE_TOKENS or self._rows >= PIECE_ROWS:
             self._flush()
 
     def finish(self) -> None:
         if self._parts:
             self._flush()
+        self.digest_runs = self._digest_spiller.finish()
+        if self._key_spiller is not None:
+            self.key_runs = self._key_spiller.finish()
+            self._sketch_file.close()
+            rel = f"{self.folder}/sketches.u8"
+            self.store.upload(self._sketch_path, rel)
+            self.sketches = SketchInfo(
+                name="sketches.u8", count=self._sketch_count, bytes=os.path.getsize(self._sketch_path),
+                xxh3=self._sketch_hash.hexdigest(),
+            )  # fmt: skip
 
     def _flush(self) -> None:
         import zstd
 
         arrays = {key: np.concatenate([part[key] for part in self._parts]) for key in self._parts[0]}
-        arrays["tokens"] = arrays["tokens"].astype(self.dtype)
-        arrays["first_position"] = np.array([self._first_position], dtype=np.int64)
+        self._parts, self._tokens, self._rows = [], 0, 0
+        tokens = arrays.pop("tokens").astype(self.dtype)
+        lengths = arrays["lengths"][arrays["reasons"] == 0]
+        frame_rows = frame_bounds(lengths, FRAME_TOKENS)
+        token_at = np.r_[0, np.cumsum(lengths)][frame_rows]
+        frames = [
+            zstd.compress(tokens[a:b].tobytes(), _ZSTD_LEVEL)
+            for a, b in zip(token_at[:-1], token_at[1:], strict=True)
+        ]
+        arrays["frame_rows"] = frame_rows
+        arrays["frame_bytes"] = np.r_[0, np.cumsum([len(f) for f in frames], dtype=np.int64)].astype(np.int64)
+        arrays["frame_sums"] = np.array([xxhash.xxh3_64_intdigest(f) for f in frames], dtype=np.uint64)
+        name = f"piece-{len(self.pieces):05d}"
+        data = b"".join(frames)
+        self.store.write_bytes(f"{self.folder}/{name}.tokens", data)
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        name = f"piece-{len(self.pieces):05d}.npz.zst"
-        self.store.write_bytes(f"{self.folder}/{name}", zstd.compress(buffer.getvalue(), _ZSTD_LEVEL))
-        indexed = int((arrays["reasons"] == 0).sum())
-        self.pieces.append(TaskPiece(name=name, rows=len(arrays["chars"]), indexed=indexed))
-        self._parts, self._tokens, self._first_position = [], 0, None
+        rows = zstd.compress(buffer.getvalue(), _ZSTD_LEVEL)
+        self.store.write_bytes(f"{self.folder}/{name}.rows", rows)
+        self.pieces.append(TaskPiece(
+            name=name, rows=len(arrays["chars"]), passing=len(lengths), rows_bytes=len(rows),
+            rows_xxh3=xxhash.xxh3_64_hexdigest(rows), tokens_bytes=len(data),
+        ))  # fmt: skip
+
+
+def frame_bounds(lengths: np.ndarray, frame_tokens: int) -> np.ndarray:
+    """Where the frames of whole documents start (document indexes, then the count): a new frame
+    at the first document starting at or past each multiple of `frame_tokens` tokens."""
+    starts = np.cumsum(lengths) - lengths
+    total = int(lengths.sum())
+    cuts = np.searchsorted(starts, np.arange(frame_tokens, total, frame_tokens), side="left")
+    return np.unique(np.r_[0, cuts, len(lengths)]).astype(np.int64)
 
 
 def piece_rows(selected: Selected) -> dict[str, np.ndarray]:
@@ -337,175 +479,69 @@ def piece_rows(selected: Selected) -> dict[str, np.ndarray]:
     return part
 
 
-def load_piece(store: Store, folder: str, name: str) -> tuple[TokenizedBatch, int]:
-    """A stored piece as the `TokenizedBatch` it came from, and its first row's task position."""
+# --- reading a task's files back (the merge) ------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class PieceRows:
+    """A piece's rows as the merge's main process reads them (no tokens)."""
+
+    digests: bytes  # DIGEST_BYTES per row
+    chars: np.ndarray
+    lengths: np.ndarray
+    reasons: np.ndarray
+    first_keys: np.ndarray | None  # per passing row, with near-duplicate removal
+    frame_rows: np.ndarray  # the token frames: their first passing row, then the count
+    frame_bytes: np.ndarray  # their byte offsets in the tokens file, then its size
+    frame_sums: np.ndarray
+
+
+def read_piece_rows(store: Store, folder: str, piece: TaskPiece) -> PieceRows:
+    """A piece's rows file, checked against task.json; `DamagedFile` when it does not match."""
     import zstd
 
-    data = store.read_bytes(f"{folder}/{name}")
+    rel = f"{folder}/{piece.name}.rows"
+    data = store.read_bytes(rel)
     if data is None:
-        raise ConvertError(f"{store.url(folder)}/{name} is missing: run that task again, then merge")
+        raise DamagedFile(store.url(rel), "missing")
+    if len(data) != piece.rows_bytes:
+        raise DamagedFile(store.url(rel), f"{len(data)} bytes where task.json says {piece.rows_bytes}")
+    if xxhash.xxh3_64_hexdigest(data) != piece.rows_xxh3:
+        raise DamagedFile(store.url(rel), "its checksum differs from task.json's")
     with np.load(io.BytesIO(zstd.decompress(data))) as arrays:
         fields = {key: arrays[key] for key in arrays.files}
-    reasons = fields["reasons"]
-    batch = TokenizedBatch(
-        digests=fields["digests"].tobytes(),
-        chars=fields["chars"],
-        lengths=fields["lengths"],
-        tokens=fields["tokens"],
-        drops={},
-        reasons=reasons if reasons.any() else None,
-        keys=fields.get("keys"),
-        sketches=fields.get("sketches"),
-    )
-    return batch, int(fields["first_position"][0])
+    return PieceRows(
+        digests=fields["digests"].tobytes(), chars=fields["chars"], lengths=fields["lengths"],
+        reasons=fields["reasons"], first_keys=fields.get("first_keys"), frame_rows=fields["frame_rows"],
+        frame_bytes=fields["frame_bytes"], frame_sums=fields["frame_sums"],
+    )  # fmt: skip
 
 
-# --- the merge -----------------------------------------------------------------------------------
+def read_frames(
+    store: Store, rel: str, frame_bytes: np.ndarray, frame_sums: np.ndarray, dtype: str
+) -> np.ndarray:
+    """The tokens of consecutive frames (their byte offsets, then the end; their checksums), checked."""
+    import zstd
+
+    start, end = int(frame_bytes[0]), int(frame_bytes[-1])
+    data = store.read_range(rel, start, end)
+    if data is None or len(data) != end - start:
+        raise DamagedFile(store.url(rel), "missing" if data is None else "shorter than task.json says")
+    pieces = []
+    for (lo, hi), checksum in zip(
+        zip(frame_bytes[:-1], frame_bytes[1:], strict=True), frame_sums, strict=True
+    ):
+        frame = memoryview(data)[int(lo) - start : int(hi) - start]
+        if xxhash.xxh3_64_intdigest(frame) != int(checksum):
+            raise DamagedFile(store.url(rel), f"the frame at byte {int(lo)} does not match its checksum")
+        pieces.append(np.frombuffer(zstd.decompress(bytes(frame)), dtype=dtype))
+    return np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
 
 
-def read_markers(store: Store) -> list[TaskMarker]:
-    """Every task's task.json, checked complete and consistent; refused naming the task that is not."""
-    names = [name for name in store.list_dirs(TASKS) if name.startswith("task-") and name[5:].isdigit()]
-    if not names:
-        raise ConvertError(
-            f"{store.url(TASKS)} holds no task output: run `python -m convert shards ... --num-tasks N "
-            "--task-index I` for every I first"
-        )
-    first = store.read_json(f"{TASKS}/{names[0]}/{MARKER}")
-    if first is None:
-        raise ConvertError(
-            f"task {int(names[0][5:])} has not finished (no {MARKER}): run it again, then merge"
-        )
-    count = first["settings"]["num_tasks"]
-    markers = []
-    for index in range(count):
-        marker = store.read_json(f"{task_folder(index)}/{MARKER}")
-        if marker is None:
-            raise ConvertError(
-                f"task {index} of {count} has not finished (no {task_folder(index)}/{MARKER}): run it "
-                "(again), then merge"
-            )
-        _check_same(index, marker["settings"], first["settings"], int(names[0][5:]))
-        markers.append(TaskMarker.from_json(marker))
-    extra = [name for name in names if int(name[5:]) >= count]
-    if extra:
-        raise ConvertError(
-            f"{store.url(TASKS)} holds {extra[0]}, beyond the {count} tasks of this conversion: it comes from "
-            f"another run; remove it, then merge"
-        )
-    return markers
-
-
-def _check_same(index: int, settings: dict, reference: dict, reference_index: int) -> None:
-    for key in reference.keys() | settings.keys():
-        mine, theirs = settings.get(key), reference.get(key)
-        if key == "options" and isinstance(mine, dict) and isinstance(theirs, dict):
-            differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
-            if differing:
-                k = differing[0]
-                raise ConvertError(
-                    f"task {index} differs from task {reference_index} in {k} ({mine.get(k)} vs {theirs.get(k)}): "
-                    "re-run it with the same options as the others, then merge"
-                )
-        elif mine != theirs:
-            raise ConvertError(
-                f"task {index} differs from task {reference_index} in {key} ({mine} vs {theirs}): re-run it with "
-                "the same inputs, tokenizer and options as the others, then merge"
-            )
-
-
-def _options_from(settings: dict, *, workers: int, progress: bool, overwrite: bool) -> ShardOptions:
-    saved = dict(settings["options"])
-    filters = QualityFilters(**saved.pop("filters"))
-    near = saved.pop("near_dedup")
-    near_options = NearDedupOptions(**near) if near is not None else None
-    return ShardOptions(
-        **saved,
-        workers=workers,
-        progress=progress,
-        overwrite=overwrite,
-        filters=filters,
-        near_dedup=near_options,
-    )
-
-
-def merge_tasks(
-    out: str, *, workers: int = 1, progress: bool = True, overwrite: bool = False, command: str = ""
-) -> Summary:
-    """Merge the finished tasks under OUT/tasks/ into the conversion one machine would have
-    written to OUT; returns its summary."""
-    store = open_output(out)
-    markers = read_markers(store)
-    settings = markers[0].settings
-    options = _options_from(settings, workers=workers, progress=progress, overwrite=overwrite)
-    conversion = Conversion(
-        tokenizer=store.url(f"{task_folder(0)}/tokenizer.model"), out=out, options=options
-    )
-    if conversion.tokenizer.sha256 != settings["tokenizer_sha256"]:
-        raise ConvertError(
-            f"{store.url(task_folder(0))}/tokenizer.model does not match its task.json: run task 0 again"
-        )
-    conversion.prepare_output()
-    read = ReadOptions(**settings["read"])
-    cleaner = read.cleaner()
-    for marker in markers:  # what the tasks dropped before their rows
-        for reason, count in marker.dropped_before_selection.items():
-            cleaner.drops.add(reason, count)
-    near = conversion.options.near_dedup
-    selection = Selection(conversion.options, cleaner, sample=PairSample() if near is not None else None)
-    texts = _sample_texts(store, markers) if near is not None else {}
-    start = time.monotonic()
-    total = sum(len(marker.pieces) for marker in markers)
-
-    def pieces() -> Iterator[ToSelect]:
-        for index, marker in enumerate(markers):
-            for piece in marker.pieces:
-                batch, first = load_piece(store, task_folder(index), piece.name)
-                local = first + np.cumsum(batch.passing()) - 1
-                text = partial(_sample_text, texts, index, local)
-                yield ToSelect(batch=batch, text=text, deduped=False)
-
-    def documents(_executor) -> Iterator[Doc]:
-        with progress_bar(total, "piece", "merging", enabled=progress) as bar:
-            for selected in selection.select_all(pieces()):
-                yield from selected.documents(conversion.options.val_fraction)
-                bar.update()
-
-    with closing(selection):
-        conversion.run(documents, write_here=conversion.options.main_helps, cleaner=read.worker_cleaner())
-    return conversion.finish(
-        read=_merged_read(markers),
-        dropped=cleaner.drops.as_dict(),
-        start=start,
-        command=command or markers[0].command,
-        selection=selection,
-        tasks=len(markers),
-    )
-
-
-def _sample_text(texts: dict, task: int, local: np.ndarray, row: int) -> str | tuple[str, str, int] | None:
-    """A row's text for the pair sample, if its task's sample.json has it (by task and position)."""
-    return texts.get((task, int(local[row])))
-
-
-def _sample_texts(
-    store: Store, markers: list[TaskMarker]
-) -> dict[tuple[int, int], str | tuple[str, str, int]]:
-    texts = {}
-    for index in range(len(markers)):
-        for member in store.read_json(f"{task_folder(index)}/sample.json") or []:
-            text = member["text"]
-            texts[(index, member["position"])] = (
-                (text, member["file"], member["line"]) if "file" in member else text
-            )
-    return texts
-
-
-def _merged_read(markers: list[TaskMarker]) -> dict:
-    read = {"files": 0, "documents": 0, "malformed": 0, "malformed_examples": []}
-    for marker in markers:
-        for key in ("files", "documents", "malformed"):
-            read[key] += marker.read[key]
-        read["malformed_examples"] += marker.read["malformed_examples"]
-    read["malformed_examples"] = read["malformed_examples"][:20]
-    return read
+def sketch_digest(path: str) -> str:
+    """XXH3-64 of a local sketch file, read in blocks (compared with task.json before it is used)."""
+    hasher = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            hasher.update(block)
+    return hasher.hexdigest()

@@ -22,7 +22,7 @@ from convert.records import ChunkTokens, PartResult, TextBatch, TokenizedBatch
 from convert.run.options import ShardOptions
 from convert.tokens.packing import Packer, concat_documents, drop_short_documents
 from shards.tokenizer import Tokenizer
-from shards.writer import ShardWriter
+from shards.writer import ShardWriter, index_entries_text, prefixed_entries
 from storage import Store, open_store
 
 _TOO_SHORT = REASON_CODES["too_short_chars"]
@@ -54,6 +54,11 @@ def init_worker(
 def current_cleaner() -> Cleaner | None:
     """This process's cleaner (`init_worker`): the workers' cleans without de-duplicating."""
     return _state.cleaner
+
+
+def current_store() -> Store:
+    """This process's output store (`init_worker`)."""
+    return _state.store
 
 
 def clean_batch(texts: list[str], cleaner: Cleaner) -> tuple[TextBatch, np.ndarray]:
@@ -155,6 +160,7 @@ def process_chunk(chunk: ChunkTokens) -> PartResult:
     result = PartResult(
         split=chunk.split, index=chunk.index, shards=shards, samples=writer.samples, documents=kept,
         too_short=too_short, tail=packer.tail,
+        index_text=index_entries_text(prefixed_entries(shards, part_name(chunk.index))),
     )  # fmt: skip
     store.write_json(f"{folder}/part.json", result.marker(chunk.fingerprint))  # last: the part is done
     return result

@@ -110,6 +110,26 @@ def test_decisions_do_not_depend_on_batches_and_follow_the_rule():
     assert len(near.index.levels) < 12  # the sorted levels are merged as they grow
 
 
+def test_positions_cross_2_to_the_32_in_the_band_index():
+    """The index stores 32-bit positions while they fit and 64-bit ones past 2**32, levels of both
+    merged: the same decisions as positions from 0, shifted."""
+    rng = np.random.default_rng(3)
+    options = NearDedupOptions(threshold=0.5, bins=16, bands=4, rows=2, per_key=1000).resolve(10)
+    keys = rng.integers(0, 40, size=(1500, 4)).astype(np.uint64) + (
+        np.arange(4, dtype=np.uint64) << np.uint64(40)
+    )
+    sketches = rng.integers(0, 3, size=(1500, 16)).astype(np.uint8)
+    start = (1 << 32) - 700
+    low, high = NearDuplicates(options), NearDuplicates(options, first=start)
+    for lo in range(0, 1500, 100):
+        a, _ = low.add(keys[lo : lo + 100], sketches[lo : lo + 100])
+        b, _ = high.add(keys[lo : lo + 100], sketches[lo : lo + 100])
+        assert np.array_equal(np.where(a >= 0, a + start, -1), b)
+    assert (b >= 1 << 32).any()  # matches past the boundary, found in the index
+    dtypes = {level.positions.dtype for level in high.index.levels}
+    assert np.dtype(np.uint64) in dtypes and high.size > 1 << 32
+
+
 def test_a_chain_keeps_only_its_first_document():
     """A ~ B and B ~ C while A and C are not near: C goes too (it is near an earlier document)."""
     options = NearDedupOptions(threshold=0.6, bins=16, bands=2, rows=8).resolve(10)

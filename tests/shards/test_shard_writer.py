@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zstd
 
-from shards.writer import HASHES, ShardWriter
+from shards.writer import HASHES, ShardWriter, index_entries_text, index_json, write_index_json
 from storage import open_store
 
 
@@ -54,3 +54,17 @@ def test_shards_are_byte_identical_to_streaming(tmp_path, seq_len, dtype, count)
         raw = zstd.decompress(zipped)
         assert raw == zstd.decompress((theirs_dir / entry["zip_data"]["basename"]).read_bytes())
         assert len(raw) == entry["raw_data"]["bytes"]
+
+
+def test_an_index_written_part_by_part_is_the_bytes_write_json_writes(tmp_path):
+    """A conversion writes index.json from each part's formatted entries (a million parts are not
+    held in memory): the same bytes as `Store.write_json` of the whole index, empty parts too."""
+    import io
+
+    store = open_store(tmp_path)
+    entry = {"basename": "part-00000/shard.00000.mds", "hashes": {"xxh64": "ab"}, "note": "é\n{"}
+    for groups in ([], [[]], [[entry]], [[entry, {"samples": 3}], [], [{"zip_data": None, "a": [1, [2]]}]]):
+        stream = io.StringIO()
+        write_index_json(stream, [index_entries_text(group) for group in groups])
+        store.write_json("index.json", index_json([e for group in groups for e in group]))
+        assert stream.getvalue() == (tmp_path / "index.json").read_text(encoding="utf-8")

@@ -44,6 +44,8 @@ def test_both_stores_read_write_list_and_delete_alike(store, tmp_path):
     src.write_bytes(b"uploaded")
     store.upload(src, "d/up.bin")
     assert store.read_bytes("a/b.bin") == b"12345" and store.size("a/b.bin") == 5
+    assert store.read_range("a/b.bin", 1, 4) == b"234" and store.read_range("a/b.bin", 2, 2) == b""
+    assert store.read_range("gone.bin", 0, 3) is None
     assert store.read_json("a/c/meta.json") == {"k": "值"}
     assert store.list() == {"a/b.bin": 5, "a/c/meta.json": store.size("a/c/meta.json"), "d/up.bin": 8}
     assert store.list("a/c") == {"a/c/meta.json": store.size("a/c/meta.json")}

@@ -1,0 +1,187 @@
+"""Duplicate decisions from the entries of one partition, for the merge's stages
+(convert/dedup/stages.py): no state carried from one document to the next, so any partition of
+the digests or band keys by value gives the same decisions as one index in input order.
+
+Exact duplicates: entries (digest's first 8 bytes, its last 8, row, pid). Among equal digests
+every entry after the first in row order is a duplicate: the first occurrence in input order is
+kept (`exact_duplicates`).
+
+Near duplicates: entries (band key, document) of the documents that reach near-duplicate removal,
+documents numbered in input order. The rule of convert/dedup/near_dedup.py's `candidates` is
+decided key by key: an entry that is the r-th of its key (in document order, from 0) is compared
+with the key's first min(r, per_key) entries, because the index keeps the first `per_key`
+documents of a key, removed or not (`candidate_pairs`). The distinct pairs are verified by their
+sketches, and each document keeps its best pair at or above the threshold: the highest estimate,
+then the earliest document (`best_pairs`), the same choice as `NearDuplicates.best`. Since a
+document's fate depends only on pairs with earlier documents, never on whether those were
+removed, a document's best pair over all partitions is the best of each partition's best.
+
+Ids are 64-bit throughout; `RankedBits` is a set of ids as a bitmap with the count of members
+below any id (1 bit per id plus 1 bit for the counts), which turns a document's pid into its
+position once the exact duplicates among them are known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from convert.dedup.minhash import estimate_jaccard
+
+NONE = np.uint64((1 << 64) - 1)  # a row that has no pid (it does not pass the filters)
+_SCORE_STEP_BYTES = 1 << 24  # sketches compared per step (bounded temporary arrays)
+
+
+def _group_starts(*sorted_columns: np.ndarray) -> np.ndarray:
+    """True where an entry starts a new group of equal values (columns sorted together)."""
+    count = len(sorted_columns[0])
+    starts = np.zeros(count, dtype=bool)
+    if count:
+        starts[0] = True
+        for column in sorted_columns:
+            starts[1:] |= column[1:] != column[:-1]
+    return starts
+
+
+def exact_duplicates(
+    high: np.ndarray, low: np.ndarray, rows: np.ndarray, pids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows (ascending) whose digest came earlier, and the pids among them (NONE left out)."""
+    order = np.lexsort((rows, low, high))
+    duplicate = ~_group_starts(high[order], low[order])
+    order = order[duplicate]  # (the entries' own arrays are the caller's: only indexes here)
+    dup_rows, dup_pids = rows[order], pids[order]
+    return np.sort(dup_rows), np.sort(dup_pids[dup_pids != NONE])
+
+
+def expand(items: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each item repeated `count` times, with 0..count-1 beside it."""
+    repeated = np.repeat(items, counts)
+    starts = np.cumsum(counts) - counts
+    return repeated, np.arange(len(repeated)) - np.repeat(starts, counts)
+
+
+def candidate_pairs(keys: np.ndarray, docs: np.ndarray, per_key: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (later, before) document pairs the rule compares, sorted by later then before."""
+    order = np.lexsort((docs, keys))
+    return sorted_candidate_pairs(keys[order], docs[order], per_key)
+
+
+def sorted_candidate_pairs(
+    keys: np.ndarray, docs: np.ndarray, per_key: int, block: int = 1 << 20
+) -> tuple[np.ndarray, np.ndarray]:
+    """`candidate_pairs` of entries sorted by key, then document: worked out `block` entries at a
+    time (whole groups of a key), so the temporary arrays stay small beside the entries."""
+    laters, befores = [], []
+    at = 0
+    while at < len(keys):
+        end = min(len(keys), at + block)
+        if end < len(keys):  # to the end of the last key's group
+            end = int(np.searchsorted(keys, keys[end - 1], side="right"))
+        block_keys, block_docs = keys[at:end], docs[at:end]
+        starts = _group_starts(block_keys)
+        group_start = np.flatnonzero(starts)[np.cumsum(starts) - 1]
+        rank = np.arange(len(block_keys)) - group_start
+        source, offset = expand(np.arange(len(block_keys)), np.minimum(rank, per_key))
+        laters.append(block_docs[source])
+        befores.append(block_docs[group_start[source] + offset])
+        at = end
+    empty = np.empty(0, dtype=docs.dtype)
+    return distinct(
+        np.concatenate(laters) if laters else empty, np.concatenate(befores) if befores else empty
+    )
+
+
+def distinct(later: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct pairs, by later then before, without a document and itself (a document's
+    two bands with one key)."""
+    order = np.lexsort((before, later))
+    later, before = later[order], before[order]
+    keep = _group_starts(later, before) & (later != before)
+    return later[keep], before[keep]
+
+
+def scores(
+    later: np.ndarray, before: np.ndarray, sketch_of: Callable[[np.ndarray], np.ndarray], bins: int
+) -> np.ndarray:
+    """Each pair's estimated Jaccard, from the sketches `sketch_of(documents)` gives."""
+    out = np.empty(len(later))
+    step = max(1, _SCORE_STEP_BYTES // bins)
+    for lo in range(0, len(later), step):
+        hi = lo + step
+        out[lo:hi] = estimate_jaccard(sketch_of(later[lo:hi]), sketch_of(before[lo:hi]))
+    return out
+
+
+def best_pairs(
+    later: np.ndarray, before: np.ndarray, estimates: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per document with a pair: its best one (highest estimate, then the earliest document), as
+    (documents ascending, matches, estimates)."""
+    if not len(later):
+        return later, before, estimates
+    best = np.lexsort((before, -estimates, later))
+    first = best[np.r_[True, later[best][1:] != later[best][:-1]]]
+    return later[first], before[first], estimates[first]
+
+
+def better(
+    match: np.ndarray, estimate: np.ndarray, other_match: np.ndarray, other_estimate: np.ndarray
+) -> np.ndarray:
+    """Where the other pair beats the current one (no current pair: match < 0)."""
+    wins = (match < 0) | (other_estimate > estimate)
+    return wins | ((other_estimate == estimate) & (other_match < match))
+
+
+class RankedBits:
+    """A set of ids in [base, base + size) as a bitmap; `below(ids)` counts the members under each
+    (after `freeze`, which adds a running count per 64 ids)."""
+
+    def __init__(self, base: int, size: int) -> None:
+        self.base, self.size = base, size
+        self.words = np.zeros((size + 63) // 64, dtype=np.uint64)
+        self.counts: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.words.nbytes + (self.counts.nbytes if self.counts is not None else 0)
+
+    def add(self, ids: np.ndarray) -> None:
+        local = np.asarray(ids, dtype=np.uint64) - np.uint64(self.base)
+        np.bitwise_or.at(
+            self.words, (local >> np.uint64(6)).astype(np.intp), np.uint64(1) << (local & np.uint64(63))
+        )
+
+    def freeze(self) -> RankedBits:
+        self.counts = np.zeros(len(self.words), dtype=np.int64)
+        np.cumsum(np.bitwise_count(self.words)[:-1], out=self.counts[1:])
+        return self
+
+    def _split(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        local = np.asarray(ids, dtype=np.uint64) - np.uint64(self.base)
+        return (local >> np.uint64(6)).astype(np.intp), local & np.uint64(63)
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        word, bit = self._split(ids)
+        return ((self.words[word] >> bit) & np.uint64(1)).astype(bool)
+
+    def below(self, ids: np.ndarray) -> np.ndarray:
+        word, bit = self._split(ids)
+        under = self.words[word] & ((np.uint64(1) << bit) - np.uint64(1))
+        return self.counts[word] + np.bitwise_count(under).astype(np.int64)
+
+    def save(self, path: str) -> None:
+        np.save(path, np.concatenate([np.array([self.base, self.size], dtype=np.uint64), self.words,
+                                      self.counts.view(np.uint64)]))  # fmt: skip
+
+    @classmethod
+    def load(cls, path: str) -> RankedBits:
+        """A saved set, mapped from its file (the near stage's workers share one copy)."""
+        data = np.load(path, mmap_mode="r")
+        bits = cls.__new__(cls)
+        bits.base, bits.size = int(data[0]), int(data[1])
+        words = (bits.size + 63) // 64
+        bits.words = data[2 : 2 + words]
+        bits.counts = data[2 + words : 2 + 2 * words].view(np.int64)
+        return bits
