@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -136,6 +136,23 @@ class ChunkTokens:
     tokens: np.ndarray
     lengths: np.ndarray
     fingerprint: str
+
+
+class ChunkHead(Protocol):
+    """What a chunk is, before its tokens are gathered (the run's spooled chunks, the merge's)."""
+
+    split: str
+    index: int
+    fingerprint: str
+    lengths: np.ndarray
+
+
+def gathered(head: ChunkHead, pieces: list[np.ndarray], dtype: str | np.dtype) -> ChunkTokens:
+    """The chunk `head` with its tokens: its documents' `pieces`, in order."""
+    tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
+    return ChunkTokens(
+        split=head.split, index=head.index, tokens=tokens, lengths=head.lengths, fingerprint=head.fingerprint
+    )
 
 
 @dataclass(kw_only=True)

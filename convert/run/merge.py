@@ -71,7 +71,7 @@ from convert.executor import ordered, start_workers
 from convert.filters.cleaning import DropCounts
 from convert.filters.quality import REASON_CODES, REASONS, QualityFilters
 from convert.reading.options import ReadOptions
-from convert.records import DIGEST_BYTES, ChunkTokens, PartResult, in_val
+from convert.records import DIGEST_BYTES, ChunkTokens, PartResult, gathered, in_val
 from convert.run.conversion import Conversion, chunk_fingerprint
 from convert.run.options import ShardOptions
 from convert.run.report import Summary, progress_bar
@@ -470,14 +470,7 @@ class MergedChunk:
                 int(lengths.sum())
             )
             parts.append(tokens[gather])
-        tokens = np.concatenate(parts) if parts else np.empty(0, dtype=self.dtype)
-        return ChunkTokens(
-            split=self.split,
-            index=self.index,
-            tokens=tokens,
-            lengths=self.lengths,
-            fingerprint=self.fingerprint,
-        )
+        return gathered(self, parts, self.dtype)
 
 
 def process_merged_chunk(chunk: MergedChunk) -> PartResult:

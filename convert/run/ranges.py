@@ -56,6 +56,7 @@ from convert.records import (
     TextBatch,
     TokenizedBatch,
     ToSelect,
+    gathered,
     in_val,
 )
 from convert.run.conversion import BATCH_CHARS, Conversion, chunk_fingerprint
@@ -197,24 +198,16 @@ class SpooledChunk:
 
     def gather(self) -> ChunkTokens:
         if self.tokens is not None:
-            tokens = self.tokens
-        else:
-            pieces, at = [], 0
-            for path, starts in self.segments:
-                spool = np.fromfile(path, dtype=np.uint32)
-                for start, length in zip(
-                    starts.tolist(), self.lengths[at : at + len(starts)].tolist(), strict=True
-                ):
-                    pieces.append(spool[start : start + length])
-                at += len(starts)
-            tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
-        return ChunkTokens(
-            split=self.split,
-            index=self.index,
-            tokens=tokens,
-            lengths=self.lengths,
-            fingerprint=self.fingerprint,
-        )
+            return gathered(self, [self.tokens], np.uint32)
+        pieces, at = [], 0
+        for path, starts in self.segments:
+            spool = np.fromfile(path, dtype=np.uint32)
+            for start, length in zip(
+                starts.tolist(), self.lengths[at : at + len(starts)].tolist(), strict=True
+            ):
+                pieces.append(spool[start : start + length])
+            at += len(starts)
+        return gathered(self, pieces, np.uint32)
 
 
 def process_spooled_chunk(chunk: SpooledChunk) -> PartResult:
