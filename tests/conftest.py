@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from pathlib import Path
 
 # One compute thread per process, for the tests and every process they start. The suite runs
@@ -62,6 +63,17 @@ def s3_bucket(s3_server) -> str:
     """A fresh, empty bucket on the loopback server; returns its name."""
     name = f"test-bucket-{os.getpid()}-{next(_bucket_counter)}"
     return s3_server.create_bucket(name)
+
+
+@pytest.fixture(autouse=True)
+def _outages_forgotten():
+    """Storage outages are remembered per process (`storage.s3.OUTAGES`), by endpoint: forget them
+    after each test, or an endpoint one test gave up (a dead port) would be refused, untried, in the
+    next test that happens to get the same free port."""
+    yield
+    s3 = sys.modules.get("storage.s3")
+    if s3 is not None:
+        s3.OUTAGES.reset()
 
 
 @pytest.fixture(scope="session")
