@@ -148,8 +148,8 @@ class ChunkHead(Protocol):
 
 
 def gathered(head: ChunkHead, pieces: list[np.ndarray], dtype: str | np.dtype) -> ChunkTokens:
-    """The chunk `head` with its tokens: its documents' `pieces`, in order."""
-    tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
+    """The chunk `head` with its tokens: its documents' `pieces`, in order (one piece: as it is)."""
+    tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
     return ChunkTokens(
         split=head.split, index=head.index, tokens=tokens, lengths=head.lengths, fingerprint=head.fingerprint
     )
