@@ -286,6 +286,10 @@ class CheckpointConfig:
     # Copy the state to host memory on the training thread, write and store it in the background
     # (llm/checkpoint/saver.py); false: Composer writes it on the training thread (the step waits).
     snapshot: bool = True
+    # One node's host memory in GB (the cluster's, e.g. 2048): the snapshots of a node's ranks are
+    # checked against it by `llm inspect` / --dry-run and at start; null: at start, only against the
+    # memory available then.
+    node_memory_gb: float | None = bounded(None, gt=0)
     when_busy: str = "wait"  # a save due while the previous one is still written or stored: wait | skip
 
 

@@ -453,6 +453,7 @@ class CheckpointCost:
     snapshot_s: float = 0.0  # a rank's device-to-host copy: the stall with snapshots
     max_stall: float = STALL_TARGET  # checkpoint.max_stall
     margin_s: float = 5.0  # preemption.margin_s
+    node_memory: float | None = None  # checkpoint.node_memory_gb, in bytes
 
     @property
     def background_s(self) -> float:
@@ -513,11 +514,17 @@ class CheckpointCost:
         s, gb = self.size, 1e9
         writers = f"{s.writers} writing rank(s)" if s.writers > 1 else "rank 0 writes it all"
         fits = ", ".join(f"{n:g} s: {'fits' if self.fits(n) else 'does NOT fit'}" for n in notices)
+        node = (
+            "; the node's memory not given (checkpoint.node_memory_gb)"
+            if self.node_memory is None
+            else f"; {'fits' if s.per_node <= self.node_memory else 'does NOT fit'} the node's "
+            f"{self.node_memory / gb:g} GB (checkpoint.node_memory_gb)"
+        )
         lines = [
             f"Checkpoints: {s.total / gb:.1f} GB each ({writers}), {s.per_rank / gb:.2f} GB per rank, "
             f"{s.per_node / gb:.1f} GB per node",
             f"  host memory                 the snapshot: {s.per_rank / gb:.2f} GB per writing rank, "
-            f"{s.per_node / gb:.1f} GB per node (checkpoint.snapshot; pinned on GPUs)",
+            f"{s.per_node / gb:.1f} GB per node (checkpoint.snapshot; pinned on GPUs){node}",
             f"  save time                   snapshot {self.snapshot_s:.2f} s at {bandwidths['snapshot']} per GPU "
             f"(--snapshot-bandwidth), the step's only wait; then in the background write {self.write_s:.1f} s "
             f"at {bandwidths['disk']} per node (--disk-bandwidth), store {self.upload_s:.1f} s at "
@@ -579,6 +586,7 @@ def checkpoint_cost(
         snapshot_s=size.per_rank / snapshot_bw,
         max_stall=cfg.checkpoint.max_stall,
         margin_s=cfg.preemption.margin_s,
+        node_memory=cfg.checkpoint.node_memory_gb * 1e9 if cfg.checkpoint.node_memory_gb else None,
     )
 
 

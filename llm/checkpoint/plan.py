@@ -279,25 +279,29 @@ def check_save_folder(cfg: TrainConfig, store: Store, world_size: int = 1) -> No
 
 def check_host_memory(cfg: TrainConfig, world_size: int, available: int | None = None) -> None:
     """ConfigError if this node's writing ranks' snapshots (`checkpoint.snapshot`: each its part of
-    a checkpoint, in host memory) do not fit the memory the node has available now (`available`,
-    default /proc/meminfo's MemAvailable; not known: not checked)."""
+    a checkpoint, in host memory) do not fit the node's memory as the recipe gives it
+    (`checkpoint.node_memory_gb`), or the memory it has available now (`available`, default
+    /proc/meminfo's MemAvailable; not known: not checked)."""
     if not cfg.checkpoint.snapshot:
-        return
-    available = available if available is not None else memory_available()
-    if available is None:
         return
     per_rank = rank_checkpoint_bytes(cfg, world_size)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     writers = min(local, world_size) if _sharded(cfg) else 1
     need = per_rank * writers
-    if need > available:
-        raise ConfigError(
-            f"checkpoint.snapshot: the snapshots of a checkpoint take {format_bytes(need)} of host memory on "
-            f"this node ({writers} writing rank(s), {format_bytes(per_rank)} each), but it has "
-            f"{format_bytes(available)} available; free memory, shard the checkpoint over more ranks "
-            "(fsdp.state_dict_type: sharded), or set checkpoint.snapshot=false (the step then waits for "
-            "the local write)"
-        )
+    fix = (
+        "shard the checkpoint over more ranks (fsdp.state_dict_type: sharded), or set "
+        "checkpoint.snapshot=false (the step then waits for the local write)"
+    )
+    taken = (
+        f"checkpoint.snapshot: the snapshots of a checkpoint take {format_bytes(need)} of host memory on "
+        f"this node ({writers} writing rank(s), {format_bytes(per_rank)} each)"
+    )
+    node = cfg.checkpoint.node_memory_gb
+    if node is not None and need > node * 1e9:
+        raise ConfigError(f"{taken}, more than the node's {node:g} GB (checkpoint.node_memory_gb); {fix}")
+    available = available if available is not None else memory_available()
+    if available is not None and need > available:
+        raise ConfigError(f"{taken}, but it has {format_bytes(available)} available; free memory, {fix}")
 
 
 def memory_available() -> int | None:

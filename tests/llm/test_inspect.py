@@ -99,11 +99,14 @@ def test_7b_dry_run_prints_what_a_checkpoint_costs_on_8_and_64_gpus(capsys):
     assert "write 42.0 s at 2GB/s per node" in out and "store 67.2 s at 1.25GB/s per node" in out
     assert "30 s: does NOT fit, 120 s: fits" in out
     assert "the snapshot: 10.50 GB per writing rank, 84.0 GB per node" in out  # host memory
+    assert "fits the node's 2048 GB (checkpoint.node_memory_gb)" in out
     assert "snapshot 0.88 s at 12GB/s per GPU (--snapshot-bandwidth)" in out
     assert "save_interval >= 4ba with snapshots" in out and ">= 136ba writing on the step" in out
     assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "--gpus", "64"]) == 0
     out = capsys.readouterr().out
     assert "1.31 GB per rank, 10.5 GB per node" in out and "30 s: fits, 120 s: fits" in out
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "checkpoint.node_memory_gb=64"]) == 0
+    assert "does NOT fit the node's 64 GB (checkpoint.node_memory_gb)" in capsys.readouterr().out
 
 
 def test_the_7b_recipe_saves_by_auto_under_two_seconds_and_one_percent_and_loses_under_five_minutes(capsys):

@@ -285,6 +285,28 @@ def test_host_memory_a_snapshot_cannot_fit_is_refused_in_one_line(tmp_path):
     check_host_memory(recipe(tmp_path, **{"checkpoint.snapshot": "false"}), 1, available=0)  # no snapshot
 
 
+def test_host_memory_is_checked_against_the_nodes_memory_the_recipe_gives(tmp_path):
+    from llm.checkpoint.plan import check_host_memory, rank_checkpoint_bytes
+
+    need = rank_checkpoint_bytes(recipe(tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck")}), 1)
+    plenty = 10 * need
+
+    def node(gb: float):
+        return recipe(
+            tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck"), "checkpoint.node_memory_gb": gb}
+        )
+
+    check_host_memory(node(need / 1e9), 1, available=plenty)  # fits exactly
+    with pytest.raises(ConfigError) as err:
+        check_host_memory(node(need / 2e9), 1, available=plenty)
+    message = str(err.value)
+    assert (
+        "\n" not in message and "more than the node's" in message and "checkpoint.node_memory_gb" in message
+    )
+    with pytest.raises(ConfigError, match=r"checkpoint.node_memory_gb=-1.0 must be positive"):
+        node(-1)
+
+
 def test_a_model_whose_snapshot_exceeds_this_machines_free_memory_is_refused_at_start(tmp_path):
     from llm.checkpoint.plan import memory_available
 
