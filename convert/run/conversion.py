@@ -220,6 +220,23 @@ class Chunk:
         )
 
 
+@dataclass
+class OpenChunk:
+    """A chunk being filled with runs of documents (their lengths and digests), where a worker gets
+    their tokens' whereabouts rather than the tokens (`ranges.RangeFeed`, the merge's ordered pass)."""
+
+    index: int
+    size: int = 0  # characters of its documents
+    lengths: list[np.ndarray] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)
+
+    def identity(self, options: ShardOptions, tokenizer: TokenizerInfo) -> tuple[str, np.ndarray]:
+        """Its fingerprint (`chunk_fingerprint`) and its documents' lengths, in order."""
+        fingerprint = chunk_fingerprint(b"".join(self.digests), options, tokenizer)
+        lengths = np.concatenate(self.lengths) if self.lengths else np.empty(0, dtype=np.int64)
+        return fingerprint, lengths
+
+
 def chunk_fingerprint(digests: bytes, options: ShardOptions, tokenizer: TokenizerInfo) -> str:
     """A chunk's identity: its documents by digest (concatenated, in order), and what else shapes
     the part's bytes (an earlier run's part is reused only if they all match)."""

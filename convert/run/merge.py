@@ -72,7 +72,7 @@ from convert.filters.cleaning import DropCounts
 from convert.filters.quality import REASON_CODES, REASONS, QualityFilters
 from convert.reading.options import ReadOptions
 from convert.records import DIGEST_BYTES, ChunkTokens, PartResult, gathered, in_val
-from convert.run.conversion import Conversion, chunk_fingerprint
+from convert.run.conversion import Conversion, OpenChunk
 from convert.run.options import ShardOptions
 from convert.run.report import Summary, progress_bar
 from convert.run.tasks import (
@@ -484,11 +484,7 @@ def read_piece(job: tuple[str, TaskPiece]) -> PieceRows:
 
 
 @dataclass
-class _OpenChunk:
-    index: int
-    size: int = 0
-    lengths: list[np.ndarray] = field(default_factory=list)
-    digests: list[bytes] = field(default_factory=list)
+class _OpenChunk(OpenChunk):
     pieces: list[PieceTokens] = field(default_factory=list)
 
 
@@ -647,8 +643,7 @@ class OrderedPass:
     def _seal(self, split: str) -> MergedChunk:
         chunk = self.open[split]
         self.open[split] = _OpenChunk(index=chunk.index + 1)
-        fingerprint = chunk_fingerprint(b"".join(chunk.digests), self.options, self.conversion.tokenizer)
-        lengths = np.concatenate(chunk.lengths) if chunk.lengths else np.empty(0, dtype=np.int64)
+        fingerprint, lengths = chunk.identity(self.options, self.conversion.tokenizer)
         return MergedChunk(
             split=split, index=chunk.index, fingerprint=fingerprint, lengths=lengths, pieces=chunk.pieces,
             dtype=self.options.dtype,

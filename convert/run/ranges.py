@@ -59,7 +59,7 @@ from convert.records import (
     gathered,
     in_val,
 )
-from convert.run.conversion import BATCH_CHARS, Conversion, chunk_fingerprint
+from convert.run.conversion import BATCH_CHARS, Conversion, OpenChunk
 from convert.run.worker import current_cleaner, process_chunk, tokenize_batch
 from convert.scratch import make_scratch
 from shards.meta import SPLITS
@@ -215,11 +215,7 @@ def process_spooled_chunk(chunk: SpooledChunk) -> PartResult:
 
 
 @dataclass
-class _OpenChunk:
-    index: int
-    size: int = 0
-    lengths: list[np.ndarray] = field(default_factory=list)
-    digests: list[bytes] = field(default_factory=list)
+class _OpenChunk(OpenChunk):
     segments: list[tuple[str, np.ndarray]] = field(default_factory=list)
     val_pieces: list[np.ndarray] = field(default_factory=list)
 
@@ -362,8 +358,7 @@ class RangeFeed:
     def _seal(self, split: str) -> SpooledChunk:
         chunk = self.open[split]
         self.open[split] = _OpenChunk(index=chunk.index + 1)
-        fingerprint = chunk_fingerprint(b"".join(chunk.digests), self.options, self.conversion.tokenizer)
-        lengths = np.concatenate(chunk.lengths) if chunk.lengths else np.empty(0, dtype=np.int64)
+        fingerprint, lengths = chunk.identity(self.options, self.conversion.tokenizer)
         if split == "val":
             pieces = chunk.val_pieces
             tokens = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint32)
