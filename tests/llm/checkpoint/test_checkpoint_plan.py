@@ -116,13 +116,17 @@ def test_a_read_only_save_folder_is_refused_before_training(tmp_path, read_only)
         plan_checkpointing(cfg, rank=0, world_size=1)
 
 
+def _model_taking(checkpoint_bytes: float) -> str:
+    """A recipe's `model` whose checkpoint (12 bytes a parameter) takes about `checkpoint_bytes`:
+    blocks of dim 1024 (151 MB of checkpoint each) keep it within 1% at any size over 15 GB.
+    Blocks of dim 4096 (2.4 GB each) once overshot by a block, and a test of "three fit" failed."""
+    one = count_params(ModelConfig(vocab_size=64, dim=1024, n_layers=1, n_heads=16, max_seq_len=16))
+    layers = max(1, round((checkpoint_bytes / 12 - one.root) / one.block))
+    return f"{{vocab_size: 64, dim: 1024, n_layers: {layers}, n_heads: 16, max_seq_len: 16}}"
+
+
 def test_a_save_folder_without_room_for_one_checkpoint_is_refused_before_training(tmp_path):
-    free = shutil.disk_usage(tmp_path).free
-    per_layer = count_params(
-        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
-    ).block
-    layers = 2 * free // (12 * per_layer) + 1  # twice the disk's free space, at 12 bytes a parameter
-    model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
+    model = _model_taking(2 * shutil.disk_usage(tmp_path).free)  # twice the disk's free space
     # No snapshot: a model this large would be refused first for the host memory its snapshot takes.
     cfg = recipe(
         tmp_path,
@@ -135,12 +139,7 @@ def test_a_save_folder_without_room_for_one_checkpoint_is_refused_before_trainin
 
 def _big_model(tmp_path) -> str:
     """A model whose checkpoint takes about 3/4 of the free space on tmp_path's disk."""
-    free = shutil.disk_usage(tmp_path).free
-    per_layer = count_params(
-        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
-    ).block
-    layers = 3 * free // (4 * 12 * per_layer) + 1
-    return f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
+    return _model_taking(0.75 * shutil.disk_usage(tmp_path).free)
 
 
 def test_staging_without_room_for_two_checkpoints_is_refused_with_background_uploads(tmp_path):
@@ -158,12 +157,8 @@ def test_staging_without_room_for_two_checkpoints_is_refused_with_background_upl
 
 def test_a_local_save_folder_needs_room_for_the_checkpoints_kept_and_the_one_being_written(tmp_path):
     """num_to_keep=2 keeps two checkpoints and writes a third before the oldest goes (issue 36)."""
-    free = shutil.disk_usage(tmp_path).free
-    per_layer = count_params(
-        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
-    ).block
-    layers = 3 * free // (10 * 12 * per_layer) + 1  # a checkpoint takes about 3/10 of the free space
-    model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
+    # A checkpoint of about 0.27 of the free space: three take 0.81 of it, four 1.08.
+    model = _model_taking(0.27 * shutil.disk_usage(tmp_path).free)
     folder = tmp_path / "ck"
     store = open_store(folder)
 
@@ -310,14 +305,11 @@ def test_host_memory_is_checked_against_the_nodes_memory_the_recipe_gives(tmp_pa
 def test_a_model_whose_snapshot_exceeds_this_machines_free_memory_is_refused_at_start(tmp_path):
     from llm.checkpoint.plan import memory_available
 
-    available, free = memory_available(), shutil.disk_usage(tmp_path).free
-    if available is None or free < 3 * available:
-        pytest.skip("needs a disk with room for a checkpoint larger than this machine's free memory")
-    per_layer = count_params(
-        ModelConfig(vocab_size=64, dim=4096, n_layers=1, n_heads=32, max_seq_len=16)
-    ).block
-    layers = int(1.5 * available // (12 * per_layer)) + 1  # 1.5 x the free memory, well within the disk
-    model = f"{{vocab_size: 64, dim: 4096, n_layers: {layers}, n_heads: 32, max_seq_len: 16}}"
+    available = memory_available()
+    if available is None:
+        pytest.skip("this platform does not say how much memory is free")
+    # 1.5 x the free memory: host memory is checked before the disk, so any disk will do.
+    model = _model_taking(1.5 * available)
     cfg = recipe(tmp_path, **{"checkpoint.save_folder": str(tmp_path / "ck"), "model": model})
     with pytest.raises(ConfigError, match=r"of host memory on this node .* available; free memory"):
         plan_checkpointing(cfg, rank=0, world_size=1)
