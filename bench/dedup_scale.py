@@ -20,10 +20,14 @@ Three parts, figures and ratios (not a pass/fail test):
      comparison, one machine's in-memory state (the band index and sketches of
      convert/dedup/near_dedup.py, the Python set of exact digests) per document.
   2. the merge's main process against the tasks (real text: People's Daily articles, long, and
-     review sentences, short, converted as 3 tasks with --near-dedup --filters, each task on one
-     worker): CPU seconds of the merge's main process per document and per token, of its
-     workers, of the tasks; "the merge keeps up with N task cores" = the tasks' CPU time over the
-     main process's (the issue measured 6-17 before this change).
+     review sentences, short, recombined into more documents, converted as 3 tasks with
+     --near-dedup --filters, each task on one worker), at two sizes (`--long-copies`,
+     `--short-copies`): what the tasks' CPU and the merge's main process's CPU grow by from the
+     small size to the large, per document and per token; "the merge keeps up with N task cores"
+     = the tasks' growth over the main process's, its cost per document at scale (the issue
+     measured 6-17 before this change). Each merge runs `--merges` times, the sizes in turn, and
+     the least CPU is kept: this machine is shared, and a merge's main process takes a few tenths
+     of a second.
   3. a projection for 600 M and 6 B documents of 2,000 tokens (1.2 T and 12 T tokens) from the
      measured costs: memory, disk, and hours on M machines of 64 cores (tasks on all of them; the
      merge's stages and part writing on one machine's 64 cores, its ordered pass on one core).
@@ -390,10 +394,10 @@ def recombined(texts: list[str], copies: int) -> list[str]:
     return out
 
 
-def three_tasks_and_a_merge(folder: Path, texts: list[str], tokenizer: str, workers: int) -> dict:
+def three_tasks(folder: Path, texts: list[str], tokenizer: str) -> tuple[Path, float]:
+    """The texts as 3 tasks, one worker each: the output folder and the tasks' CPU seconds."""
     write_split(folder / "in", texts, 3)
-    out = folder / "out"
-    task_cpu = 0.0
+    out, task_cpu = folder / "out", 0.0
     for index in range(3):
         task = measure(_bench(
             "task", "shards", folder / "in", "--tokenizer", tokenizer, "--out", out, "--seq-len", "512",
@@ -401,53 +405,68 @@ def three_tasks_and_a_merge(folder: Path, texts: list[str], tokenizer: str, work
             "--task-index", index,
         ))  # fmt: skip
         task_cpu += task.main_cpu_s + task.children_cpu_s
-    merged = measure(_bench("merge", out, workers, 0))
-    summary = json.loads((out / "summary.json").read_text())
-    cpu = stage_cpu(out)
-    result = {
-        "documents": summary["read"]["documents"], "tokens": summary["tokens_written"], "task_cpu": task_cpu,
-        "chunks": sum(split["parts"] for split in summary["splits"].values()),
-        "main_cpu": merged.main_cpu_s, "workers_cpu": merged.children_cpu_s, "stage_cpu": cpu["exact"] + cpu["near"],
-        "task_bytes": folder_bytes(out / "tasks"), "shard_bytes": folder_bytes(out / "train") + folder_bytes(out / "val"),
-    }  # fmt: skip
-    shutil.rmtree(folder)
-    return result
+    return out, task_cpu
 
 
-def real_text(root: Path, tokenizer: str, workers: int, short_copies: int) -> list[dict]:
-    """3 tasks and a merge per corpus; CPU of the tasks, the merge's main process and its workers,
-    less those of the same on 90 documents (starting processes, imports: fixed costs)."""
+def real_text(
+    root: Path, tokenizer: str, workers: int, copies: dict[str, tuple[int, int]], merges: int
+) -> list[dict]:
+    """Per corpus, 3 tasks and their merge at two sizes (`copies`: recombined copies, small and
+    large); each merge run `merges` times, the two sizes in turn, and the least CPU of each kept
+    (the machine is shared: the least is the run least disturbed). What grows from the small size
+    to the large is what the merge costs per document at scale; what the two share (starting the
+    process and its workers, imports, the pair sample's texts) is not counted."""
     from convert.demo.corpus import peoples_daily_documents, review_sentences
 
-    articles, reviews = peoples_daily_documents(), review_sentences()
-    base = three_tasks_and_a_merge(root / "text-base", articles[:60] + reviews[:30], tokenizer, workers)
-    base["chunks"] = 2
+    corpora = {"long": ("People's Daily articles", peoples_daily_documents()),
+               "short": ("review sentences", review_sentences())}  # fmt: skip
     results = []
-    for label, texts in (
-        ("long (People's Daily articles, 3 recombined copies)", recombined(articles, 3)),
-        (f"short (review sentences, {short_copies} recombined copies)", recombined(reviews, short_copies)),
-    ):
-        run = three_tasks_and_a_merge(root / "text", texts, tokenizer, workers)
-        run["label"] = label
-        for key in ("task_cpu", "main_cpu", "workers_cpu"):
-            run[f"{key}_fixed"] = base[key]
-        results.append(run)
+    for kind, (label, texts) in corpora.items():
+        sizes = []
+        for n in copies[kind]:
+            out, task_cpu = three_tasks(root / f"{kind}-{n}", recombined(texts, n), tokenizer)
+            sizes.append(
+                {"copies": n, "out": out, "task_cpu": task_cpu, "main_cpu": math.inf, "workers_cpu": math.inf}
+            )
+        for _ in range(merges):
+            for size in sizes:
+                clear_merge(size["out"])
+                merged = measure(_bench("merge", size["out"], workers, 0))
+                if merged.main_cpu_s < size["main_cpu"]:
+                    size["main_cpu"], size["workers_cpu"] = merged.main_cpu_s, merged.children_cpu_s
+                    size["stage_cpu"] = sum(stage_cpu(size["out"]).values())
+        for size in sizes:
+            out = size.pop("out")
+            summary = json.loads((out / "summary.json").read_text())
+            size.update(documents=summary["read"]["documents"], tokens=summary["tokens_written"],
+                        task_bytes=folder_bytes(out / "tasks"),
+                        shard_bytes=folder_bytes(out / "train") + folder_bytes(out / "val"))  # fmt: skip
+            shutil.rmtree(out.parent)
+        small, large = sizes
+        results.append({
+            "kind": kind, "label": f"{kind} ({label}, {small['copies']} -> {large['copies']} recombined copies)",
+            "small": small, "large": large,
+            **{f"d_{key}": large[key] - small[key] for key in ("documents", "tokens", "task_cpu", "main_cpu", "workers_cpu", "stage_cpu")},
+        })  # fmt: skip
     return results
 
 
 def cpu_table(results: list[dict]) -> str:
     lines = [
-        "| corpus | documents | tokens | tasks CPU | merge main CPU | per document | per token | merge workers CPU "
-        "(stages) | the merge keeps up with |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| corpus | documents | tokens | tasks CPU | merge main CPU | per document | per token | "
+        "merge workers CPU (stages) | the merge keeps up with | everything counted, large size |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        tasks, main = r["task_cpu"] - r["task_cpu_fixed"], r["main_cpu"] - r["main_cpu_fixed"]
+        small, large = r["small"], r["large"]
+        tasks, main = r["d_task_cpu"], r["d_main_cpu"]
+        keeps = f"{tasks / main:.0f} task cores" if main > 0 else "(no growth measured: rerun)"
         lines.append(
-            f"| {r['label']} | {r['documents']:,} | {r['tokens']:,} | {tasks:.1f} s (+{r['task_cpu_fixed']:.1f} fixed) | "
-            f"{main:.2f} s (+{r['main_cpu_fixed']:.2f} fixed) | {main / r['documents'] * 1e6:.1f} µs | "
-            f"{main / r['tokens'] * 1e9:.1f} ns | {r['workers_cpu'] - r['workers_cpu_fixed']:.1f} s ({r['stage_cpu']:.1f} s) | "
-            f"{tasks / main:.0f} task cores ({r['task_cpu'] / r['main_cpu']:.0f} with the fixed costs) |"
+            f"| {r['label']} | +{r['d_documents']:,} ({small['documents']:,} -> {large['documents']:,}) | "
+            f"+{r['d_tokens']:,} | +{tasks:.1f} s | +{main:.3f} s ({small['main_cpu']:.3f} -> {large['main_cpu']:.3f}) | "
+            f"{main / r['d_documents'] * 1e6:.2f} µs | {main / r['d_tokens'] * 1e9:.2f} ns | "
+            f"+{r['d_workers_cpu']:.1f} s (+{r['d_stage_cpu']:.1f} s) | {keeps} | "
+            f"{large['task_cpu'] / large['main_cpu']:.0f} task cores |"
         )
     return "\n".join(lines)
 
@@ -455,17 +474,17 @@ def cpu_table(results: list[dict]) -> str:
 # --- part 3 ----------------------------------------------------------------------------------------
 
 
-def main_cost(big: dict, long: dict) -> tuple[float, float]:
-    """The ordered pass's CPU seconds per document and per chunk: `main = a * documents + b * chunks`
-    through the synthetic merge (many short-token documents per chunk) and the long real text."""
-    rows = [(big["docs"], big["chunks"], big["merge"].main_cpu_s - big["fixed_main_cpu"]),
-            (long["documents"], long["chunks"], long["main_cpu"] - long["main_cpu_fixed"])]  # fmt: skip
-    (d1, c1, m1), (d2, c2, m2) = rows
-    det = d1 * c2 - d2 * c1
+def main_cost(text: list[dict]) -> tuple[float, float]:
+    """The merge's main process, CPU seconds per document and per token at scale:
+    `main = a * documents + c * tokens` through the growth of the two corpora (long documents, few
+    per token; short ones, many), or the larger per-document figure alone when that has no
+    positive solution."""
+    (d1, t1, m1), (d2, t2, m2) = [(r["d_documents"], r["d_tokens"], r["d_main_cpu"]) for r in text]
+    det = d1 * t2 - d2 * t1
     if det:
-        a, b = (m1 * c2 - m2 * c1) / det, (d1 * m2 - d2 * m1) / det
-        if a > 0 and b > 0:
-            return a, b
+        a, c = (m1 * t2 - m2 * t1) / det, (d1 * m2 - d2 * m1) / det
+        if a > 0 and c > 0:
+            return a, c
     return max(m1 / d1, m2 / d2), 0.0
 
 
@@ -475,22 +494,21 @@ def projection(memory: dict, text: list[dict], machines: list[int], budget: int 
     cores, its ordered pass on one core, overlapping the part writing."""
     from convert.dedup.stages import NEAR_BYTES_PER_ENTRY
 
-    long = next(r for r in text if r["label"].startswith("long"))
-    task_cpu_per_token = (long["task_cpu"] - long["task_cpu_fixed"]) / long["tokens"]
-    worker_cpu_per_token = (long["workers_cpu"] - long["workers_cpu_fixed"] - long["stage_cpu"]) / long[
-        "tokens"
-    ]
+    long = next(r for r in text if r["kind"] == "long")
+    task_cpu_per_token = long["d_task_cpu"] / long["d_tokens"]
+    worker_cpu_per_token = (long["d_workers_cpu"] - long["d_stage_cpu"]) / long["d_tokens"]
     big = max((f for (near, _, label), f in memory["figures"].items() if near and not label.startswith("--")),
               key=lambda f: f["docs"])  # fmt: skip
-    per_doc, per_chunk = main_cost(big, long)
+    per_doc, per_token = main_cost(text)
     near_per_entry = big["cpu"]["near"] / max(1, big["key_entries"])
     exact_per_entry = big["cpu"]["exact"] / max(1, big["digest_entries"])
     dedup_bytes = big["task_bytes"] / big["docs"]  # rows, runs and sketches per document (few tokens)
-    token_bytes = (long["task_bytes"] - long["documents"] * dedup_bytes) / long["tokens"]
-    shard_bytes = long["shard_bytes"] / long["tokens"]
+    large = long["large"]
+    token_bytes = (large["task_bytes"] - large["documents"] * dedup_bytes) / large["tokens"]
+    shard_bytes = large["shard_bytes"] / large["tokens"]
     lines = [
         f"(per document: tasks {task_cpu_per_token * 2000 * 1e3:.2f} ms of CPU; the ordered pass "
-        f"{per_doc * 1e6:.2f} µs + {per_chunk * 1e3:.2f} ms per chunk of 1 M characters; the stages "
+        f"{per_doc * 1e6:.2f} µs + {per_token * 1e9:.2f} ns per token; the stages "
         f"{near_per_entry * 1e9:.0f} ns per band key, {exact_per_entry * 1e9:.0f} ns per digest; part writing "
         f"{worker_cpu_per_token * 1e9:.1f} ns per token; task files {dedup_bytes:.0f} B per document + "
         f"{token_bytes:.2f} B per token; shards {shard_bytes:.2f} B per token)",
@@ -502,7 +520,7 @@ def projection(memory: dict, text: list[dict], machines: list[int], budget: int 
         tokens = documents * 2000
         entries_near, entries_exact = documents * 26 * 0.97, documents * 0.97
         stages_h = (entries_near * near_per_entry + entries_exact * exact_per_entry) / 64 / 3600
-        main_h = (documents * per_doc + documents * 2800 / 1e6 * per_chunk) / 3600
+        main_h = (documents * per_doc + tokens * per_token) / 3600
         write_h = tokens * worker_cpu_per_token / 63 / 3600
         files = tokens * token_bytes + documents * dedup_bytes
         bitmaps = documents / 8 + documents / 4
@@ -543,7 +561,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the budget of the runs 'without' one (default: the converter's)",
     )
     parser.add_argument(
-        "--short-copies", type=int, default=10, help="recombined copies of the review sentences"
+        "--long-copies", default="10,80", help="part 2: recombined copies of the articles, small,large"
+    )
+    parser.add_argument(
+        "--short-copies",
+        default="10,80",
+        help="part 2: recombined copies of the review sentences, small,large",
+    )
+    parser.add_argument(
+        "--merges", type=int, default=5, help="part 2: runs of each merge (the least CPU kept)"
     )
     args = parser.parse_args(argv)
     from convert.budget import parse_size
@@ -567,7 +593,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(memory["table"])
         if not args.no_text:
-            text = real_text(root, tokenizer, args.workers, args.short_copies)
+            copies = {kind: tuple(int(n) for n in value.split(","))
+                      for kind, value in (("long", args.long_copies), ("short", args.short_copies))}  # fmt: skip
+            text = real_text(root, tokenizer, args.workers, copies, args.merges)
             print(cpu_table(text))
             if memory is not None:
                 print(projection(memory, text, [int(m) for m in args.machines.split(",")]))

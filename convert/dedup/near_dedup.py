@@ -49,7 +49,7 @@ import numpy as np
 
 from convert.dedup.minhash import estimate_jaccard, jaccard
 from convert.dedup.options import NearDedupOptions
-from convert.dedup.pairs import best_pairs, distinct, expand
+from convert.dedup.pairs import best_pairs, distinct, expand, sorted_contains
 
 _BLOCK_ROWS = 1 << 16  # sketches are stored in blocks of this many documents
 _MERGE_RATIO = 4  # a new run joins the last level while it is at least 1/_MERGE_RATIO of it
@@ -373,12 +373,16 @@ class PairSample:
             self.where.pop(position, None)
 
     def record_all(self, positions: np.ndarray, matches: np.ndarray, estimates: np.ndarray) -> None:
-        """`record` for each near-duplicate of a batch."""
+        """`record` for each near-duplicate of a batch. Only members are recorded, and they are few
+        (at most `capacity * per_key`): they are found by a search, not a loop over the batch."""
+        if not self._key_of:
+            return
+        members = np.sort(np.fromiter(self._key_of, dtype=np.int64, count=len(self._key_of)))
+        hits = np.flatnonzero(sorted_contains(members, positions.astype(np.int64, copy=False)))
         for position, match, estimate in zip(
-            positions.tolist(), matches.tolist(), estimates.tolist(), strict=True
+            positions[hits].tolist(), matches[hits].tolist(), estimates[hits].tolist(), strict=True
         ):
-            if position in self._key_of:
-                self.removed[position] = (match, estimate)
+            self.removed[position] = (match, estimate)
 
     def record(self, position: int, match: int, estimate: float) -> None:
         if position in self._key_of:

@@ -134,6 +134,15 @@ def better(
     return wins | ((other_estimate == estimate) & (other_match < match))
 
 
+def sorted_contains(members: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Per id, whether it is among `members` (ascending): a binary search per id, O(n log m), where
+    `np.isin` would sort both arrays again on every call."""
+    if not len(members):
+        return np.zeros(len(ids), dtype=bool)
+    at = np.minimum(np.searchsorted(members, ids), len(members) - 1)
+    return members[at] == ids
+
+
 class RankedBits:
     """A set of ids in [base, base + size) as a bitmap; `below(ids)` counts the members under each
     (after `freeze`, which adds a running count per 64 ids)."""
@@ -165,6 +174,14 @@ class RankedBits:
     def contains(self, ids: np.ndarray) -> np.ndarray:
         word, bit = self._split(ids)
         return ((self.words[word] >> bit) & np.uint64(1)).astype(bool)
+
+    def contains_range(self, first: int, count: int) -> np.ndarray:
+        """`contains(np.arange(first, first + count))`, from the words' bits unpacked at once."""
+        local = first - self.base
+        start = local // 64
+        words = self.words[start : (local + count + 63) // 64].astype("<u8", copy=False)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+        return bits[local - 64 * start : local - 64 * start + count].view(bool)
 
     def below(self, ids: np.ndarray) -> np.ndarray:
         word, bit = self._split(ids)

@@ -52,7 +52,7 @@ import numpy as np
 from convert.budget import format_size, resolve_budget
 from convert.dedup.near_dedup import PairSample
 from convert.dedup.options import NearDedupOptions
-from convert.dedup.pairs import RankedBits, better
+from convert.dedup.pairs import RankedBits, better, sorted_contains
 from convert.dedup.runs import RunCursor, RunFile, RunInfo
 from convert.dedup.stages import (
     EXACT_BYTES_PER_ENTRY,
@@ -551,17 +551,17 @@ class OrderedPass:
         self, task: int, name: str, rows: PieceRows, first_row: int, first_pid: int
     ) -> Iterator[MergedChunk]:
         count = len(rows.chars)
-        reasons = rows.reasons.astype(np.int64)
-        duplicate = self.duplicates.contains(np.arange(first_row, first_row + count, dtype=np.uint64))
+        duplicate = self.duplicates.contains_range(first_row, count)
         if duplicate.any():
             self.drops.add("duplicate", int(duplicate.sum()))
-        filtered = np.flatnonzero(~duplicate & (reasons != 0))
-        codes = reasons[filtered]
+        is_passing = rows.reasons == 0
+        filtered = np.flatnonzero(~(duplicate | is_passing))
+        codes = rows.reasons[filtered].astype(np.intp)
         counts = np.bincount(codes, minlength=len(REASONS) + 1)
         tokens = np.bincount(codes, weights=rows.lengths[filtered], minlength=len(REASONS) + 1)
         for code in np.flatnonzero(counts).tolist():
             self._drop(REASONS[code - 1], int(counts[code]), int(tokens[code]))
-        passing = np.flatnonzero(reasons == 0)
+        passing = np.flatnonzero(is_passing)
         indexed_among_passing = np.flatnonzero(~duplicate[passing])
         indexed = passing[indexed_among_passing]
         first = self.position
@@ -596,7 +596,7 @@ class OrderedPass:
         # sample holds every document of the merged one, `PairSample`); offering the rest, only to
         # have them refused, would cost a decision round each.
         members = self.members.get(task, np.empty(0, dtype=np.int64))
-        known = np.flatnonzero(np.isin(local + among, members))
+        known = np.flatnonzero(sorted_contains(members, local + among))
         if len(known):
             sample.offer_all(
                 rows.first_keys[among[known]], positions[known],

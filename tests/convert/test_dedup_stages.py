@@ -9,7 +9,14 @@ import pytest
 
 from convert.dedup.near_dedup import NearDuplicates
 from convert.dedup.options import NearDedupOptions
-from convert.dedup.pairs import NONE, RankedBits, better, candidate_pairs, sorted_candidate_pairs
+from convert.dedup.pairs import (
+    NONE,
+    RankedBits,
+    better,
+    candidate_pairs,
+    sorted_candidate_pairs,
+    sorted_contains,
+)
 from convert.dedup.runs import FULL, RunCursor, RunFile, RunSpiller, write_run
 from convert.dedup.stages import ExactJob, NearJob, RunRef, SketchFile, read_all, run_exact, run_near
 from convert.errors import DamagedFile
@@ -198,3 +205,15 @@ def test_ranked_bits_count_the_members_below_any_id():
     ids = np.arange(base, base + 5000, dtype=np.uint64)
     assert np.array_equal(np.flatnonzero(bits.contains(ids)) + base, members)
     assert np.array_equal(bits.below(ids), np.searchsorted(members, ids.astype(np.int64)))
+    # The merge asks for a piece's rows at once: any window, word-aligned or not, says the same.
+    for first, count in [(0, 5000), (0, 1), (63, 2), (64, 64), (1, 4999), (4999, 1), (777, 3000), (10, 0)]:
+        window = np.arange(base + first, base + first + count, dtype=np.uint64)
+        assert np.array_equal(bits.contains_range(base + first, count), bits.contains(window)), (first, count)
+
+
+def test_sorted_contains_is_isin_against_an_ascending_array():
+    rng = np.random.default_rng(6)
+    for size in (0, 1, 7, 500):
+        members = np.sort(rng.choice(2000, size=size, replace=False)).astype(np.int64)
+        ids = rng.integers(-5, 2005, size=1000)
+        assert np.array_equal(sorted_contains(members, ids), np.isin(ids, members)), size
