@@ -14,13 +14,16 @@ output one machine would have written.
      copied to a scratch folder when the output is on S3);
   4. the near stage, one job per partition of the band keys: each document's best near pair, by
      position (merge/near-QQQQQ.*);
-  5. the ordered pass, in this process: each piece's rows (digest, size, token count, filter
-     reason; read and checked by a worker a few pieces ahead, `read_piece`) in input order with
-     the duplicate rows (a bitmap) and the near decisions (read in order from the Q outputs): the
-     drop counts, the pair sample, the split, the cut into chunks, exactly as `Selection` and
+  5. the ordered pass, in this process: each piece's documents in input order. A worker reads and
+     checks the piece's rows a few pieces ahead (digest, size, token count, filter reason), counts
+     the filtered rows and the exact duplicates (the duplicate rows' bitmap, saved to the scratch
+     folder) and hands back only the documents that reach near-duplicate removal (`sift_piece`).
+     This process adds the near decisions (read in order from the Q outputs): the drop counts,
+     the pair sample, the split, the cut into chunks, exactly as `Selection` and
      `chunk_documents` decide; a chunk goes to a worker as the token frames and offsets of its
      documents, and the worker reads, concatenates, packs and writes it, and formats its
-     index.json entries (`process_merged_chunk`): this process touches no token;
+     index.json entries (`process_merged_chunk`): this process touches no token and no filtered
+     or duplicate row;
   6. tails, meta.json, summary.json, near_duplicates.json and index.json, as a single run.
 
 Each stage's job writes its files and this process its marker (merge/<job>.json, naming the plan)
@@ -80,7 +83,6 @@ from convert.run.tasks import (
     PIECE_ROWS,
     TASK_FORMAT,
     TASKS,
-    PieceRows,
     TaskMarker,
     TaskPiece,
     read_frames,
@@ -477,10 +479,62 @@ def process_merged_chunk(chunk: MergedChunk) -> PartResult:
     return process_chunk(chunk.gather())
 
 
-def read_piece(job: tuple[str, TaskPiece]) -> PieceRows:
-    """In a worker: a piece's rows, read and checked (`read_piece_rows`)."""
-    folder, piece = job
-    return read_piece_rows(current_store(), folder, piece)
+@dataclass(frozen=True)
+class PieceJob:
+    """A piece for a worker to read and sift (`sift_piece`)."""
+
+    folder: str
+    piece: TaskPiece
+    first_row: int  # the piece's first row among all tasks' rows
+    duplicates: str  # the saved RankedBits of the duplicate rows (a local file)
+
+
+@dataclass(kw_only=True)
+class PieceDocs:
+    """What the ordered pass needs of a piece: its drop counts, and the rest of its rows only for
+    the documents that reach near-duplicate removal (passing the filters, not exact duplicates)."""
+
+    duplicates: int
+    reason_counts: np.ndarray  # per filter reason code: rows dropped, and their tokens
+    reason_tokens: np.ndarray
+    among: np.ndarray  # each document's index among the piece's passing rows
+    digests: bytes  # DIGEST_BYTES per document
+    chars: np.ndarray
+    lengths: np.ndarray
+    token_starts: np.ndarray  # each document's first token in the piece's tokens
+    first_keys: np.ndarray | None
+    frame_rows: np.ndarray  # the token frames: their first passing row, then the count
+    frame_bytes: np.ndarray
+    frame_sums: np.ndarray
+    frame_starts: np.ndarray  # each frame's first token in the piece's tokens
+
+
+def sift_piece(job: PieceJob) -> PieceDocs:
+    """In a worker: a piece's rows, read and checked (`read_piece_rows`), less the filtered rows and
+    the exact duplicates, counted: what depends on one row alone is done here, beside the parts
+    the workers write, so that the ordered pass handles only the documents it decides."""
+    rows = read_piece_rows(current_store(), job.folder, job.piece)
+    duplicate = RankedBits.load(job.duplicates).contains_range(job.first_row, len(rows.chars))
+    is_passing = rows.reasons == 0
+    filtered = np.flatnonzero(~(duplicate | is_passing))
+    codes = rows.reasons[filtered].astype(np.intp)
+    passing = np.flatnonzero(is_passing)
+    among = np.flatnonzero(~duplicate[passing])
+    indexed = passing[among]
+    lengths = rows.lengths[passing]
+    token_starts = np.cumsum(lengths) - lengths
+    frames = rows.frame_rows[:-1]
+    return PieceDocs(
+        duplicates=int(np.count_nonzero(duplicate)),
+        reason_counts=np.bincount(codes, minlength=len(REASONS) + 1),
+        reason_tokens=np.bincount(codes, weights=rows.lengths[filtered], minlength=len(REASONS) + 1),
+        among=among,
+        digests=np.frombuffer(rows.digests, dtype=np.dtype((np.void, DIGEST_BYTES)))[indexed].tobytes(),
+        chars=rows.chars[indexed], lengths=rows.lengths[indexed], token_starts=token_starts[among],
+        first_keys=rows.first_keys[among] if rows.first_keys is not None else None,
+        frame_rows=rows.frame_rows, frame_bytes=rows.frame_bytes, frame_sums=rows.frame_sums,
+        frame_starts=token_starts[frames[frames < len(passing)]],
+    )  # fmt: skip
 
 
 @dataclass
@@ -500,7 +554,7 @@ class MergeReport:
 class OrderedPass:
     """The merge's main process (module docstring, step 5): rows in, chunk descriptors out."""
 
-    def __init__(self, store: Store, conversion: Conversion, tasks: Tasks, duplicates: RankedBits,
+    def __init__(self, store: Store, conversion: Conversion, tasks: Tasks, duplicates: str,
                  near_outputs: list[dict], drops: DropCounts, texts: dict, bar, cursor_bytes: int) -> None:  # fmt: skip
         self.store, self.conversion, self.tasks, self.duplicates = store, conversion, tasks, duplicates
         self.options = conversion.options
@@ -528,16 +582,21 @@ class OrderedPass:
         pieces = [
             (index, piece) for index, marker in enumerate(self.tasks.markers) for piece in marker.pieces
         ]
-        jobs = ((task_folder(index), piece) for index, piece in pieces)
-        read = ordered(executor, read_piece, jobs, self.options.workers + 1)
         at = {
             index: (self.tasks.row_bases[index], self.tasks.pid_bases[index])
             for index in range(len(self.tasks.markers))
         }
-        for (index, piece), rows in zip(pieces, read, strict=True):
-            row, pid = at[index]
-            yield from self._piece(index, piece.name, rows, row, pid)
-            at[index] = (row + piece.rows, pid + piece.passing)
+        firsts = []  # each piece's first row and first pid
+        for index, piece in pieces:
+            firsts.append(at[index])
+            at[index] = (at[index][0] + piece.rows, at[index][1] + piece.passing)
+        jobs = (
+            PieceJob(folder=task_folder(index), piece=piece, first_row=row, duplicates=self.duplicates)
+            for (index, piece), (row, _) in zip(pieces, firsts, strict=True)
+        )
+        read = ordered(executor, sift_piece, jobs, self.options.workers + 1)
+        for (index, piece), (_, pid), docs in zip(pieces, firsts, read, strict=True):
+            yield from self._piece(index, piece.name, docs, pid)
             self.bar.update()
         for split in SPLITS:
             if self.open[split].size:
@@ -547,33 +606,21 @@ class OrderedPass:
         self.drops.add(reason, count)
         self.report.dropped_tokens[reason] = self.report.dropped_tokens.get(reason, 0) + tokens
 
-    def _piece(
-        self, task: int, name: str, rows: PieceRows, first_row: int, first_pid: int
-    ) -> Iterator[MergedChunk]:
-        count = len(rows.chars)
-        duplicate = self.duplicates.contains_range(first_row, count)
-        if duplicate.any():
-            self.drops.add("duplicate", int(duplicate.sum()))
-        is_passing = rows.reasons == 0
-        filtered = np.flatnonzero(~(duplicate | is_passing))
-        codes = rows.reasons[filtered].astype(np.intp)
-        counts = np.bincount(codes, minlength=len(REASONS) + 1)
-        tokens = np.bincount(codes, weights=rows.lengths[filtered], minlength=len(REASONS) + 1)
-        for code in np.flatnonzero(counts).tolist():
-            self._drop(REASONS[code - 1], int(counts[code]), int(tokens[code]))
-        passing = np.flatnonzero(is_passing)
-        indexed_among_passing = np.flatnonzero(~duplicate[passing])
-        indexed = passing[indexed_among_passing]
+    def _piece(self, task: int, name: str, docs: PieceDocs, first_pid: int) -> Iterator[MergedChunk]:
+        if docs.duplicates:
+            self.drops.add("duplicate", docs.duplicates)
+        for code in np.flatnonzero(docs.reason_counts).tolist():
+            self._drop(REASONS[code - 1], int(docs.reason_counts[code]), int(docs.reason_tokens[code]))
+        count = len(docs.lengths)
         first = self.position
-        self.position += len(indexed)
-        match, estimate = self._near(first, len(indexed))
-        if rows.first_keys is not None and len(indexed):
-            self._sample(task, first_pid, rows, indexed_among_passing, first, match, estimate, indexed)
+        self.position += count
+        match, estimate = self._near(first, count)
+        if docs.first_keys is not None and count:
+            self._sample(task, first_pid, docs, first, match, estimate)
         near = np.flatnonzero(match >= 0)
         if len(near):
-            self._drop(_NEAR_DUPLICATE, len(near), int(rows.lengths[indexed[near]].sum()))
-        kept = match < 0
-        yield from self._route(task, name, rows, indexed[kept], indexed_among_passing[kept])
+            self._drop(_NEAR_DUPLICATE, len(near), int(docs.lengths[near].sum()))
+        yield from self._route(task, name, docs, np.flatnonzero(match < 0))
 
     def _near(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Each indexed document's best near pair over the stage's outputs (-1, 0: none)."""
@@ -587,11 +634,11 @@ class OrderedPass:
                 match[at[wins]], estimate[at[wins]] = theirs[wins], their_estimate[wins]
         return match, estimate
 
-    def _sample(self, task, first_pid, rows, indexed_among_passing, first, match, estimate, indexed) -> None:
+    def _sample(self, task, first_pid, docs: PieceDocs, first, match, estimate) -> None:
         sample = self.report.sample
         local = first_pid - self.tasks.pid_bases[task]  # the piece's first pid within its task
-        positions = first + np.arange(len(indexed))
-        texts, among = self.texts, indexed_among_passing
+        positions = first + np.arange(len(docs.lengths))
+        texts, among = self.texts, docs.among
         # Only the members of the tasks' samples have a text (the others could not join: a task's
         # sample holds every document of the merged one, `PairSample`); offering the rest, only to
         # have them refused, would cost a decision round each.
@@ -599,29 +646,26 @@ class OrderedPass:
         known = np.flatnonzero(sorted_contains(members, local + among))
         if len(known):
             sample.offer_all(
-                rows.first_keys[among[known]], positions[known],
+                docs.first_keys[known], positions[known],
                 lambda i: texts.get((task, local + int(among[known[i]]))),
             )  # fmt: skip
         near = np.flatnonzero(match >= 0)
         if len(near):
             sample.record_all(positions[near], match[near], estimate[near])
 
-    def _route(
-        self, task: int, name: str, rows: PieceRows, kept: np.ndarray, kept_passing: np.ndarray
-    ) -> Iterator[MergedChunk]:
+    def _route(self, task: int, name: str, docs: PieceDocs, kept: np.ndarray) -> Iterator[MergedChunk]:
         if not len(kept):
             return
-        digests = np.frombuffer(rows.digests, dtype=np.dtype((np.void, DIGEST_BYTES)))[kept]
+        digests = np.frombuffer(docs.digests, dtype=np.dtype((np.void, DIGEST_BYTES)))[kept]
         is_val = in_val(digests.tobytes(), self.options.val_fraction)
-        passing_lengths = rows.lengths[rows.reasons == 0]
-        token_starts = np.cumsum(passing_lengths) - passing_lengths
-        where = _Where(rel=f"{task_folder(task)}/{name}.tokens", rows=rows, token_starts=token_starts)
+        where = _Where(rel=f"{task_folder(task)}/{name}.tokens", docs=docs)
         for split, chosen in (("train", ~is_val), ("val", is_val)):
             if chosen.any():
-                yield from self._add(split, where, kept_passing[chosen], rows.lengths[kept[chosen]],
-                                     rows.chars[kept[chosen]], digests[chosen])  # fmt: skip
+                picked = kept[chosen]
+                yield from self._add(split, where, picked, docs.lengths[picked], docs.chars[picked],
+                                     digests[chosen])  # fmt: skip
 
-    def _add(self, split, where, passing, lengths, chars, digests) -> Iterator[MergedChunk]:
+    def _add(self, split, where, picked, lengths, chars, digests) -> Iterator[MergedChunk]:
         """Documents into the split's open chunk, sealed where `chunk_documents` seals one."""
         limit, at = self.options.chunk_chars, 0
         total = np.cumsum(chars)  # once per piece: each chunk a search in it
@@ -634,7 +678,7 @@ class OrderedPass:
             part = slice(at, at + take)
             chunk.lengths.append(lengths[part])
             chunk.digests.append(digests[part].tobytes())
-            chunk.pieces.append(where.tokens(passing[part]))
+            chunk.pieces.append(where.tokens(picked[part]))
             chunk.size += int(total[at + take - 1]) - before
             at += take
             if chunk.size >= limit:
@@ -655,17 +699,18 @@ class _Where:
     """A piece's tokens file and its frames, to name the frames a run of its documents lies in."""
 
     rel: str
-    rows: PieceRows
-    token_starts: np.ndarray  # per passing row: its first token in the piece
+    docs: PieceDocs
 
-    def tokens(self, passing: np.ndarray) -> PieceTokens:
-        frame_rows = self.rows.frame_rows
-        first = int(np.searchsorted(frame_rows, passing[0], side="right")) - 1
-        last = int(np.searchsorted(frame_rows, passing[-1], side="right")) - 1
-        base = self.token_starts[frame_rows[first]] if len(self.token_starts) else 0
+    def tokens(self, picked: np.ndarray) -> PieceTokens:
+        """`picked`: indexes among the piece's documents, ascending."""
+        docs = self.docs
+        passing = docs.among[picked]
+        first = int(np.searchsorted(docs.frame_rows, passing[0], side="right")) - 1
+        last = int(np.searchsorted(docs.frame_rows, passing[-1], side="right")) - 1
         return PieceTokens(
-            rel=self.rel, frame_bytes=self.rows.frame_bytes[first : last + 2],
-            frame_sums=self.rows.frame_sums[first : last + 1], starts=self.token_starts[passing] - base,
+            rel=self.rel, frame_bytes=docs.frame_bytes[first : last + 2],
+            frame_sums=docs.frame_sums[first : last + 1],
+            starts=docs.token_starts[picked] - docs.frame_starts[first],
         )  # fmt: skip
 
 
@@ -748,12 +793,15 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
                 )
             print(line, flush=True)
         del duplicate_pids
+        duplicates = f"{scratch}/duplicate-rows.npy"  # the workers sift the pieces with it
+        duplicate_rows.freeze().save(duplicates)
+        del duplicate_rows
         texts = _sample_texts(store, markers) if near is not None else {}
         cursor_bytes = min(4 << 20, max(4 << 10, budget // (8 * max(1, len(near_outputs)))))
         total = sum(len(marker.pieces) for marker in markers)
         with progress_bar(total, "piece", "merging", enabled=progress) as bar:
             feed = OrderedPass(
-                store, conversion, tasks, duplicate_rows, near_outputs, drops, texts, bar, cursor_bytes
+                store, conversion, tasks, duplicates, near_outputs, drops, texts, bar, cursor_bytes
             )
             conversion.run(chunks=feed.chunks, process=process_merged_chunk, cleaner=read.worker_cleaner())
     finally:
