@@ -31,7 +31,10 @@ COMMANDS = {
         "ask a fine-tuned (SFT) model, in its chat template, interactively or once",
     ),
     "export": ("llm.commands.export", "write a checkpoint in the Hugging Face Llama layout"),
-    "import": ("llm.commands.import_", "convert baby-llama2-chinese or Baichuan-7B weights for training"),
+    "import": (
+        "llm.commands.import_",
+        "convert Hugging Face Llama / Mistral / Qwen2, baby-llama2-chinese or Baichuan-7B weights for training",
+    ),
     "eval": ("llm.commands.eval", "multiple-choice accuracy (C-Eval / CMMLU layout) of a checkpoint"),
     "plot": ("llm.commands.plot", "compare runs: loss vs tokens of several runs in one figure, and a table"),
 }
