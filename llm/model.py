@@ -44,7 +44,8 @@ class ModelConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    # A field's comment is its line in docs/config.md (`llm config`), as in llm/config.py.
+    """The model's shape. Each field's comment is its line in docs/config.md (`llm config`)."""
+
     vocab_size: int = 64793  # embedding rows: at least the tokenizer's vocabulary (padding allowed)
     dim: int = 512  # the width of the residual stream (hidden size)
     n_layers: int = 8  # decoder blocks

@@ -1,4 +1,4 @@
-"""The `llm` command: inspect a recipe, generate text, chat, evaluate, export and import weights.
+"""The `llm` command: inspect a recipe, list its keys, generate text, chat, evaluate, export and import weights.
 
 Each sub-command is a module here, named like the command, with `add_arguments(parser)` and
 `run(args) -> int`; it parses and prints, and calls library functions with typed arguments.
@@ -24,6 +24,10 @@ COMMANDS = {
     "inspect": (
         "llm.commands.inspect_recipe",
         "dry run: parameters, FLOPs, tokens per step, memory plan per GPU",
+    ),
+    "config": (
+        "llm.commands.config",
+        "every recipe key: type, default, range, meaning, resume (docs/config.md)",
     ),
     "generate": ("llm.commands.generate", "continue prompts from a checkpoint (Composer or exported)"),
     "chat": (
