@@ -186,7 +186,7 @@ def config_from_hf(data: dict[str, Any], source: str, context: int | None = None
     model cannot compute is refused naming the key. `context`: the tokens the model will see at
     once (the recipe's model.max_seq_len), which a sliding window must not cut; None: the source's
     own max_position_embeddings."""
-    family = FAMILIES[architecture(data, source, FAMILIES)]
+    family = FAMILIES[architecture(data, source, tuple(FAMILIES))]
     absent = [HF_CONFIG[f] for f in REQUIRED if data.get(HF_CONFIG[f]) is None]
     if absent:
         raise ConfigError(f"{source} lacks {', '.join(absent)}: is it a model's config.json?")
@@ -202,7 +202,7 @@ def config_from_hf(data: dict[str, Any], source: str, context: int | None = None
     return cfg
 
 
-def architecture(data: dict[str, Any], source: str, known: tuple[str, ...] | dict = IMPORTED) -> str:
+def architecture(data: dict[str, Any], source: str, known: tuple[str, ...] = IMPORTED) -> str:
     """The one architecture `data` names (`architectures`, else `model_type`), if it is `known`."""
     names = data.get("architectures") or []
     names = [names] if isinstance(names, str) else list(names)
@@ -215,7 +215,7 @@ def architecture(data: dict[str, Any], source: str, known: tuple[str, ...] | dic
         raise ConfigError(
             f"{source} has architectures={names}: the model computes {', '.join(known)} only (dense "
             f"decoder-only, SwiGLU, RMSNorm, rotary embeddings); mixture-of-experts and other "
-            f"architectures cannot be imported"
+            f"architectures are not supported"
         )
     return names[0]
 
@@ -368,8 +368,9 @@ def model_section(src: str | Path) -> str:
     lines = [f"# {arch} from {path} (llm import --from hf {src} --model-section)", "model:"]
     notes = {
         "vocab_size": "rows of the embedding: this or more (the import pads)",
-        "max_seq_len": "the context to train at: the shards' --seq-len (the checkpoint's own limit)",
+        "max_seq_len": "the checkpoint's limit: set the context to train at, the shards' --seq-len",
         "n_kv_heads": "grouped-query attention" if cfg.kv_heads < cfg.n_heads else "",
+        "qkv_bias": "Qwen2's biases on q, k and v" if cfg.qkv_bias else "",
     }
     for field in (*HF_CONFIG, "qkv_bias"):
         value = getattr(cfg, field)

@@ -309,3 +309,4 @@ def test_import_train_export_and_transformers_loads_it_without_a_warning(tmp_pat
     tokens = torch.randint(0, train_data.vocab_size, (2, train_data.seq_len), generator=torch.Generator())
     with torch.no_grad():
         assert (trained(tokens) - reloaded(tokens).logits).abs().max().item() < 1e-5
+        assert torch.equal(load_model(str(export))(tokens), trained(tokens))  # and read back by ours
