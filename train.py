@@ -16,7 +16,12 @@ def build_parser() -> argparse.ArgumentParser:
     # The dry run is `llm inspect`: the same arguments, defaults and output.
     from llm.commands.inspect_recipe import add_arguments
 
-    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description=__doc__.splitlines()[0],
+        epilog="Every recipe key (type, default, range, meaning, what a resume does with it): `llm config` "
+        "or docs/config.md. A recipe for your own corpus and tokenizer: recipes/template.yaml.",
+    )
     add_arguments(parser)
     parser.add_argument(
         "--dry-run",

@@ -8,6 +8,11 @@ is one line: an unknown key names the closest valid one, a wrong type names the 
 number out of its range (declared beside its field with `bounded`; every float must be finite)
 names the range.
 The rest of the code receives a `TrainConfig`, never a raw dict.
+
+A field's meaning is the comment beside it (on its line, or the comment lines right above it):
+docs/config.md and `llm config` are written from these comments, the types, defaults and bounds
+(`llm/config_reference.py`). A new key needs one; after changing the schema, regenerate the page
+with `llm config --out docs/config.md` (tests/llm/test_config_reference.py checks both).
 """
 
 from __future__ import annotations
@@ -124,7 +129,7 @@ _POSITIVE_OR_NULL = "positive (or null for the default)"
 
 @dataclass
 class DataConfig:
-    train: list[StreamConfig]
+    train: list[StreamConfig]  # the training streams (data.train.N below), mixed by proportion when several
     eval: list[StreamConfig] = field(default_factory=list)  # empty -> no evaluation
     # pretrain: packed documents (`python -m convert shards`), every token scored. sft: prompt/answer
     # samples (`python -m convert sft`), the loss averaged over answer tokens only. meta.json must agree.
@@ -136,8 +141,8 @@ class DataConfig:
     # coldest first, as training moves on; at least 4 x the largest shard.
     cache_limit: str | None = "auto"
     keep_zip: bool = False  # keep a remote shard's compressed file in the cache once decompressed
-    shuffle: bool = True
-    shuffle_seed: int = 9176
+    shuffle: bool = True  # shuffle the training samples (streaming's shuffle); false: shard order
+    shuffle_seed: int = 9176  # the shuffle's seed: the same seed, the same order
     # samples shuffled together; null: streaming's default
     shuffle_block_size: int | None = bounded(None, ge=1, words=_POSITIVE_OR_NULL)
     # null: streaming's default, then kept by checkpoints
@@ -148,7 +153,7 @@ class DataConfig:
     download_retry: int | None = bounded(None, ge=0, words="0 or more (or null for the default)")
     # seconds per shard request; null: LLM_S3_READ_TIMEOUT
     download_timeout: float | None = bounded(None, gt=0, words="positive seconds (or null for the default)")
-    num_workers: int = bounded(0, ge=0)
+    num_workers: int = bounded(0, ge=0)  # DataLoader worker processes per rank; 0: in the training process
     check_tokenizer_hash: bool = True  # refuse shards made with a different tokenizer file
     # Checked on every shard as it enters the cache (xxh64 or sha1, both written by convert);
     # null turns the check off. Cost: `make bench-train`'s data-wait figure.
@@ -185,9 +190,9 @@ class TokenizerConfig:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = bounded(3e-4, gt=0)
+    lr: float = bounded(3e-4, gt=0)  # AdamW's peak learning rate (reached after scheduler.warmup)
     betas: tuple[float, float] = bounded((0.9, 0.95), ge=0, lt=1)  # each in [0, 1)
-    eps: float = bounded(1e-8, gt=0)
+    eps: float = bounded(1e-8, gt=0)  # AdamW's epsilon
     # 2-D weights only (matrices, embeddings); norms are not decayed
     weight_decay: float = bounded(0.1, ge=0, words="0 (off) or more, e.g. 0.1")
     # Peak rate of the token embedding matrix, on the same schedule; null: optimizer.lr. A small
@@ -201,14 +206,14 @@ class OptimizerConfig:
 @dataclass
 class SchedulerConfig:
     warmup: str = "1000ba"  # linear warmup, then cosine from optimizer.lr to min_lr at max_duration
-    min_lr: float = bounded(1e-5, ge=0, words="0 or more, and at most optimizer.lr")
+    min_lr: float = bounded(1e-5, ge=0, words="0 or more, and at most optimizer.lr")  # where the cosine ends
 
 
 @dataclass
 class Float8Config:
     """Float8 matmuls in the decoder blocks' linear layers (torchao; extra `float8`)."""
 
-    enabled: bool = False
+    enabled: bool = False  # float8 matmuls on
     # Emulate float8 in higher precision (CPUs, GPUs without float8 tensor cores): for tests only.
     emulate: bool = False
     all_gather: bool = True  # with FSDP2: all-gather the block weights in float8 (half of bf16's bytes)
@@ -218,7 +223,7 @@ class Float8Config:
 class ProfileConfig:
     """A torch profiler window (Chrome/Perfetto trace) and, on GPUs, a CUDA memory snapshot."""
 
-    enabled: bool = False
+    enabled: bool = False  # trace one window of batches (llm/profiling.py)
     wait: int = bounded(1, ge=0)  # batches skipped before the window (after the first batch)
     warmup: int = bounded(1, ge=0)  # batches traced but discarded (the profiler's own warm-up)
     active: int = bounded(2, ge=1, le=PROFILE_MAX_ACTIVE)  # batches in the trace
@@ -231,12 +236,14 @@ class TrainingConfig:
     global_batch_size: int = bounded(32, gt=0)  # samples per optimizer step, all ranks together
     device_microbatch_size: int = bounded(32, gt=0)  # samples per forward/backward on one device
     max_duration: str = "1000ba"  # batches ("2000ba") or tokens ("50000000tok")
+    # the gradients' global norm is clipped to this
     grad_clip_norm: float = bounded(1.0, ge=0, words="0 (no clipping) or positive, e.g. 1.0")
     precision: str = "auto"  # auto | fp32 | amp_bf16 | amp_fp16 (auto: amp_bf16 on GPU, fp32 on CPU)
     device: str = "auto"  # auto | cpu | gpu
-    eval_interval: str = "500ba"
+    eval_interval: str = "500ba"  # evaluate data.eval this often (batches, tokens, epochs) and at the end
     eval_subset_num_batches: int = -1  # -1: the whole validation split
     compile: bool = False  # torch.compile each decoder block (training path; llm/parallelism.py)
+    # batches between the [progress] lines and metrics.jsonl's records
     log_interval: int = bounded(10, ge=1, words="at least 1 (batches between lines)")
     float8: Float8Config = field(default_factory=lambda: Float8Config())
     profile: ProfileConfig = field(default_factory=lambda: ProfileConfig())
@@ -246,7 +253,7 @@ class TrainingConfig:
 class FSDPConfig:
     """Sharding over data-parallel ranks with FSDP2 (`llm/parallelism.py`), on GPUs and CPUs alike."""
 
-    enabled: bool = False
+    enabled: bool = False  # shard parameters, gradients and optimizer state over the ranks
     version: int = 2  # FSDP2 only: FSDP1 (GPU-only, untestable on CPUs) was removed
     # Replica groups: 1 = shard over every rank (FSDP); N > 1 = HSDP, ranks split into N groups
     # (one per node, say) that each hold a full sharded copy, gradients all-reduced between them.
@@ -272,7 +279,7 @@ class CheckpointConfig:
     num_to_keep: int = 3  # -1 keeps every checkpoint
     autoresume: bool = True  # effective whenever run_name and save_folder are set
     load_path: str | None = None  # a checkpoint to start from
-    load_weights_only: bool = False
+    load_weights_only: bool = False  # take only load_path's weights: a new run from them (an import, SFT)
     allow_untrusted_load_path: bool = False  # checkpoints are pickles: docs/resume.md, "Checkpoint safety"
     # Store each save while training goes on (llm/checkpoint/uploader.py); false: the step waits.
     background_upload: bool = True
@@ -307,14 +314,16 @@ class PreemptionConfig:
 
 @dataclass
 class GenerateCallbackConfig:
-    enabled: bool = True
-    prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
-    interval: str = "500ba"
-    max_new_tokens: int = bounded(64, ge=1)
-    temperature: float = bounded(0.8, ge=0, words="0 (greedy) or more")
-    top_k: int = bounded(50, ge=0, words="0 (no cut) or more")
-    top_p: float = bounded(1.0, gt=0, le=1)
-    seed: int = 1234
+    """Prompts continued during training (llm/callbacks/generation.py): console, samples.jsonl, loggers."""
+
+    enabled: bool = True  # continue the prompts during training
+    prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))  # the prompts continued
+    interval: str = "500ba"  # how often, and at the end of training
+    max_new_tokens: int = bounded(64, ge=1)  # tokens generated per prompt
+    temperature: float = bounded(0.8, ge=0, words="0 (greedy) or more")  # the sampling temperature
+    top_k: int = bounded(50, ge=0, words="0 (no cut) or more")  # sample among the k likeliest tokens
+    top_p: float = bounded(1.0, gt=0, le=1)  # sample within the likeliest tokens whose probability reaches it
+    seed: int = 1234  # the generation's own random generator (training's is untouched)
 
 
 @dataclass
@@ -335,6 +344,7 @@ class EvalTasksCallbackConfig:
 class CallbacksConfig:
     generate: GenerateCallbackConfig = field(default_factory=GenerateCallbackConfig)
     eval_tasks: EvalTasksCallbackConfig = field(default_factory=EvalTasksCallbackConfig)
+    # batches the tokens/s and MFU are averaged over
     speed_window: int = bounded(10, ge=1, words="at least 1 (batches the tokens/s is averaged over), e.g. 10")
     memory_monitor: bool = True  # GPU only
     loss_plot: bool = True  # <run_dir>/loss.png at the end of training
@@ -344,9 +354,9 @@ class CallbacksConfig:
 class MLflowConfig:
     """Composer's MLFlowLogger (llm/loggers/mlflow_tracker.py); needs the `mlflow` extra."""
 
-    enabled: bool = False
+    enabled: bool = False  # log the run to MLflow
     tracking_uri: str | None = None  # http://host:5000, databricks, ...; None: env MLFLOW_TRACKING_URI
-    experiment_name: str = "llm-pretrain"
+    experiment_name: str = "llm-pretrain"  # the MLflow experiment the run is logged under
     run_name: str | None = None  # None: the recipe's run_name
     # seconds between sends; points logged meanwhile go in one request
     flush_interval: float = bounded(5.0, gt=0, words="positive seconds")
@@ -358,13 +368,13 @@ class MLflowConfig:
 class WandBConfig:
     """Composer's WandBLogger (llm/loggers/wandb_tracker.py); needs the `wandb` extra."""
 
-    enabled: bool = False
-    project: str = "llm-pretrain"
-    entity: str | None = None
+    enabled: bool = False  # log the run to Weights & Biases
+    project: str = "llm-pretrain"  # the W&B project
+    entity: str | None = None  # the W&B team or user; None: your default entity
     name: str | None = None  # the run's display name; None: the recipe's run_name
     mode: str | None = None  # online | offline | disabled; None: env WANDB_MODE, else online
     dir: str | None = None  # where W&B writes its files; None: <run_dir>
-    tags: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # the W&B run's tags
 
 
 @dataclass
@@ -384,12 +394,12 @@ class GuardConfig:
     """Loss spikes and non-finite steps: detected, rolled back and skipped (llm/callbacks/guard.py,
     docs/guard.md). Needs checkpoint.save_folder: the rollback point is the newest checkpoint."""
 
-    enabled: bool = False
+    enabled: bool = False  # detect spikes, roll back and skip (docs/guard.md)
     # A step is a spike when its loss or gradient norm is not finite (its update is never applied),
     # or when its loss exceeds loss_factor x the median loss of the last `window` good steps, or its
     # gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
     loss_factor: float = bounded(1.5, ge=0, words=_FACTOR)
-    grad_factor: float = bounded(10.0, ge=0, words=_FACTOR)
+    grad_factor: float = bounded(10.0, ge=0, words=_FACTOR)  # the gradient norm's factor (see loss_factor)
     window: int = bounded(100, ge=1)  # good steps in the running medians
     # the factor rules start once this many good steps were seen (kept across resumes)
     warmup: int = bounded(100, ge=0)
@@ -398,7 +408,7 @@ class GuardConfig:
     # is there, llm/checkpoint/rollback.py), and batches [R, S + skip) are
     # never trained on (added to data.skip): the stretch since R, the spike's batch and `skip` more.
     rewind: int = bounded(0, ge=0)
-    skip: int = bounded(200, ge=0)
+    skip: int = bounded(200, ge=0)  # batches past the spike also never trained on (see rewind)
     max_rollbacks: int = bounded(3, ge=0)  # at most this many rollbacks within max_rollbacks_window
     max_rollbacks_window: int = bounded(1000, ge=1)  # batches; past that the run stops (exit 3)
 
@@ -409,7 +419,8 @@ class TrainConfig:
     tokenizer: TokenizerConfig
     data: DataConfig
     run_name: str | None = None  # None: env RUN_NAME / COMPOSER_RUN_NAME, else the recipe's file name
-    seed: int = 17
+    seed: int = 17  # the model's initial weights and Composer's random state (kept in checkpoints)
+    # the run's records: config.yaml, metrics.jsonl, samples.jsonl, loss.png (llm/run_dir.py)
     run_dir: str = "runs/${run_name}"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -44,18 +44,21 @@ class ModelConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 64793
-    dim: int = 512
-    n_layers: int = 8
-    n_heads: int = 8
+    """The model's shape. Each field's comment is its line in docs/config.md (`llm config`)."""
+
+    vocab_size: int = 64793  # embedding rows: at least the tokenizer's vocabulary (padding allowed)
+    dim: int = 512  # the width of the residual stream (hidden size)
+    n_layers: int = 8  # decoder blocks
+    n_heads: int = 8  # query heads; the head size is dim / n_heads (even, for rotary embeddings)
     n_kv_heads: int | None = None  # None = n_heads; fewer = grouped-query attention
     hidden_dim: int | None = None  # SwiGLU hidden size; None = the multiple_of rule below
     multiple_of: int = 32  # hidden = multiple_of * ceil(int(2 * 4 * dim / 3) / multiple_of)
-    max_seq_len: int = 512
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = False
-    init_std: float = 0.02
+    max_seq_len: int = 512  # the context: tokens per sample (must equal the shards' seq_len)
+    norm_eps: float = 1e-5  # RMSNorm's epsilon
+    rope_theta: float = 10000.0  # the rotary embeddings' base
+    tie_embeddings: bool = False  # the output projection is the token embedding matrix
+    init_std: float = 0.02  # std of the initial weights (residual outputs: / sqrt(2 * n_layers))
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2's attention)
 
     @property
     def kv_heads(self) -> int:
@@ -107,14 +110,14 @@ class ModelConfig:
 
 
 class Linear(nn.Linear):
-    """A bias-free linear layer whose initialisation is left to ``Transformer.init_weights``.
+    """A linear layer (bias-free unless asked) whose initialisation is left to ``Transformer.init_weights``.
 
     Skipping torch's default init saves a wasted pass over the weights, and on the meta device it
     avoids torch's slow first-use path for random fills (seconds per process).
     """
 
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias=False)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
 
     def reset_parameters(self) -> None:
         pass
@@ -166,9 +169,9 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.wq = Linear(cfg.dim, cfg.n_heads * cfg.head_dim)
-        self.wk = Linear(cfg.dim, cfg.kv_heads * cfg.head_dim)
-        self.wv = Linear(cfg.dim, cfg.kv_heads * cfg.head_dim)
+        self.wq = Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wk = Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wv = Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.dim)
 
     def forward(
@@ -383,8 +386,8 @@ def _param_seed(seed: int, name: str) -> int:
 
 
 def init_std_for(name: str, cfg: ModelConfig) -> float | None:
-    """The normal std for parameter ``name``; None for norm weights (initialised to ones)."""
-    if name.endswith("norm.weight"):
+    """The normal std for parameter ``name``; None for norm weights and biases (ones, zeros)."""
+    if name.endswith(("norm.weight", ".bias")):
         return None
     if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
         # Residual-branch outputs: each of the 2 * n_layers branches adds variance to the stream.
@@ -406,7 +409,7 @@ def init_parameter_(name: str, tensor: Tensor, seed: int, cfg: ModelConfig) -> N
         name = "tok_embeddings.weight"
     std = init_std_for(name, cfg)
     if std is None:
-        full = torch.ones(tensor.shape)
+        full = torch.zeros(tensor.shape) if name.endswith(".bias") else torch.ones(tensor.shape)
     else:
         generator = torch.Generator(device="cpu").manual_seed(_param_seed(seed, name))
         full = torch.empty(tensor.shape).normal_(0.0, std, generator=generator)

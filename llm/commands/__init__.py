@@ -1,4 +1,4 @@
-"""The `llm` command: inspect a recipe, generate text, chat, evaluate, export and import weights.
+"""The `llm` command: inspect a recipe, list its keys, generate text, chat, evaluate, export and import weights.
 
 Each sub-command is a module here, named like the command, with `add_arguments(parser)` and
 `run(args) -> int`; it parses and prints, and calls library functions with typed arguments.
@@ -25,13 +25,20 @@ COMMANDS = {
         "llm.commands.inspect_recipe",
         "dry run: parameters, FLOPs, tokens per step, memory plan per GPU",
     ),
+    "config": (
+        "llm.commands.config",
+        "every recipe key: type, default, range, meaning, resume (docs/config.md)",
+    ),
     "generate": ("llm.commands.generate", "continue prompts from a checkpoint (Composer or exported)"),
     "chat": (
         "llm.commands.chat",
         "ask a fine-tuned (SFT) model, in its chat template, interactively or once",
     ),
     "export": ("llm.commands.export", "write a checkpoint in the Hugging Face Llama layout"),
-    "import": ("llm.commands.import_", "convert baby-llama2-chinese or Baichuan-7B weights for training"),
+    "import": (
+        "llm.commands.import_",
+        "convert Hugging Face Llama / Mistral / Qwen2, baby-llama2-chinese or Baichuan-7B weights for training",
+    ),
     "eval": ("llm.commands.eval", "multiple-choice accuracy (C-Eval / CMMLU layout) of a checkpoint"),
     "plot": ("llm.commands.plot", "compare runs: loss vs tokens of several runs in one figure, and a table"),
 }

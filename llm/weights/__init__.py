@@ -6,7 +6,8 @@
   run_folder.py    a run's checkpoint folder: the checkpoint resume would pick, checked against manifests
   composer_layout.py  our Composer checkpoint layout: wrapper levels stripped; `llm import`'s output
   keys.py          the names under which checkpoints record the model shape and the chat template
-  hf.py            the Hugging Face Llama / Baichuan-7B layout: names and config.json, both ways
+  hf.py            the Hugging Face Llama family (Llama, Mistral, Qwen2; Baichuan-7B's W_pack): names and
+                   config.json both ways, what the model cannot compute refused; `llm import --from hf`
   hf_export.py     `llm export`: the files of a Hugging Face folder (weights, config, tokenizer, template)
   importing.py     what every `llm import` checks: the source's own statements against the recipe
   baby_llama2.py   baby-llama2-chinese / llama2.c `.pth` -> our tensors (rotary rows reordered)

@@ -2,7 +2,8 @@
 
 The folder loads with `transformers.LlamaForCausalLM.from_pretrained(out)` and
 `LlamaTokenizer.from_pretrained(out)`:
-    config.json              LlamaForCausalLM config (shape, rope_theta, rms_norm_eps, tying, GQA)
+    config.json              LlamaForCausalLM config (shape, rope_theta, rms_norm_eps, tying, GQA);
+                             Qwen2ForCausalLM for a model with q/k/v biases (`llm.weights.hf`)
     model.safetensors        weights under Llama names (no lm_head when tied: HF re-ties it)
     tokenizer.model          the SentencePiece model, copied
     tokenizer_config.json    LlamaTokenizer settings and the special tokens (the start token as BOS)

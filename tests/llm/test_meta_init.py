@@ -25,9 +25,9 @@ def test_meta_build_allocates_no_parameter_storage():
     assert model.init_seed == 3
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_materialising_a_meta_model_gives_the_ordinary_init(tied):
-    cfg = ModelConfig(**{**SMALL.__dict__, "tie_embeddings": tied})
+@pytest.mark.parametrize("tied, qkv_bias", [(True, False), (False, False), (False, True)])
+def test_materialising_a_meta_model_gives_the_ordinary_init(tied, qkv_bias):
+    cfg = ModelConfig(**{**SMALL.__dict__, "tie_embeddings": tied, "qkv_bias": qkv_bias})
     model = build_meta_model(cfg, seed=7)
     materialize_(model, "cpu")
     expected = Transformer(cfg, seed=7).state_dict()
@@ -36,6 +36,8 @@ def test_materialising_a_meta_model_gives_the_ordinary_init(tied):
     for name, tensor in expected.items():
         assert torch.equal(got[name], tensor), name
     assert (model.output.weight is model.tok_embeddings.weight) == tied
+    biases = [t for name, t in got.items() if name.endswith(".bias")]
+    assert len(biases) == (3 * cfg.n_layers if qkv_bias else 0) and all(not b.any() for b in biases)
     other_seed = Transformer(cfg, seed=8).state_dict()
     assert not torch.equal(got["layers.0.attention.wq.weight"], other_seed["layers.0.attention.wq.weight"])
 

@@ -17,7 +17,7 @@ def _params(cfg) -> int:
         return Transformer(cfg.model).num_params()
 
 
-@pytest.mark.parametrize("name", ["tiny", "7b", "demo"])
+@pytest.mark.parametrize("name", ["tiny", "7b", "demo", "template", "qwen2.5-0.5b"])
 def test_every_recipe_loads(name):
     cfg = load_config(RECIPES / f"{name}.yaml")
     assert cfg.run_dir == f"runs/{cfg.run_name}"
@@ -73,3 +73,42 @@ def test_the_7b_recipe_caches_on_a_data_disk_not_tmp(monkeypatch):
     assert not cfg.data.cache_root.startswith("/tmp") and cfg.data.cache_limit == "auto"
     monkeypatch.setenv("LLM_CACHE_ROOT", "/nvme/cache")
     assert load_config(RECIPES / "7b.yaml").data.cache_root == "/nvme/cache"
+
+
+def test_the_template_is_a_gqa_model_for_your_own_tokenizer_and_shards():
+    cfg = load_config(RECIPES / "template.yaml")
+    assert cfg.model.kv_heads < cfg.model.n_heads and _params(cfg) == 336_118_784  # as its comment says
+    assert (
+        cfg.tokenizer.path == "data/my/tokenizer.model" and cfg.data.train[0].remote == "data/my/shards/train"
+    )
+    assert cfg.callbacks.eval_tasks.tasks == [] and cfg.checkpoint.load_path is None
+    text = (RECIPES / "template.yaml").read_text()
+    assert "docs/config.md" in text and "llm import --from hf" in text
+
+
+# Qwen2.5-0.5B's config.json as published on the Hugging Face Hub (the keys the import reads).
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+    "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+    "num_key_value_heads": 2, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "use_sliding_window": False,
+    "tie_word_embeddings": True, "vocab_size": 151936, "attention_dropout": 0.0,
+}  # fmt: skip
+
+
+def test_the_qwen_recipe_is_what_the_import_prints_for_qwen25_and_counts_its_parameters(tmp_path):
+    import json
+
+    import yaml
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from llm.weights.hf import model_section
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))
+    printed = yaml.safe_load(model_section(tmp_path))["model"]
+    cfg = load_config(RECIPES / "qwen2.5-0.5b.yaml")
+    ours = {k: v for k, v in vars(cfg.model).items() if k in printed}
+    assert ours == printed | {"max_seq_len": 4096}  # the context is the shards' choice
+    with torch.device("meta"):
+        theirs = sum(p.numel() for p in Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B)).parameters())
+    assert _params(cfg) == theirs == 494_032_768  # Qwen2.5-0.5B's published count

@@ -265,7 +265,7 @@ FLOORS = {
         "llm.float8",
         "llm.profiling",
     ),
-    2: ("llm.weights", "llm.loggers", "llm.memory_plan"),
+    2: ("llm.weights", "llm.loggers", "llm.memory_plan", "llm.config_reference"),
     3: ("llm.callbacks",),
     4: ("llm.trainer",),
     5: ("llm.commands", "llm.__main__"),
