@@ -22,6 +22,7 @@ import difflib
 import math
 import os
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -875,6 +876,25 @@ def save_resolved(cfg: TrainConfig, path: str | os.PathLike) -> Path:
     """Write the resolved, redacted config (atomically) so a run records what it ran."""
     atomic_write_text(path, to_yaml(cfg))
     return Path(path)
+
+
+def schema_default(key: str) -> Any:
+    """The schema's default of a flattened key (`checkpoint.save_interval`); `MISSING` where the
+    key is required, unknown or inside a list. A checkpoint saved before a key existed trained as
+    that default says: a new key's default keeps the old behaviour."""
+    cls: Any = TrainConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return MISSING
+        f = next((f for f in dataclasses.fields(cls) if f.name == part), None)
+        if f is None:
+            return MISSING
+        default = f.default if f.default is not MISSING else f.default_factory  # type: ignore[misc]
+        cls = typing.get_type_hints(cls)[part]
+    if default is MISSING:
+        return MISSING
+    value = default if f.default is not MISSING else default()
+    return list(value) if isinstance(value, tuple) else value
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from llm.checkpoint import manifest as cm
 from llm.checkpoint import restart
-from llm.config import TrainConfig, flatten, parse_duration
+from llm.config import TrainConfig, flatten, parse_duration, schema_default
 from llm.errors import ConfigError
 from llm.model import ModelConfig, parameter_name, state_shapes
 from storage import StorageError, Store, open_store
@@ -465,6 +465,8 @@ def warn_recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
     for key in sorted(set(old) | set(new)):
         if key.startswith(NOT_COMPARED) or old.get(key) == new.get(key):
             continue
+        if key not in old and new.get(key) == schema_default(key):
+            continue  # a key newer than the checkpoint, at the default that keeps the old behaviour
         rule = next((v for k, v in FROM_CHECKPOINT.items() if key == k or key.startswith(k)), None)
         effect = rule or "the recipe's new value applies from the resume point on"
         messages.append(

@@ -214,6 +214,18 @@ def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp
     assert warn_recipe_changes(json.loads(json.dumps(saved)), saved) == []
 
 
+def test_a_key_newer_than_the_checkpoint_is_a_change_only_away_from_its_default(tmp_path):
+    """A checkpoint saved before `model.qkv_bias` existed trained without the biases: resuming it
+    with the default says nothing; with the biases turned on, it is a change like any other."""
+    from llm.checkpoint.resume import warn_recipe_changes
+
+    saved = json.loads(json.dumps(_cfg(tmp_path).to_dict()))
+    del saved["model"]["qkv_bias"]
+    assert warn_recipe_changes(saved, _cfg(tmp_path).to_dict()) == []
+    messages = warn_recipe_changes(saved, _cfg(tmp_path, "model.qkv_bias=true").to_dict())
+    assert len(messages) == 1 and "model.qkv_bias: None -> True" in messages[0], messages
+
+
 def test_setting_or_unsetting_embedding_lr_since_the_checkpoint_is_refused_in_one_line(tmp_path):
     """It adds or removes an optimizer parameter group: the saved optimizer state cannot load."""
     from llm.checkpoint.resume import refuse_optimizer_group_change
