@@ -36,6 +36,7 @@ from tests.support.s3server import S3Server, apply_env, restore_env  # noqa: E40
 # argument and never imports it.
 pytest_plugins = [
     "tests.support.conversion",  # small_tokenizer, small_corpus, small_corpus_docs
+    "tests.support.hf_tokenizer",  # hf_tokenizer: a Hugging Face tokenizer.json built locally
     "tests.support.training",  # train_data
     "tests.support.sft",  # review_pairs, sft_shards
     "tests.support.trackers",  # mlflow_server
