@@ -117,6 +117,8 @@ LONGEST_FIRST = [
     "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
+    "test_hf_tokenizer_training.py",  # 37 s: a conversion, 8 batches, export, transformers
+    "test_convert_hf_tokenizer.py",  # 25 s: 5 conversions, a merge, an SFT conversion
 ]
 
 
