@@ -1,6 +1,6 @@
-"""A Hugging Face tokenizer built in the test session (no download): a byte-level BPE, as Llama 3,
-Qwen 2 and GPT-2 ship them, trained with the `tokenizers` library and saved as `tokenizer.json`
-with a `tokenizer_config.json` naming its special tokens; and a mixed text set to encode with it.
+"""A Hugging Face tokenizer built in the test session (no download): a byte-level BPE trained with
+the `tokenizers` library (scenarios/byte_bpe.py) and saved as `tokenizer.json` with a
+`tokenizer_config.json` naming its special tokens; and a mixed text set to encode with it.
 
 A pytest plugin (tests/conftest.py lists it): tests name `hf_tokenizer` as an argument.
 """
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from scenarios.byte_bpe import EOS, PAD, english_and_code, train_byte_level_bpe
+
 HF_VOCAB = 3000
-EOS, PAD = "<|endoftext|>", "<|pad|>"
+__all__ = ["EOS", "MIXED_TEXTS", "PAD", "WITH_SPECIAL", "copy_without_eos", "english_and_code"]
 # Chinese, English, code, emoji, and the whitespace a byte-level tokenizer must give back exactly.
 MIXED_TEXTS = [
     "北京市经济发展很快，人民生活水平不断提高。",
@@ -34,40 +36,6 @@ MIXED_TEXTS = [
 WITH_SPECIAL = f"第一篇{EOS}第二篇"
 
 
-def english_and_code() -> list[str]:
-    """Real English prose and code shipped with Python: its json and argparse modules' source."""
-    import argparse
-    import json as json_module
-
-    return [Path(m.__file__).read_text(encoding="utf-8") for m in (json_module, argparse)]
-
-
-def train_byte_level_bpe(folder: Path, texts: list[str], vocab_size: int = HF_VOCAB) -> Path:
-    """`folder` with tokenizer.json (byte-level BPE, special tokens added after the vocabulary, so
-    their ids are not 0/1/2) and tokenizer_config.json (EOS and pad named, no BOS)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tok.train_from_iterator(texts, trainer)
-    tok.add_special_tokens([EOS, PAD])
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": {"content": EOS, "special": True, "__type": "AddedToken"},
-        "pad_token": PAD,
-        "clean_up_tokenization_spaces": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    return folder
-
-
 def copy_without_eos(folder: Path, out: Path) -> Path:
     """The same tokenizer with a tokenizer_config.json that names no EOS token."""
     out.mkdir(parents=True, exist_ok=True)
@@ -83,4 +51,4 @@ def hf_tokenizer(tmp_path_factory, chinese_documents) -> Path:
     """A folder holding a byte-level BPE's tokenizer.json and tokenizer_config.json, trained once
     per session on People's Daily and Python's own English and code."""
     texts = chinese_documents[:600] + english_and_code()
-    return train_byte_level_bpe(tmp_path_factory.mktemp("hf-tokenizer"), texts)
+    return train_byte_level_bpe(tmp_path_factory.mktemp("hf-tokenizer"), texts, HF_VOCAB)
