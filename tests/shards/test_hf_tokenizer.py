@@ -83,6 +83,7 @@ def test_the_identity_changes_with_the_special_tokens(hf_tokenizer, tmp_path):
     assert Tokenizer(tmp_path).info().sha256 != Tokenizer(hf_tokenizer).info().sha256
 
 
+@pytest.mark.s3
 def test_a_folder_and_a_file_on_s3(s3_bucket, hf_tokenizer):
     from storage import open_store
 
