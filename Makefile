@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -149,6 +149,10 @@ gpu-check-smoke: install
 
 bench-generate: install
 	$(PY) -m bench.generate
+
+# encoding speed per core of a Hugging Face tokenizer.json (batched) against SentencePiece
+bench-tokenizer: install
+	$(PY) -m bench.tokenizer $(ARGS)
 
 bench-eval: $(DEMO)/tokenizer.model install
 	$(PY) -m bench.eval

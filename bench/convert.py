@@ -242,9 +242,9 @@ def worker_startup_s(tokenizer: str, out: Path, workers: int) -> float:
     from convert.filters.cleaning import Cleaner
     from convert.run.options import ShardOptions
     from convert.run.worker import init_worker
-    from shards.tokenizer import read_model_bytes
+    from shards.tokenizer import read_tokenizer_files
 
-    setup = (ShardOptions(dtype="uint16"), str(out), read_model_bytes(tokenizer), Cleaner(dedup=False))
+    setup = (ShardOptions(dtype="uint16"), str(out), read_tokenizer_files(tokenizer), Cleaner(dedup=False))
     start = time.perf_counter()
     with start_workers(workers, init_worker, *setup) as executor:
         [executor.submit(_worker_ready, i).get() for i in range(workers)]

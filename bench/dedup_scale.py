@@ -149,7 +149,8 @@ def synthesize(out: Path, docs: int, near: bool, budget: int, tokenizer: str, se
             for lo in range(0, count, BATCH):
                 writer.add(synthetic_batch(min(BATCH, count - lo), options, rng, pool, writer.passing))
             writer.finish()
-        store.write_bytes(f"{task_folder(index)}/tokenizer.model", loaded.model_bytes)
+        for name, data in loaded.files.items():
+            store.write_bytes(f"{task_folder(index)}/{name}", data)
         store.write_json(f"{task_folder(index)}/sample.json", [])
         marker = TaskMarker(
             task=index, settings=settings, files=[], dropped_before_selection={}, dropped={}, dropped_tokens={},

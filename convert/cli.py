@@ -20,6 +20,7 @@ FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl")
 EPILOG = """examples:
   python -m convert tokenizer corpus.jsonl --format jsonl --vocab-size 64000 --out tok.model
   python -m convert shards wiki/*.json --preset wiki-cn --tokenizer tok.model --out s3://bkt/wiki
+  python -m convert shards corpus.jsonl --tokenizer my-hf-tokenizer/ --out shards/   # a tokenizer.json folder
   python -m convert shards c4/ --filters --near-dedup 0.8 --tokenizer tok.model --out s3://bkt/c4 \
       --num-tasks 16 --task-index 3        # one of 16 machines; then: python -m convert merge --out s3://bkt/c4
   python -m convert import-bin pretrain_data.bin --tokenizer chatglm2.model --out shards/
@@ -79,8 +80,11 @@ def _add_tokenizer(commands) -> None:
     parser.set_defaults(run=run_tokenizer)
 
 
+TOKENIZER_HELP = "SentencePiece .model, or Hugging Face tokenizer.json or a folder holding one (the hf extra)"
+
+
 def _add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
+    parser.add_argument("--tokenizer", required=True, help=TOKENIZER_HELP)
     parser.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
     parser.add_argument("--val-fraction", type=float, default=0.01, help="share of documents for val")
@@ -213,7 +217,7 @@ def _add_sft(commands) -> None:
         "--answer-field", default=None, help="the answer's field or CSV column (default: answer)"
     )
     parser.add_argument("--input-field", default=None, help="a field added to the prompt after a newline")
-    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
+    parser.add_argument("--tokenizer", required=True, help=TOKENIZER_HELP)
     parser.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
     parser.add_argument(

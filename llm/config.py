@@ -40,6 +40,7 @@ from omegaconf.errors import (
 
 from llm.errors import ConfigError
 from llm.model import ModelConfig
+from shards.tokenizer import folder_without_tokenizer, tokenizer_in
 from storage.local import atomic_write_text
 
 DEFAULT_PROMPTS = ["床前明月光", "请你讲一个童话故事：", "感冒的症状是"]
@@ -186,7 +187,7 @@ class ModelSection(ModelConfig):
 
 @dataclass
 class TokenizerConfig:
-    path: str  # SentencePiece .model
+    path: str  # SentencePiece .model, Hugging Face tokenizer.json, or a folder holding one
 
 
 @dataclass
@@ -753,12 +754,11 @@ def parse_bytes(value: str | int, key: str) -> int:
 
 
 def _check_tokenizer_path(path: str) -> None:
-    """A folder is the commonest wrong tokenizer.path (the tokenizer's output folder): name its file."""
-    if "://" in path or not Path(path).is_dir():
+    """A folder is a tokenizer's when it holds tokenizer.json or tokenizer.model (`shards.tokenizer`);
+    another is the commonest wrong tokenizer.path (the tokenizer's output folder): name its file."""
+    if "://" in path or not Path(path).is_dir() or tokenizer_in(path) is not None:
         return
-    models = sorted(p.name for p in Path(path).glob("*.model"))
-    hint = f"e.g. tokenizer.path={Path(path) / models[0]}" if models else "e.g. .../tokenizer.model"
-    raise ConfigError(f"tokenizer.path={path} is a folder; give the SentencePiece .model file, {hint}")
+    raise ConfigError(folder_without_tokenizer(path, "tokenizer.path"))
 
 
 def _check_eval_names(streams: list[StreamConfig]) -> None:

@@ -5,4 +5,5 @@
 `scenarios.lm_eval_compare`: our multiple-choice scores beside lm-eval's on the same export.
 `scenarios.sft_demo` and `scenarios.bigram`: the two demos' closing figures (held-out accuracy by
 review length; the bigram baseline beside the model's eval loss), run by `make demo-sft` / `make demo`.
+`scenarios.byte_bpe`: a Hugging Face tokenizer.json made on the spot (the tests', `make bench-tokenizer`'s).
 """

@@ -5,7 +5,7 @@ trains on them), as code both import. It imports only `storage`.
   shards/index.py          a split's `index.json`: written last, checked before training
   shards/output.py         an output folder: opened, refused when complete, made resumable
   shards/writer.py         the MDS shard bytes (the same as streaming's `MDSWriter`)
-  shards/tokenizer.py      the one SentencePiece wrapper (local or s3:// `.model` files)
+  shards/tokenizer.py      the one tokenizer: a SentencePiece `.model` or a Hugging Face `tokenizer.json`
   shards/chat_template.py  the one chat template (SFT samples, chat prompts)
 
 The format itself is described in shards/FORMAT.md. Problems a user can fix raise `ShardsError`

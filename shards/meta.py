@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from shards.errors import ShardsError
+from shards.tokenizer import KINDS
 from storage import StorageError, Store, join, read_url
 
 FORMAT_NAME = "llm-pretrain-tokens"  # pretraining and SFT shards alike; `kind` tells them apart
@@ -42,6 +43,7 @@ class SplitMeta:
     bos_id: int  # -1 when the tokenizer has none
     add_bos: bool
     tokenizer_sha256: str
+    tokenizer_kind: str | None = None  # "huggingface" (a tokenizer.json); SentencePiece shards do not say
     chat_template: dict[str, Any] | None = None  # SFT: ChatTemplate.to_dict()
     packed: bool | None = None
     num_samples: int
@@ -93,6 +95,10 @@ class SplitMeta:
         if wrong:
             raise ShardsError(
                 f"{source}: {', '.join(wrong)} not as shards/FORMAT.md says; re-run the conversion"
+            )
+        if self.tokenizer_kind not in (None, *KINDS):
+            raise ShardsError(
+                f"{source} has an unknown tokenizer_kind {self.tokenizer_kind!r}; re-run the conversion"
             )
         if self.sample_kind not in (PRETRAIN, SFT):
             raise ShardsError(f"{source} has an unknown kind {self.kind!r}; re-run the conversion")

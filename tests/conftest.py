@@ -36,6 +36,7 @@ from tests.support.s3server import S3Server, apply_env, restore_env  # noqa: E40
 # argument and never imports it.
 pytest_plugins = [
     "tests.support.conversion",  # small_tokenizer, small_corpus, small_corpus_docs
+    "tests.support.hf_tokenizer",  # hf_tokenizer: a Hugging Face tokenizer.json built locally
     "tests.support.training",  # train_data
     "tests.support.sft",  # review_pairs, sft_shards
     "tests.support.trackers",  # mlflow_server
@@ -117,6 +118,9 @@ LONGEST_FIRST = [
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
     "test_hf_import.py",  # ~30 s: transformers' import, random models, two short trainings
+    "test_hf_tokenizer_training.py",  # 37 s: a conversion, 8 batches, export, transformers
+    "test_convert_hf_tokenizer.py",  # 25 s: 5 conversions, a merge, an SFT conversion
+    "test_hf_tokenizer.py",  # 18-25 s: transformers' import, a BPE trained, the S3 server
 ]
 
 

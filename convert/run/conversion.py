@@ -354,7 +354,7 @@ class Conversion:
 
     def __init__(self, *, tokenizer: str, out: str, options: ShardOptions):
         loaded = Tokenizer(tokenizer)
-        self.model_bytes, self.tokenizer = loaded.model_bytes, loaded.info()
+        self.tokenizer_files, self.tokenizer = loaded.files, loaded.info()
         self.options = options.resolve(self.tokenizer)
         self.out = out
         self.store = open_output(out)
@@ -387,7 +387,7 @@ class Conversion:
         window = 2 * self.options.workers
         if write_here:
             init_worker(self.options, self.out)  # before the workers are forked: they set their own
-        worker_setup = (self.options, self.out, self.model_bytes, cleaner)
+        worker_setup = (self.options, self.out, self.tokenizer_files, cleaner)
         with start_workers(self.options.workers, init_worker, *worker_setup) as executor:
             if chunks is None:
                 cut = chunk_documents(documents(executor), chunk_size=self.options.chunk_chars)
@@ -504,9 +504,8 @@ class Conversion:
     def write_meta(self, split: str, dropped: dict[str, int], command: str) -> None:
         totals, options, tokenizer = self.totals[split], self.options, self.tokenizer
         meta = SplitMeta(
-            split=split, seq_len=options.seq_len, dtype=options.dtype, vocab_size=tokenizer.vocab_size,
-            eos_id=tokenizer.eos_id, bos_id=tokenizer.bos_id, add_bos=options.add_bos,
-            tokenizer_sha256=tokenizer.sha256, num_samples=totals.samples,
+            split=split, seq_len=options.seq_len, dtype=options.dtype, **tokenizer.meta_fields(),
+            add_bos=options.add_bos, num_samples=totals.samples,
             num_tokens=totals.samples * options.seq_len, num_documents=totals.documents,
             dropped={**dropped, "too_short_tokens": totals.too_short}, created_at=now(), command=command,
         )  # fmt: skip

@@ -752,12 +752,10 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
     options = _options_from(
         settings, workers=workers, progress=progress, overwrite=overwrite, memory_budget=memory_budget
     )
-    conversion = Conversion(
-        tokenizer=store.url(f"{task_folder(0)}/tokenizer.model"), out=store.url(), options=options
-    )
+    conversion = Conversion(tokenizer=store.url(task_folder(0)), out=store.url(), options=options)
     if conversion.tokenizer.sha256 != settings["tokenizer_sha256"]:
         raise ConvertError(
-            f"{store.url(task_folder(0))}/tokenizer.model does not match its task.json: run task 0 again"
+            f"the tokenizer in {store.url(task_folder(0))} does not match its task.json: run task 0 again"
         )
     conversion.prepare_output()
     start = time.monotonic()

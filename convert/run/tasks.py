@@ -17,7 +17,8 @@ read, selected, signed and tokenized, for one merge (convert/run/merge.py) that 
       keys-RRRRR.run       sorted runs of (band key, pid) for every band of every passing row
       sketches.u8          the passing rows' sketches in order (bins bytes each)
       sample.json          the texts of the task's pair-sample members
-      tokenizer.model      the tokenizer the task used
+      tokenizer.model      the tokenizer the task used (`Tokenizer.files`: a tokenizer.json instead,
+                           with the tokenizer_config.json / special_tokens_map.json beside it)
       task.json            LAST: settings, counts, every file's size (the rows files' checksums;
                            the runs and frames check themselves), when it finished
 
@@ -246,7 +247,7 @@ def run_task(
     from convert.reading.sources import expand_inputs, input_sizes
 
     loaded = Tokenizer(tokenizer)
-    model_bytes, info = loaded.model_bytes, loaded.info()
+    info = loaded.info()
     options = options.resolve(info)
     store = open_output(out)
     refuse_complete(store, options.overwrite, again="convert it again")
@@ -280,7 +281,7 @@ def run_task(
                 mine, read.fmt, text_field=read.text_field, preset=read.preset, strict=read.strict, stats=stats,
                 allow_empty=True,
             )  # fmt: skip
-            setup = (options, out, model_bytes, read.worker_cleaner())
+            setup = (options, out, loaded.files, read.worker_cleaner())
             desc = f"task {task.index}/{task.count}"
             with (
                 progress_bar(None, "doc", desc, enabled=options.progress) as bar,
@@ -293,7 +294,8 @@ def run_task(
                 ):
                     writer.add(selected)
         writer.finish()
-    store.write_bytes(f"{task.folder}/tokenizer.model", model_bytes)
+    for name, data in loaded.files.items():  # the merge reads the tokenizer from here
+        store.write_bytes(f"{task.folder}/{name}", data)
     _write_sample(store, task.folder, sample)
     dropped = cleaner.drops.as_dict()
     marker = TaskMarker(

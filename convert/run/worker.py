@@ -2,7 +2,7 @@
 and write a chunk of tokenized documents as one part of a split.
 
 A worker's state lives in this module's globals, set once by `init_worker` (the pool's
-initializer): the options, the output store, the SentencePiece model and a cleaner that does
+initializer): the options, the output store, the tokenizer (`shards.tokenizer`) and a cleaner that does
 not de-duplicate (the main process does that, in input order). When the main process writes
 parts itself it calls `init_worker` without a tokenizer, before the workers are forked; they
 replace the state with their own.
@@ -44,10 +44,13 @@ _state: WorkerState
 
 
 def init_worker(
-    options: ShardOptions, out: str, model_bytes: bytes | None = None, cleaner: Cleaner | None = None
+    options: ShardOptions,
+    out: str,
+    tokenizer_files: dict[str, bytes] | None = None,
+    cleaner: Cleaner | None = None,
 ) -> None:
     global _state
-    tokenizer = Tokenizer.from_bytes(model_bytes) if model_bytes is not None else None
+    tokenizer = Tokenizer.from_files(tokenizer_files) if tokenizer_files is not None else None
     _state = WorkerState(options, open_store(out), tokenizer, cleaner)
 
 
@@ -126,7 +129,7 @@ def _filter_sign_tokenize(texts: list[str], options: ShardOptions) -> tuple:
         codes, chars = utf32(texts)
     reasons = filter_reasons(texts, codes, chars, options.filters)
     passing = reasons == 0
-    # One core per worker (N workers = N cores); SentencePiece adds EOS (and BOS) in C++.
+    # One core per worker (N workers = N cores), the tokenizer library's batched call.
     # Filtered texts are tokenized too, for the summary's count of the tokens each filter removed.
     ids = _state.tokenizer.encode_batch(texts, add_bos=options.add_bos, add_eos=True, num_threads=1)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))

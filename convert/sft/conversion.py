@@ -370,8 +370,7 @@ class Job:
         info, s = self.info, totals.summary(self.options.seq_len)
         return SplitMeta(
             kind=SFT, split=split, seq_len=self.options.seq_len, dtype=self.dtype,
-            columns={"tokens": self.dtype, **SFT_COLUMNS}, vocab_size=info.vocab_size, eos_id=info.eos_id,
-            bos_id=info.bos_id, add_bos=False, tokenizer_sha256=info.sha256,
+            columns={"tokens": self.dtype, **SFT_COLUMNS}, **info.meta_fields(), add_bos=False,
             chat_template=self.template.to_dict(), packed=self.options.pack, num_samples=s.samples,
             num_tokens=s.tokens, num_documents=s.examples, num_examples=s.examples,
             target_tokens=s.target_tokens, padding_tokens=s.padding_tokens,

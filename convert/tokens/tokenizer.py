@@ -83,7 +83,7 @@ def train_tokenizer(
         raise _training_error(err, vocab_size, character_coverage) from err
     model_bytes = writer.getvalue()
     atomic_write_bytes(out, model_bytes)
-    return Tokenizer.from_bytes(model_bytes, out).info()
+    return Tokenizer(out).info()
 
 
 def _check_training_options(vocab_size: int, out: str, max_sentences: int, coverage: float) -> None:

@@ -13,7 +13,8 @@ import sys
 
 from llm.errors import ConfigError
 from shards.errors import ShardsError
-from storage import StorageError
+from shards.tokenizer import tokenizer_in
+from storage import StorageError, is_remote
 
 # Where a command's output goes when no --out is given: the folder of run folders (a recipe's run_dir
 # is runs/${run_name}), which git ignores; never the working folder itself.
@@ -53,6 +54,35 @@ def add_trust_argument(parser: argparse.ArgumentParser) -> None:
         "the manifest check of a file inside a run folder (like checkpoint.allow_untrusted_load_path "
         "in training). Without it, checkpoints are read as weights only and one that needs more is "
         "refused",
+    )
+
+
+def add_tokenizer_argument(parser: argparse.ArgumentParser) -> None:
+    """`--tokenizer`, for the sub-commands that turn text into the model's ids (generate, chat, eval)."""
+    parser.add_argument(
+        "--tokenizer",
+        help="the tokenizer the model was trained with: a SentencePiece .model, a Hugging Face "
+        "tokenizer.json or a folder holding one (default: the one an exported folder holds, else the "
+        "--recipe's tokenizer.path)",
+    )
+
+
+def tokenizer_path(checkpoint: str, given: str | None, recipe: str | None) -> str:
+    """--tokenizer, else the tokenizer an export ships (its tokenizer.json or tokenizer.model), else
+    the recipe's tokenizer.path; ConfigError when there is none."""
+    if given:
+        return given
+    if is_remote(checkpoint) or not checkpoint.endswith((".pt", ".pth")):
+        shipped = tokenizer_in(checkpoint)
+        if shipped is not None:
+            return shipped
+    if recipe:
+        from llm.config import load_config
+
+        return load_config(recipe).tokenizer.path
+    raise ConfigError(
+        f"{checkpoint} ships no tokenizer (tokenizer.json or tokenizer.model): pass --tokenizer (the "
+        "tokenizer the model was trained with) or --recipe"
     )
 
 

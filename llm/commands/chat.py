@@ -1,10 +1,10 @@
-"""`llm chat CHECKPOINT --tokenizer T.model [--prompt TEXT | --prompts-file F]`: ask a fine-tuned model.
+"""`llm chat CHECKPOINT [--tokenizer T] [--prompt TEXT | --prompts-file F]`: ask a fine-tuned model.
 
     llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model            # interactive
     llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model < questions.txt   # piped
     llm chat runs/demo-sft/checkpoints --tokenizer data/demo/tokenizer.model --prompt '...' --temperature 0
     llm chat s3://bkt/ckpt/sft-001 --tokenizer tok.model --prompts-file questions.txt --json
-    llm chat runs/demo-sft/export --tokenizer runs/demo-sft/export/tokenizer.model
+    llm chat runs/demo-sft/export                  # an export: its own tokenizer (and chat template)
 
 Each prompt is put in the chat template the model was fine-tuned with (`shards.chat_template`): the
 one the checkpoint records (the trainer records it in every checkpoint of an SFT run; `llm export`
@@ -19,7 +19,8 @@ said by --help): sampled at temperature 0.8 unless `--temperature 0` (greedy, th
 every time).
 
 CHECKPOINT is read as `llm generate` reads it (a file, a run's checkpoint folder, an `llm import`
-output or an export; local or s3://; no code run from it without --trust).
+output or an export; local or s3://; no code run from it without --trust), and the tokenizer as
+`llm generate` finds it (--tokenizer, else the export's own, else the --recipe's).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 
 import torch
 
-from llm.commands import add_trust_argument
+from llm.commands import add_tokenizer_argument, add_trust_argument, tokenizer_path
 from llm.commands.generate import add_sampling_arguments, read_prompts, sampling_from, typed_prompts
 from llm.errors import ConfigError
 from llm.generate import Sampling, generate
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint", help="checkpoint file or run folder (local or s3://), or exported folder"
     )
-    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model the model was trained with")
+    add_tokenizer_argument(parser)
     parser.add_argument("--prompt", action="append", default=[], help="ask this and exit (repeatable)")
     parser.add_argument("--prompts-file", help="a text file with one prompt per line")
     parser.add_argument(
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompt, args.prompts_file)
-    tokenizer = Tokenizer(args.tokenizer)
+    tokenizer = Tokenizer(tokenizer_path(args.checkpoint, args.tokenizer, args.recipe))
     given = read_template(args.template) if args.template else None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     weights = read_weights(args.checkpoint, trust=args.trust)

@@ -23,13 +23,12 @@ from pathlib import Path
 
 import torch
 
-from llm.commands import RUNS
-from llm.errors import ConfigError
+from llm.commands import RUNS, add_tokenizer_argument, tokenizer_path
 from llm.eval import harness
 from llm.eval.tasks import PROTOCOLS
 from llm.weights.read import load_model
 from shards.tokenizer import Tokenizer
-from storage import is_remote, join, open_store
+from storage import is_remote, open_store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="one row per option (lm-eval's way) instead of one row per question",
     )
-    parser.add_argument("--tokenizer", help="SentencePiece .model (default: the export's tokenizer.model)")
+    add_tokenizer_argument(parser)
     parser.add_argument("--recipe", help="recipe whose model: section gives the shape")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -119,25 +118,6 @@ def default_out(checkpoint: str) -> str:
         return f"{RUNS}/{path.relative_to(runs).parts[0]}/eval_results.json"
     name = checkpoint.rstrip("/").rsplit("/", 1)[-1].removesuffix(".pt") or "checkpoint"
     return f"{RUNS}/eval/{name}.json"
-
-
-def tokenizer_path(checkpoint: str, given: str | None, recipe: str | None) -> str:
-    """--tokenizer, else the tokenizer an export ships, else the recipe's tokenizer.path."""
-    if given:
-        return given
-    shipped = join(checkpoint, "tokenizer.model")
-    parent, _, name = shipped.rpartition("/")
-    if (is_remote(checkpoint) or not checkpoint.endswith((".pt", ".pth"))) and open_store(parent).exists(
-        name
-    ):
-        return shipped
-    if recipe:
-        from llm.config import load_config
-
-        return load_config(recipe).tokenizer.path
-    raise ConfigError(
-        f"{checkpoint} ships no tokenizer.model: pass --tokenizer (the SentencePiece model it was trained with)"
-    )
 
 
 def write_json(out: str, data: dict) -> None:

@@ -1,4 +1,4 @@
-"""`llm export CHECKPOINT --out FOLDER [--tokenizer T.model] [--recipe R] [--dtype D]`.
+"""`llm export CHECKPOINT --out FOLDER [--tokenizer T] [--recipe R] [--dtype D]`.
 
 Writes the model in the Hugging Face Llama layout (`llm.weights.hf_export.export_hf`). CHECKPOINT is a
 checkpoint file, a run's checkpoint folder (its newest verified checkpoint), an `llm import`
@@ -23,7 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "checkpoint", help="checkpoint file or run folder (local or s3://), or `llm import` output"
     )
     parser.add_argument("--recipe", help="the recipe the model was trained with (its model: section)")
-    parser.add_argument("--tokenizer", help="SentencePiece .model to ship with the export")
+    parser.add_argument(
+        "--tokenizer",
+        help="the tokenizer to ship with the export: a SentencePiece .model, a Hugging Face "
+        "tokenizer.json or a folder holding one",
+    )
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     add_trust_argument(parser)

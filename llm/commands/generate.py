@@ -1,14 +1,16 @@
-"""`llm generate CHECKPOINT --tokenizer T.model (--prompt TEXT | --prompts-file F | --interactive) [--json]`.
+"""`llm generate CHECKPOINT [--tokenizer T] (--prompt TEXT | --prompts-file F | --interactive) [--json]`.
 
     llm generate runs/demo/checkpoints --tokenizer data/demo/tokenizer.model \
         --prompt 床前明月光 --prompt 感冒的症状是
     llm generate s3://bkt/ckpt/ep0-ba2000-rank0.pt --tokenizer tok.model --prompts-file prompts.txt --json
-    llm generate exported/ --tokenizer exported/tokenizer.model --interactive
+    llm generate exported/ --interactive             # the export's own tokenizer.model or tokenizer.json
 
 CHECKPOINT is a checkpoint file, a run's checkpoint folder (its newest verified checkpoint), an
 `llm import` output or an `llm export` folder. The model's shape comes from --recipe if given,
 else from what the checkpoint records (the generation callback and `llm import` store it; an
-export has config.json).
+export has config.json). The tokenizer is --tokenizer (a SentencePiece .model, a Hugging Face
+tokenizer.json or a folder holding one), else the one an exported folder holds, else the
+--recipe's tokenizer.path.
 
 Each prompt's continuation is printed after it, a blank line between them; with `--json`, one JSON
 object per line, `{"prompt": ..., "continuation": ...}`, for scripts (a continuation may itself
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from llm.commands import add_trust_argument
+from llm.commands import add_tokenizer_argument, add_trust_argument, tokenizer_path
 from llm.errors import ConfigError
 from llm.generate import Sampling, generate
 from llm.weights.read import load_model
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint", help="checkpoint file or run folder (local or s3://), or exported folder"
     )
-    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model the model was trained with")
+    add_tokenizer_argument(parser)
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     parser.add_argument("--prompts-file", help="a text file with one prompt per line")
     parser.add_argument("--interactive", action="store_true", help="read prompts from the terminal")
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompt, args.prompts_file)
     if not prompts and not args.interactive:
         raise ConfigError("no prompts: pass --prompt TEXT, --prompts-file FILE or --interactive")
-    tokenizer = Tokenizer(args.tokenizer)
+    tokenizer = Tokenizer(tokenizer_path(args.checkpoint, args.tokenizer, args.recipe))
     ids = [tokenizer.encode_prompt(p) for p in prompts]  # empty prompts fail before the slow load
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model = load_model(args.checkpoint, args.recipe, device=device, trust=args.trust)

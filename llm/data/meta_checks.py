@@ -9,7 +9,6 @@ here is what the recipe adds.
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 from llm.config import SPLITS, TrainConfig
@@ -19,14 +18,13 @@ from shards.chat_template import ChatTemplate
 from shards.errors import ShardsError
 from shards.index import check_index
 from shards.meta import SplitMeta, check_kind, read_meta
-from storage import StorageError, is_remote, join, read_url
+from shards.tokenizer import SENTENCEPIECE, describe_kind, tokenizer_identity
+from storage import is_remote, join
 
 
 def check_streams(cfg: TrainConfig) -> dict[str, list[SplitMeta]]:
     """Check every stream's metadata against the recipe; return the metadata per split."""
-    tokenizer_sha = None
-    if cfg.data.check_tokenizer_hash:
-        tokenizer_sha = file_sha256(cfg.tokenizer.path)
+    tokenizer = recipe_tokenizer(cfg.tokenizer.path) if cfg.data.check_tokenizer_hash else None
     found: dict[str, list[SplitMeta]] = {}
     for split in SPLITS:
         found[split] = []
@@ -35,7 +33,7 @@ def check_streams(cfg: TrainConfig) -> dict[str, list[SplitMeta]]:
             try:  # the format's own checks raise ShardsError: to the recipe, a ConfigError like the rest
                 meta = read_meta(stream.remote)
                 check_kind(meta, cfg.data.kind, where)
-                check_meta(meta, cfg, where, tokenizer_sha)
+                check_meta(meta, cfg, where, tokenizer)
                 check_index(stream.remote, cfg.data.validate_hash, where)
             except ShardsError as err:
                 raise ConfigError(str(err)) from None
@@ -70,8 +68,9 @@ def chat_template_of(cfg: TrainConfig) -> ChatTemplate | None:
     return ChatTemplate.from_dict(read_meta(remote).chat_template, f"{join(remote, 'meta.json')}")
 
 
-def check_meta(meta: SplitMeta, cfg: TrainConfig, where: str, tokenizer_sha: str | None) -> None:
-    """ConfigError naming the stream, both values and the fix when `meta` contradicts `cfg`."""
+def check_meta(meta: SplitMeta, cfg: TrainConfig, where: str, tokenizer: tuple[str, str] | None) -> None:
+    """ConfigError naming the stream, both values and the fix when `meta` contradicts `cfg`
+    (`tokenizer`: the recipe's tokenizer's kind and sha256, None when not checked)."""
     vocab, model_vocab = meta.vocab_size, cfg.model.vocab_size
     if vocab > model_vocab:
         raise ConfigError(
@@ -86,31 +85,22 @@ def check_meta(meta: SplitMeta, cfg: TrainConfig, where: str, tokenizer_sha: str
             f"{cfg.model.max_seq_len}; set model.max_seq_len={seq_len} or re-convert with "
             f"--seq-len {cfg.model.max_seq_len}"
         )
-    if tokenizer_sha is not None and meta.tokenizer_sha256 != tokenizer_sha:
+    if tokenizer is not None and meta.tokenizer_sha256 != tokenizer[1]:
+        theirs, ours = meta.tokenizer_kind or SENTENCEPIECE, tokenizer[0]
+        made = "a tokenizer" if theirs == ours else describe_kind(theirs)
+        given = "has" if theirs == ours else f"is {describe_kind(ours)} of"
         raise ConfigError(
-            f"{where}: the shards were tokenized with a tokenizer of sha256 "
-            f"{meta.tokenizer_sha256} but tokenizer.path={cfg.tokenizer.path} has sha256 "
-            f"{tokenizer_sha}; point tokenizer.path at the tokenizer used for conversion, re-convert, "
-            f"or set data.check_tokenizer_hash=false if you are sure they are equivalent"
+            f"{where}: the shards were tokenized with {made} of sha256 {meta.tokenizer_sha256} but "
+            f"tokenizer.path={cfg.tokenizer.path} {given} sha256 {tokenizer[1]}; point "
+            f"tokenizer.path at the tokenizer used for conversion, re-convert, or set "
+            f"data.check_tokenizer_hash=false if you are sure they are equivalent"
         )
 
 
-def file_sha256(path: str) -> str:
-    """SHA-256 of a local or s3:// file's bytes (the tokenizer identity written by convert)."""
+def recipe_tokenizer(path: str) -> tuple[str, str]:
+    """(kind, sha256) of the recipe's tokenizer, as the converters record theirs
+    (`shards.tokenizer.tokenizer_identity`); ConfigError naming tokenizer.path if it cannot be read."""
     try:
-        return hashlib.sha256(_read_bytes(path)).hexdigest()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"tokenizer.path={path} does not exist; train one with `python -m convert tokenizer` "
-            f"or fix the path"
-        ) from None
-
-
-def _read_bytes(path: str) -> bytes:
-    """Through the storage layer (its retries and timeouts); an absent file is FileNotFoundError."""
-    try:
-        return read_url(path)
-    except StorageError as err:
-        if err.missing:
-            raise FileNotFoundError(path) from None
-        raise
+        return tokenizer_identity(path)
+    except ShardsError as err:
+        raise ConfigError(f"tokenizer.path: {err}") from None

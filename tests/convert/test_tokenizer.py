@@ -69,7 +69,9 @@ def test_missing_tokenizer_path(tmp_path):
 def test_not_a_model_file(tmp_path):
     bad = tmp_path / "bad.model"
     bad.write_text("hello")
-    with pytest.raises(ShardsError, match="not a SentencePiece .model"):
+    with pytest.raises(
+        ShardsError, match="neither a SentencePiece .model file nor a Hugging Face tokenizer.json"
+    ):
         Tokenizer(str(bad))
 
 

@@ -228,13 +228,21 @@ def test_resolved_config_is_saved_with_credentials_redacted(recipe, tmp_path):
 def test_a_tokenizer_path_that_is_a_folder_names_the_model_file_inside(recipe, tmp_path):
     folder = tmp_path / "tokenizer"
     folder.mkdir()
-    (folder / "tokenizer.model").write_bytes(b"sentencepiece")
+    (folder / "small.model").write_bytes(b"sentencepiece")
     with pytest.raises(ConfigError) as err:
         load_config(recipe, [f"tokenizer.path={folder}"])
     assert str(err.value) == (
-        f"tokenizer.path={folder} is a folder; give the SentencePiece .model file, "
-        f"e.g. tokenizer.path={folder / 'tokenizer.model'}"
+        f"tokenizer.path={folder} is a folder with neither tokenizer.json nor tokenizer.model; give the "
+        "tokenizer's file (a SentencePiece .model or a Hugging Face tokenizer.json), "
+        f"e.g. tokenizer.path={folder / 'small.model'}"
     )
+
+
+@pytest.mark.parametrize("name", ["tokenizer.model", "tokenizer.json"])
+def test_a_tokenizer_folder_is_a_tokenizer_path(recipe, tmp_path, name):
+    """An export or a Hugging Face tokenizer's folder: its tokenizer.json or tokenizer.model."""
+    (tmp_path / name).write_bytes(b"a tokenizer")
+    assert load_config(recipe, [f"tokenizer.path={tmp_path}"]).tokenizer.path == str(tmp_path)
 
 
 @pytest.mark.parametrize(

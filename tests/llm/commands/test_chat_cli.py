@@ -141,6 +141,9 @@ def test_an_export_carries_the_template(tmp_path, fine_tuned, small_tokenizer, c
         == 0
     )
     assert capsys.readouterr().out == expected_answer(fine_tuned, small_tokenizer, PROMPT) + "\n"
+    # Issue 39 item 18: the export's own tokenizer.model, without --tokenizer.
+    assert chat(str(tmp_path / "hf"), "--prompt", PROMPT) == 0
+    assert capsys.readouterr().out == expected_answer(fine_tuned, small_tokenizer, PROMPT) + "\n"
 
 
 def test_a_checkpoint_and_template_on_s3(s3_bucket, fine_tuned, split, small_tokenizer, capsys):

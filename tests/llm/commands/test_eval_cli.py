@@ -88,7 +88,9 @@ def test_bad_input_is_one_line_and_exit_2(setup, extra, message, capsys):
 def test_a_checkpoint_without_a_tokenizer_is_refused(setup, capsys):
     root, ckpt, _ = setup
     assert llm_main(["eval", str(ckpt), "--tasks", str(root / "zh-demo")]) == 2
-    assert "ships no tokenizer.model: pass --tokenizer" in capsys.readouterr().err
+    assert (
+        "ships no tokenizer (tokenizer.json or tokenizer.model): pass --tokenizer" in capsys.readouterr().err
+    )
 
 
 def test_a_prompt_longer_than_the_context_is_cut_and_counted(setup, small_tokenizer, capsys, tmp_path):

@@ -68,6 +68,21 @@ def test_an_exported_folder_generates_the_same_text(tmp_path, checkpoint, tokeni
     assert capsys.readouterr().out == from_checkpoint
 
 
+def test_an_exported_folder_uses_its_own_tokenizer_without_the_flag(
+    tmp_path, checkpoint, tokenizer_path, capsys
+):
+    """Issue 39 item 18: `--tokenizer` was required even for an export that ships tokenizer.model."""
+    out = export_hf(load_model(checkpoint), tmp_path / "hf", tokenizer_path)
+    assert generate(checkpoint, "--tokenizer", tokenizer_path, "--prompt", "中国", "--temperature", "0") == 0
+    from_checkpoint = capsys.readouterr().out
+    assert generate(str(out), "--prompt", "中国", "--temperature", "0") == 0
+    assert capsys.readouterr().out == from_checkpoint
+    assert generate(checkpoint, "--prompt", "中国") == 2  # a checkpoint file ships none
+    assert (
+        "ships no tokenizer (tokenizer.json or tokenizer.model): pass --tokenizer" in capsys.readouterr().err
+    )
+
+
 def test_interactive_mode_reads_prompts_until_an_empty_line(monkeypatch, checkpoint, tokenizer_path, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("中国\n北京\n\n经济\n"))
     assert generate(checkpoint, "--tokenizer", tokenizer_path, "--interactive") == 0
