@@ -260,7 +260,7 @@ def _add_demo_sft(commands) -> None:
 
 def run_tokenizer(args: argparse.Namespace) -> int:
     from convert.filters import Cleaner
-    from convert.reading import ReadStats, check_extras, expand_corpus, read_documents
+    from convert.reading import ReadStats, check_inputs, expand_corpus, read_documents
     from convert.tokens import train_tokenizer
 
     min_chars = args.min_chars if args.min_chars is not None else 1
@@ -269,7 +269,7 @@ def run_tokenizer(args: argparse.Namespace) -> int:
     for note in corpus.notes:
         print(note)
     paths = corpus.paths
-    check_extras(paths, args.format)
+    check_inputs(paths, args.format, args.field, args.preset)
     stats = ReadStats()
     docs = read_documents(
         paths, args.format, text_field=args.field, preset=args.preset, strict=args.strict, stats=stats

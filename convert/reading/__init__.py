@@ -17,7 +17,7 @@ options.py      `ReadOptions`: format, text field, preset, strictness, normalisa
 from convert.reading.bin_files import bin_documents
 from convert.reading.options import ReadOptions
 from convert.reading.presets import Preset, get_preset
-from convert.reading.readers import Document, ReadStats, check_extras, read_documents, read_json_records
+from convert.reading.readers import Document, ReadStats, check_inputs, read_documents, read_json_records
 from convert.reading.sources import CorpusFiles, expand_corpus, expand_inputs, open_binary
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "ReadOptions",
     "ReadStats",
     "bin_documents",
-    "check_extras",
+    "check_inputs",
     "expand_corpus",
     "expand_inputs",
     "get_preset",

@@ -3,8 +3,8 @@
 Compression is a property of the file (its suffix: convert/reading/formats.py), not of the
 reader: every line or JSON reader gets a plain byte stream from `open_decompressed`, with
 `peek` (the format guess looks at the first bytes) and line iteration. Memory stays bounded: a
-buffer of 1 MiB plus the decompressor's window. Multi-member gzip and bzip2 files and
-multi-frame zstd files read whole.
+buffer of 1 MiB plus the decompressor's window. Files of several members (gzip, bzip2, xz:
+what parallel compressors write) or frames (zstd) read whole.
 
 gzip, bzip2 and xz come from the standard library; zstd from pyarrow's `CompressedInputStream`
 (the `parquet` extra; convert/reading/extras.py says why not `zstd` or `zstandard`). A stream that
@@ -42,12 +42,51 @@ def _gzip(raw: BinaryIO) -> BinaryIO:
     return gzip.GzipFile(fileobj=raw, mode="rb")
 
 
+class _Members(io.RawIOBase):
+    """Concatenated bzip2 or xz streams (members), decompressed one after another.
+
+    Why not `bz2.BZ2File` / `lzma.LZMAFile`: after the first member they take whatever does not
+    decompress as "trailing garbage" and end the file there, quietly, so a member whose start is
+    corrupt ended the file unseen. Here anything after a member must be another member: else the
+    codec's error is raised, as for corrupt bytes inside a member, and a file that ends inside a
+    member raises EOFError."""
+
+    def __init__(self, raw: BinaryIO, new_decompressor: Callable[[], object]) -> None:
+        self._raw, self._new = raw, new_decompressor
+        self._decompressor = new_decompressor()
+        self._pending = b""  # compressed bytes read and not yet given to the decompressor
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def _read(self, size: int) -> bytes:
+        while True:
+            if self._decompressor.eof:
+                rest = self._decompressor.unused_data or self._raw.read(BUFFER_BYTES)
+                if not rest:
+                    return b""  # the end of the last member
+                self._decompressor, self._pending = self._new(), rest
+            if self._decompressor.needs_input and not self._pending:
+                self._pending = self._raw.read(BUFFER_BYTES)
+                if not self._pending:
+                    raise EOFError("the file ends inside a compressed member")
+            data = self._decompressor.decompress(self._pending, size)
+            self._pending = b""
+            if data:
+                return data
+
+
 def _bzip2(raw: BinaryIO) -> BinaryIO:
-    return bz2.BZ2File(raw, mode="rb")
+    return _Members(raw, bz2.BZ2Decompressor)
 
 
 def _xz(raw: BinaryIO) -> BinaryIO:
-    return lzma.LZMAFile(raw, mode="rb")
+    return _Members(raw, lzma.LZMADecompressor)
 
 
 def _zstd(raw: BinaryIO) -> BinaryIO:
@@ -59,7 +98,7 @@ def _zstd(raw: BinaryIO) -> BinaryIO:
 NONE = Compression("none", (), lambda raw: raw)
 _COMPRESSIONS = {
     "gzip": Compression("gzip", (gzip.BadGzipFile, EOFError, zlib.error), _gzip),
-    # bz2 raises a plain OSError ("Invalid data stream") for corrupt data, EOFError for a cut one.
+    # bz2 raises a plain OSError ("Invalid data stream") for corrupt data; a cut one: EOFError.
     "bzip2": Compression("bzip2", (EOFError, OSError), _bzip2),
     "xz": Compression("xz", (EOFError, lzma.LZMAError), _xz),
     # pyarrow raises OSError for both ("Truncated compressed stream", "ZSTD decompress failed").

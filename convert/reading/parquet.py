@@ -67,6 +67,8 @@ def read_footer(path: str, field: str, size: int | None = None) -> Footer:
     try:
         parquet = pq.ParquetFile(source, buffer_size=BUFFER_BYTES, pre_buffer=False)
         schema = parquet.schema_arrow
+    except MemoryError:
+        raise
     except (pa.ArrowException, OSError) as err:
         raise BadParquet(f"not a readable Parquet file ({_first_line(err)})") from None
     names = _text_path(schema, field, path)
@@ -82,18 +84,20 @@ def read_footer(path: str, field: str, size: int | None = None) -> Footer:
     return Footer(file=parquet, column=column, path=names, row_groups=tuple(groups))
 
 
-def row_group_batches(footer: Footer, group: RowGroup, batch_bytes: int = BATCH_BYTES) -> Iterator[list]:
-    """The text column of one row group, a record batch at a time, as Python values: a str, None
-    for a null, or the raw bytes of a value that is not valid UTF-8. Raises BadParquet when the
-    data turns out corrupt (after the batches before it)."""
+def row_group_batches(footer: Footer, group: RowGroup) -> Iterator[list]:
+    """The text column of one row group, a record batch of about BATCH_BYTES at a time, as Python
+    values: a str, None for a null, or the raw bytes of a value that is not valid UTF-8. Raises
+    BadParquet when the data turns out corrupt (after the batches before it)."""
     pa = pyarrow("reading Parquet")
     batches = footer.file.iter_batches(
-        batch_size=group.batch_rows(batch_bytes), row_groups=[group.index], columns=[footer.column],
+        batch_size=group.batch_rows(BATCH_BYTES), row_groups=[group.index], columns=[footer.column],
         use_threads=False,
     )  # fmt: skip
     while True:
         try:
             batch = next(batches, None)
+        except MemoryError:
+            raise  # pyarrow's ArrowMemoryError is an ArrowException too: not the data's fault
         except (pa.ArrowException, OSError) as err:
             raise BadParquet(f"corrupt Parquet data ({_first_line(err)})") from None
         if batch is None:

@@ -641,16 +641,21 @@ def _extractor(text_field: str | None, preset: str | None) -> _TextExtractor:
     return _TextExtractor(get_preset(preset) if preset else None, text_field or DEFAULT_TEXT_FIELD)
 
 
-def check_extras(paths: list[str], fmt: str) -> None:
-    """A ConvertError naming the extra, before anything is read or written, when a file needs
-    pyarrow (Parquet, zstd) and it is not installed."""
+def check_inputs(paths: list[str], fmt: str, text_field: str | None, preset: str | None = None) -> None:
+    """Before anything is read or written: a ConvertError naming the extra when a file needs
+    pyarrow (Parquet, zstd) and it is not installed, for Parquet with a preset, and for a text
+    column that the first Parquet file lacks or holds as something else than text (`--field` is
+    wrong, most likely)."""
     for path in paths:
-        if is_parquet(path, fmt):
-            pyarrow(f"reading Parquet ({path})")
-            return
         if compression(path).name == "zstd":
             pyarrow(f"reading zstd-compressed files ({path})")
-            return
+    parquet_files = [path for path in paths if is_parquet(path, fmt)]
+    if parquet_files:
+        _parquet_field(_extractor(text_field, preset), parquet_files[0])
+        try:
+            read_footer(parquet_files[0], text_field or DEFAULT_TEXT_FIELD)
+        except BadParquet:
+            pass  # counted when it is read, as any unreadable file
 
 
 def check_read(fmt: str, text_field: str | None, preset: str | None) -> None:

@@ -43,7 +43,7 @@ def convert_corpus(
     """Read, clean, filter, de-duplicate, tokenize, pack and write `inputs` to `out`; returns the
     summary. With `task`, only that task's share of the files, up to the selected rows; returns
     its task.json."""
-    from convert.reading.readers import ReadStats, check_extras, check_read, read_documents
+    from convert.reading.readers import ReadStats, check_inputs, check_read, read_documents
     from convert.reading.sources import expand_corpus, input_sizes, refuse_output_among_inputs
     from convert.run.ranges import RangeFeed, process_spooled_chunk, range_formats, spool_folder
 
@@ -57,7 +57,7 @@ def convert_corpus(
     paths = corpus.paths
     for note in corpus.notes:
         print(note, flush=True)
-    check_extras(paths, read.fmt)
+    check_inputs(paths, read.fmt, read.text_field, read.preset)
     in_memory, line = plan_memory(paths, input_sizes(paths), options, read)
     print(line, flush=True)
     if not in_memory:

@@ -242,7 +242,7 @@ def run_task(
 ) -> TaskMarker:  # fmt: skip
     """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json.
     `reuse`: a finished task with the same settings is kept (a one-machine conversion in two passes)."""
-    from convert.reading.readers import ReadStats, check_extras, read_documents
+    from convert.reading.readers import ReadStats, check_inputs, read_documents
     from convert.reading.sources import expand_corpus, input_sizes
 
     loaded = Tokenizer(tokenizer)
@@ -254,7 +254,7 @@ def run_task(
     paths = corpus.paths
     for note in corpus.notes if not reuse else []:  # a conversion in two passes printed them
         print(note, flush=True)
-    check_extras(paths, read.fmt)
+    check_inputs(paths, read.fmt, read.text_field, read.preset)
     sizes = input_sizes(paths)
     share = assign_files(sizes, task.count)[task.index]
     mine = paths[share.start : share.stop]
