@@ -114,22 +114,28 @@ def test_a_truncated_stream_is_one_counted_warning_and_the_documents_before_it(
         read([cut], strict=True)
 
 
+@pytest.mark.parametrize("where", ["inside the first", "at the start of the second"])
 @pytest.mark.parametrize("suffix", list(COMPRESSORS))
-def test_corrupt_bytes_inside_the_stream_are_one_counted_warning(tmp_path, docs, monkeypatch, suffix):
-    """Also where the standard library's own readers stop quietly: at the start of a member."""
+def test_corrupt_bytes_are_one_counted_warning(tmp_path, docs, monkeypatch, suffix, where):
+    """Also where the standard library's own bzip2 and xz readers stopped quietly: at the start
+    of a member (they take it for trailing garbage)."""
     from convert.reading import compression
 
     monkeypatch.setattr(compression, "BUFFER_BYTES", 4096)
     name, compress = COMPRESSORS[suffix]
-    write_jsonl(tmp_path / "a.jsonl", docs)
-    data = bytearray(compress((tmp_path / "a.jsonl").read_bytes()))
-    middle = len(data) // 2
-    data[middle : middle + 64] = bytes(64)  # zeros over the start of the second member or frame
+    write_jsonl(tmp_path / "a.jsonl", docs[:20])
+    write_jsonl(tmp_path / "b.jsonl", docs[20:])
+    first = compress((tmp_path / "a.jsonl").read_bytes())
+    data = bytearray(first + compress((tmp_path / "b.jsonl").read_bytes()))
+    at = len(first) // 2 if where.startswith("inside") else len(first)
+    data[at : at + 16] = b"\x01" * 16
     bad = tmp_path / f"bad.jsonl{suffix}"
     bad.write_bytes(bytes(data))
-    write_jsonl(tmp_path / "b.jsonl", docs[:3])
-    texts, stats = read([bad, tmp_path / "b.jsonl"])
-    assert texts[:-3] == docs[: len(texts) - 3] and len(texts) - 3 < len(docs)
+    write_jsonl(tmp_path / "c.jsonl", docs[:3])
+    texts, stats = read([bad, tmp_path / "c.jsonl"])
+    assert texts[:-3] == docs[: len(texts) - 3] and len(texts) - 3 < (
+        20 if where.startswith("inside") else 40
+    )
     assert [reason.split(" (")[0] for _, _, reason in stats.malformed_examples] == [f"corrupt {name} data"]
 
 
