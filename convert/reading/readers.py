@@ -478,10 +478,14 @@ def _read_parquet(path: str, extractor: _TextExtractor, report: _MalformedReport
 
 
 def _parquet_field(extractor: _TextExtractor, path: str) -> str:
-    if not isinstance(extractor, _TextExtractor) or extractor.preset is not None:
-        what = f"--preset {extractor.preset.name}" if extractor.preset is not None else "this command"
+    """The text column of a Parquet file: where a preset or another kind of record is asked for
+    instead (`read_json_records`), one line saying so."""
+    if not isinstance(extractor, _TextExtractor):
+        raise ConvertError(f"{path} is Parquet; this command reads JSON records (or CSV): convert it first")
+    if extractor.preset is not None:
         raise ConvertError(
-            f"{path} is Parquet, and {what} reads JSON records; name its text column with --field"
+            f"{path} is Parquet, and --preset {extractor.preset.name} reads JSON records; "
+            "name its text column with --field"
         )
     return extractor.text_field
 

@@ -57,8 +57,8 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     for pattern in inputs:
-        matches = _expand_s3(pattern) if is_s3(pattern) else _expand_local(pattern)
-        for path in matches:
+        listed = _listed_s3(pattern) if is_s3(pattern) else _listed_local(pattern, hidden=False)
+        for path, _ in listed:
             if path not in seen:
                 seen.add(path)
                 out.append(path)
@@ -82,7 +82,7 @@ def expand_corpus(inputs: list[str], fmt: str) -> CorpusFiles:
     seen: set[str] = set()
     notes: list[str] = []
     for pattern in inputs:
-        listed = _listed_s3(pattern) if is_s3(pattern) else _listed_local(pattern)
+        listed = _listed_s3(pattern) if is_s3(pattern) else _listed_local(pattern, hidden=True)
         taken, note = _corpus_files(pattern, listed, fmt)
         notes += [note] if note else []
         for path in taken:
@@ -141,52 +141,6 @@ def _skipped(markers: list[str], others: list[str]) -> str:
 def _names(paths: list[str], shown: int = 3) -> str:
     names = [path.rstrip("/").rsplit("/", 1)[-1] for path in paths[:shown]]
     return ", ".join(names) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
-
-
-def _listed_local(pattern: str) -> list[tuple[str, str | None]]:
-    """Every file of a local input, hidden ones too, with its path under the input (None: the
-    input is that file)."""
-    if _has_glob(pattern):
-        base = os.path.dirname(pattern[: min(pattern.index(ch) for ch in _GLOB_CHARS if ch in pattern)])
-        found = []
-        for match in sorted(glob.glob(pattern, recursive=True)):
-            for path in _all_files_under(match) if os.path.isdir(match) else [match]:
-                found.append((path, os.path.relpath(path, base or ".")))
-        if not found:
-            raise ConvertError(f"input pattern {pattern!r} matched no files; check the path and quoting")
-        return found
-    if os.path.isdir(pattern):
-        found = [(path, os.path.relpath(path, pattern)) for path in _all_files_under(pattern)]
-        if not found:
-            raise ConvertError(f"input folder {pattern} contains no files")
-        return found
-    return [(path, None) for path in _expand_local(pattern)]
-
-
-def _all_files_under(folder: str) -> list[str]:
-    return sorted(str(path) for path in Path(folder).rglob("*") if path.is_file())
-
-
-def _listed_s3(pattern: str) -> list[tuple[str, str | None]]:
-    bucket, key = split_s3_url(pattern)
-    if _has_glob(key):
-        literal = key[: min(key.index(ch) for ch in _GLOB_CHARS if ch in key)]
-        base = literal[: literal.rfind("/") + 1]
-        keys = [k for k in _list_keys(bucket, literal) if fnmatch.fnmatchcase(k, key)]
-    elif key and not key.endswith("/") and _object_exists(bucket, key):
-        return [(f"{S3_SCHEME}{bucket}/{key}", None)]
-    else:
-        base = key if not key or key.endswith("/") else key + "/"
-        keys = _list_keys(bucket, base)
-        if not keys and base != key:
-            base = key[: key.rfind("/") + 1]
-            keys = _list_keys(bucket, key)
-    if not keys:
-        raise ConvertError(
-            f"input {pattern!r} matched no objects in bucket {bucket!r} at {storage.s3.endpoint_name()}; "
-            "check the prefix or glob"
-        )
-    return [(f"{S3_SCHEME}{bucket}/{k}", k[len(base) :]) for k in sorted(keys)]
 
 
 # Files a conversion writes under --out (shards/FORMAT.md), for `refuse_output_among_inputs`.
@@ -308,30 +262,35 @@ def _has_glob(pattern: str) -> bool:
     return any(ch in _GLOB_CHARS for ch in pattern)
 
 
-def _expand_local(pattern: str) -> list[str]:
+def _listed_local(pattern: str, hidden: bool) -> list[tuple[str, str | None]]:
+    """The files of a local input, sorted, each with its path under the folder (or the glob's
+    folder) it was found in; None for an input that is that file. `hidden`: files under `.name`
+    too (a corpus counts them as markers)."""
     if _has_glob(pattern):
-        found: list[str] = []
+        base = os.path.dirname(pattern[: min(pattern.index(ch) for ch in _GLOB_CHARS if ch in pattern)])
+        found = []
         for match in sorted(glob.glob(pattern, recursive=True)):
-            found.extend(_files_under(match) if os.path.isdir(match) else [match])
+            for path in _files_under(match, hidden) if os.path.isdir(match) else [match]:
+                found.append((path, os.path.relpath(path, base or ".")))
         if not found:
             raise ConvertError(f"input pattern {pattern!r} matched no files; check the path and quoting")
         return found
     if os.path.isdir(pattern):
-        found = _files_under(pattern)
+        found = [(path, os.path.relpath(path, pattern)) for path in _files_under(pattern, hidden)]
         if not found:
             raise ConvertError(f"input folder {pattern} contains no files")
         return found
     if os.path.isfile(pattern):
-        return [pattern]
+        return [(pattern, None)]
     raise ConvertError(f"input {pattern} does not exist (not a file, folder, glob or s3:// URL)")
 
 
-def _files_under(folder: str) -> list[str]:
-    """Every non-hidden file below `folder`, sorted by path."""
+def _files_under(folder: str, hidden: bool) -> list[str]:
+    """Every file below `folder` (`hidden`: also those with a `.name` on their way), sorted by path."""
     files = []
     for path in Path(folder).rglob("*"):
         relative = path.relative_to(folder)
-        if path.is_file() and not any(part.startswith(".") for part in relative.parts):
+        if path.is_file() and (hidden or not any(part.startswith(".") for part in relative.parts)):
             files.append(str(path))
     return sorted(files)
 
@@ -339,23 +298,29 @@ def _files_under(folder: str) -> list[str]:
 # --- S3 ----------------------------------------------------------------------------------------
 
 
-def _expand_s3(pattern: str) -> list[str]:
+def _listed_s3(pattern: str) -> list[tuple[str, str | None]]:
+    """The objects of an S3 input, sorted by key, each with its key under the prefix (or the glob's
+    folder); None for an input that is that object."""
     bucket, key = split_s3_url(pattern)
     if _has_glob(key):
         # List only the literal part before the first wildcard, then match whole keys.
         literal = key[: min(key.index(ch) for ch in _GLOB_CHARS if ch in key)]
+        base = literal[: literal.rfind("/") + 1]
         keys = [k for k in _list_keys(bucket, literal) if fnmatch.fnmatchcase(k, key)]
     elif key and not key.endswith("/") and _object_exists(bucket, key):
-        keys = [key]
+        return [(f"{S3_SCHEME}{bucket}/{key}", None)]
     else:
-        folder = key if not key or key.endswith("/") else key + "/"
-        keys = _list_keys(bucket, folder) or (_list_keys(bucket, key) if folder != key else [])
+        base = key if not key or key.endswith("/") else key + "/"
+        keys = _list_keys(bucket, base)
+        if not keys and base != key:  # every key starting with the prefix
+            base = key[: key.rfind("/") + 1]
+            keys = _list_keys(bucket, key)
     if not keys:
         raise ConvertError(
             f"input {pattern!r} matched no objects in bucket {bucket!r} at {storage.s3.endpoint_name()}; "
             "check the prefix or glob"
         )
-    return [f"{S3_SCHEME}{bucket}/{k}" for k in sorted(keys)]
+    return [(f"{S3_SCHEME}{bucket}/{k}", k[len(base) :]) for k in sorted(keys)]
 
 
 def _list_keys(bucket: str, prefix: str) -> list[str]:
