@@ -78,8 +78,8 @@ def read_footer(path: str, field: str, size: int | None = None) -> Footer:
     groups, first = [], 0
     for index in range(metadata.num_row_groups):
         group = metadata.row_group(index)
-        size = group.column(leaf).total_uncompressed_size
-        groups.append(RowGroup(index=index, rows=group.num_rows, first_row=first, text_bytes=size))
+        text_bytes = group.column(leaf).total_uncompressed_size
+        groups.append(RowGroup(index=index, rows=group.num_rows, first_row=first, text_bytes=text_bytes))
         first += group.num_rows
     return Footer(file=parquet, column=column, path=names, row_groups=tuple(groups))
 
