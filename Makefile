@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer bench-reading soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -100,6 +100,9 @@ test-slow: install
 # --- benchmarks (figures and ratios, never timed tests) --------------------------------------
 bench-convert: install
 	$(PY) -m bench.convert $(ARGS)
+
+bench-reading: install
+	$(PY) -m bench.reading $(ARGS)
 
 # datasketch and rensa are what the near-dedup benchmark compares against, not project dependencies.
 bench-dedup: install

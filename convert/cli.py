@@ -15,7 +15,7 @@ from convert.errors import ConvertError
 from shards.errors import ShardsError
 from storage import StorageError
 
-FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl")
+FORMAT_CHOICES = ("auto", "txt", "txt-blank", "json", "jsonl", "parquet")
 
 EPILOG = """examples:
   python -m convert tokenizer corpus.jsonl --format jsonl --vocab-size 64000 --out tok.model
@@ -56,8 +56,9 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
         "--format", default="auto", choices=FORMAT_CHOICES, help="input format (default: auto)"
     )
     parser.add_argument(
-        "--field", "--text-field", dest="field", default=None, help="JSON text field (default: text)"
-    )
+        "--field", "--text-field", dest="field", default=None,
+        help="the text's JSON field or Parquet column, nested with dots: content.text (default: text)",
+    )  # fmt: skip
     parser.add_argument(
         "--preset", default=None, help="corpus layout: wiki-cn, baidubaike, c4-zh, wudao, medical"
     )
@@ -263,12 +264,16 @@ def _add_demo_sft(commands) -> None:
 
 def run_tokenizer(args: argparse.Namespace) -> int:
     from convert.filters import Cleaner
-    from convert.reading import ReadStats, expand_inputs, read_documents
+    from convert.reading import ReadStats, check_inputs, expand_corpus, read_documents
     from convert.tokens import train_tokenizer
 
     min_chars = args.min_chars if args.min_chars is not None else 1
     cleaner = Cleaner(normalization=args.normalization, min_chars=min_chars, dedup=not args.no_dedup)
-    paths = expand_inputs(args.inputs)
+    corpus = expand_corpus(args.inputs, args.format)
+    for note in corpus.notes:
+        print(note)
+    paths = corpus.paths
+    check_inputs(paths, args.format, args.field, args.preset)
     stats = ReadStats()
     docs = read_documents(
         paths, args.format, text_field=args.field, preset=args.preset, strict=args.strict, stats=stats

@@ -121,6 +121,7 @@ LONGEST_FIRST = [
     "test_hf_tokenizer_training.py",  # 37 s: a conversion, 8 batches, export, transformers
     "test_convert_hf_tokenizer.py",  # 25 s: 5 conversions, a merge, an SFT conversion
     "test_hf_tokenizer.py",  # 18-25 s: transformers' import, a BPE trained, the S3 server
+    "test_parquet.py",  # ~30 s: conversions, a killed run, 66 MB through S3
 ]
 
 

@@ -1,54 +1,61 @@
-"""Read documents out of corpus files: plain text, JSON lists and JSON lines, local or on S3.
+"""Read documents out of corpus files: plain text, JSON lists, JSON lines and Parquet, local or on S3.
 
-Formats (`--format`):
+Formats (`--format`; convert/reading/formats.py says how `auto` guesses them from a file's name):
   txt        one document per non-empty line
   txt-blank  documents separated by blank lines (lines of one document are joined with "\\n")
   json       a JSON list of objects, `[{"text": ...}, ...]`; read item by item (see below)
   jsonl      one JSON object per line
-  auto       guess per file: .txt -> txt, .jsonl/.json-lines/.ndjson -> jsonl, and .json by its
-             first character: `[` -> json, anything else -> jsonl (many corpora, e.g.
-             563w_baidubaike.json, are JSON lines named .json)
-A trailing `.gz` is decompressed on the fly and ignored when guessing.
+  parquet    the text column of a Parquet file (convert/reading/parquet.py; the `parquet` extra)
+  auto       guess per file: .txt -> txt, .jsonl/.json-lines/.ndjson -> jsonl, .parquet -> parquet,
+             and .json by its first character: `[` -> json, anything else -> jsonl (many corpora,
+             e.g. 563w_baidubaike.json, are JSON lines named .json)
+Compression is a property of the file: a trailing .gz, .zst, .bz2 or .xz is decompressed on the
+fly (convert/reading/compression.py) and ignored when guessing. One reader per format, each a
+function of a decompressed stream (or, for Parquet, of the file's row groups), over one base,
+`_read_file`, that opens the file, counts it and its documents, and turns a corrupt stream into
+one counted malformed record.
+
+The text of a record is its `text_field` (default "text"), a dotted path for a nested one
+(`content.text`: `{"content": {"text": ...}}`, or a struct column in Parquet); a key that holds
+the dots itself is taken first. A null text is malformed, an empty one is left to the cleaner
+(dropped as "empty").
 
 Memory stays bounded: text and JSON-lines files are read a line at a time, and JSON lists are
 decoded incrementally, one item at a time, so memory grows with the largest item, not the file
-(an item over 64 Mi characters is reported malformed). A local line file (txt, jsonl) can also
-be cut at line ends into byte ranges that are read one by one, in any process (`byte_ranges`,
-`read_range`): the same documents, with the same line numbers.
+(an item over 64 Mi characters is reported malformed); Parquet is read a record batch of its
+text column at a time. A local line file (txt, jsonl) can also be cut at line ends into byte
+ranges that are read one by one, in any process (`byte_ranges`, `read_range`), and a Parquet
+file (local or S3) into its row groups (`read_row_group`): the same documents, with the same
+line numbers (a Parquet document's is its row, from 1).
 
 Bad input never stops a run silently or noisily: a line that is not valid UTF-8, not valid JSON,
 not an object, or lacks a string text field is counted in `ReadStats` with its file and line,
-and skipped. With `strict=True` the first one raises a ConvertError naming file:line instead.
+and skipped; so is a null in a Parquet text column, a Parquet file that does not read (its row 0)
+and a corrupt row group (the rest of it skipped). With `strict=True` the first one raises a
+ConvertError naming file:line instead. A Parquet file without the text column, or with one that
+is not text, is a ConvertError: the flag, not the data, is wrong.
 """
 
 from __future__ import annotations
 
 import codecs
 import functools
-import gzip
 import io
 import json
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, ClassVar, NamedTuple
 
 from convert.errors import ConvertError
+from convert.reading.compression import compression, open_decompressed
+from convert.reading.extras import pyarrow
+from convert.reading.formats import AUTO, FORMATS, compression_of, guess_format, is_parquet
+from convert.reading.parquet import BadParquet, Footer, RowGroup, read_footer, row_group_batches
 from convert.reading.presets import Preset, get_preset
-from convert.reading.sources import open_binary
+from convert.reading.sources import is_s3, open_binary
 
-FORMATS = ("txt", "txt-blank", "json", "jsonl")
-AUTO = "auto"
 DEFAULT_TEXT_FIELD = "text"
-_EXTENSION_FORMATS = {
-    ".txt": "txt",
-    ".text": "txt",
-    ".jsonl": "jsonl",
-    ".json-lines": "jsonl",
-    ".jsonlines": "jsonl",
-    ".ndjson": "jsonl",
-}
 _JSON_CHUNK_BYTES = 1 << 20
 _MAX_JSON_ITEM_CHARS = 64 << 20
 _WHITESPACE = re.compile(r"\s*")
@@ -110,10 +117,21 @@ class _TextExtractor:
             text = self.preset.extract(obj)
             return text, "" if text is not None else f"no usable text for preset {self.preset.name!r}"
         value = obj.get(self.text_field)
+        if value is None and "." in self.text_field and self.text_field not in obj:
+            value = _nested(obj, self.text_field)
         if isinstance(value, str):
             return value, ""
         problem = "missing" if value is None else f"not a string ({_json_type(value)})"
         return None, f"text field {self.text_field!r} is {problem}; pick the field with --text-field"
+
+
+def _nested(obj: dict, path: str) -> object:
+    """The value at a dotted path of nested objects, or None."""
+    for name in path.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(name)
+    return obj
 
 
 def read_documents(
@@ -179,15 +197,6 @@ def read_json_records(
     return _read_file(path, fmt, _RecordExtractor(extract), strict, stats)
 
 
-def guess_format(path: str, head: bytes = b"") -> str | None:
-    """The format "auto" picks for `path` whose first bytes are `head`; None if unknown."""
-    name = path[:-3] if path.lower().endswith(".gz") else path
-    suffix = name[name.rfind(".") :].lower() if "." in name.rsplit("/", 1)[-1] else ""
-    if suffix == ".json":
-        return "json" if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[") else "jsonl"
-    return _EXTENSION_FORMATS.get(suffix)
-
-
 # --- per file ----------------------------------------------------------------------------------
 
 
@@ -196,8 +205,11 @@ def _check_options(fmt: str, text_field: str | None, preset: Preset | None) -> N
         raise ConvertError(f"unknown format {fmt!r}; use one of: {', '.join(FORMATS)}, {AUTO}")
     if preset is not None and text_field:
         raise ConvertError(f"--preset {preset.name} fixes where the text is; drop --text-field")
-    if preset is not None and fmt in ("txt", "txt-blank"):
-        raise ConvertError(f"--preset {preset.name} reads JSON records; drop --format {fmt}")
+    if preset is not None and fmt in ("txt", "txt-blank", "parquet"):
+        raise ConvertError(
+            f"--preset {preset.name} reads JSON records; drop --format {fmt}"
+            + (" and name the text column with --field" if fmt == "parquet" else "")
+        )
 
 
 def _read_file(
@@ -205,21 +217,20 @@ def _read_file(
 ) -> Iterator[Document]:
     stats.files += 1
     report = _MalformedReporter(stats, strict, path)
+    if is_parquet(path, fmt):
+        for doc in _read_parquet(path, extractor, report):
+            stats.documents += 1
+            yield doc
+        return
+    how = compression(path)
     try:
-        with _open_decompressed(path) as stream:
+        with open_decompressed(path) as stream:
             read = _READERS[_resolve_format(path, fmt, extractor.preset, stream)]
             for doc in read(stream, path, extractor, report):
                 stats.documents += 1
                 yield doc
-    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
-        report(0, f"corrupt gzip data ({err}); the rest of the file is skipped")
-
-
-def _open_decompressed(path: str) -> BinaryIO:
-    stream = open_binary(path)
-    if path.lower().endswith(".gz"):
-        return io.BufferedReader(gzip.GzipFile(fileobj=stream, mode="rb"), buffer_size=_JSON_CHUNK_BYTES)
-    return stream
+    except how.errors as err:
+        report(0, f"corrupt {how.name} data ({err}); the rest of the file is skipped")
 
 
 def _resolve_format(path: str, fmt: str, preset: Preset | None, stream: BinaryIO) -> str:
@@ -233,6 +244,8 @@ def _resolve_format(path: str, fmt: str, preset: Preset | None, stream: BinaryIO
         raise ConvertError(
             f"cannot guess the format of {path} from its name; pass --format ({', '.join(FORMATS)})"
         )
+    if guessed == "parquet":  # a compressed Parquet file (Parquet compresses inside)
+        raise ConvertError(f"{path}: Parquet compresses its pages itself; decompress the file first")
     return guessed
 
 
@@ -448,6 +461,109 @@ class _JsonListParser:
             self._pos = 1 if self._buf.startswith("\ufeff") else 0  # skip a UTF-8 byte order mark
 
 
+# --- Parquet -------------------------------------------------------------------------------------
+
+
+def _read_parquet(path: str, extractor: _TextExtractor, report: _MalformedReporter) -> Iterator[Document]:
+    """The documents of every row group of a Parquet file, in order, numbered by row from 1."""
+    field = _parquet_field(extractor, path)
+    try:
+        footer = read_footer(path, field)
+    except BadParquet as err:
+        report(0, f"{err}; the file is skipped")
+        return
+    for group in footer.row_groups:
+        for _, docs in _row_group_batches(footer, group, field, path, report, group.first_row + 1):
+            yield from docs
+
+
+def _parquet_field(extractor: _TextExtractor, path: str) -> str:
+    """The text column of a Parquet file: where a preset or another kind of record is asked for
+    instead (`read_json_records`), one line saying so."""
+    if not isinstance(extractor, _TextExtractor):
+        raise ConvertError(f"{path} is Parquet; this command reads JSON records (or CSV): convert it first")
+    if extractor.preset is not None:
+        raise ConvertError(
+            f"{path} is Parquet, and --preset {extractor.preset.name} reads JSON records; "
+            "name its text column with --field"
+        )
+    return extractor.text_field
+
+
+def _row_group_batches(
+    footer: Footer, group: RowGroup, field: str, source: str, report: _MalformedReporter,
+    first: int | None,
+) -> Iterator[tuple[int, list[Document]]]:  # fmt: skip
+    """(rows, documents) of each record batch of one row group, the rows numbered on from `first`
+    (None: each batch from 1). Nulls and bad UTF-8 are reported; corrupt data ends the row group
+    with a report and a last batch of the rows left."""
+    done = 0  # rows of the row group read
+    try:
+        for values in row_group_batches(footer, group):
+            row = first + done if first is not None else 1
+            docs = []
+            for value in values:
+                if type(value) is str:
+                    docs.append(Document(value, source, row))
+                elif value is None:
+                    report(row, f"text field {field!r} is null")
+                else:
+                    report(row, _invalid_utf8(value))
+                row += 1
+            done += len(values)
+            yield len(values), docs
+    except BadParquet as err:
+        report(first + done if first is not None else 1,
+               f"{err} in row group {group.index}; the rest of the row group is skipped")  # fmt: skip
+        yield group.rows - done, []
+
+
+def _invalid_utf8(raw: bytes) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"invalid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the text)"
+    return "invalid UTF-8"
+
+
+@functools.lru_cache(maxsize=4)
+def _worker_footer(path: str, size: int, field: str) -> Footer:
+    """A worker's open Parquet file: its footer is read once for all the row groups it gets."""
+    return read_footer(path, field, size)
+
+
+def read_row_group(
+    path: str, size: int, index: int, *, text_field: str | None
+) -> Iterator[tuple[int, list[Document], ReadStats]]:
+    """The documents of row group `index` of a Parquet file of `size` bytes, read as
+    `read_documents` reads them (never strict), a record batch at a time: (rows, documents
+    numbered by row from 1 in each batch, the batch's counts)."""
+    field = text_field or DEFAULT_TEXT_FIELD
+    report = _MalformedReporter(ReadStats(), False, path)
+    try:
+        footer = _worker_footer(path, size, field)
+    except BadParquet as err:  # `row_groups` read it before: it changed since
+        report(0, f"{err}; the row group is skipped")
+        yield 0, [], report.stats
+        return
+    for rows, docs in _row_group_batches(footer, footer.row_groups[index], field, path, report, None):
+        stats, report.stats = report.stats, ReadStats()  # the next batch reports into its own
+        stats.documents += len(docs)
+        yield rows, docs, stats
+
+
+def row_groups(
+    path: str, text_field: str | None, stats: ReadStats, size: int | None = None
+) -> list[RowGroup]:
+    """The row groups of a Parquet file of `size` bytes (its footer checked: the text column there
+    and text); an unreadable file is counted as malformed in `stats` and gives none."""
+    try:
+        return list(read_footer(path, text_field or DEFAULT_TEXT_FIELD, size).row_groups)
+    except BadParquet as err:
+        stats.record_malformed(path, 0, f"{err}; the file is skipped")
+        return []
+
+
 _READERS = {"txt": _read_txt, "txt-blank": _read_txt_blank, "jsonl": _read_jsonl, "json": _read_json_list}
 
 
@@ -473,11 +589,12 @@ _PROBE_BYTES = 1 << 16
 
 
 def range_format(path: str, fmt: str, preset: str | None) -> str | None:
-    """The format of `path` when workers can read it in byte ranges (a local, uncompressed file
-    of one document or record per line), else None (read whole, in order, by one process)."""
-    from convert.reading.sources import is_s3
-
-    if is_s3(path) or path.lower().endswith(".gz"):
+    """The format of `path` when workers can read it in pieces: byte ranges of a local,
+    uncompressed file of one document or record per line, or the row groups of a Parquet file
+    (local or S3); else None (read whole, in order, by one process)."""
+    if is_parquet(path, fmt):
+        return "parquet"
+    if is_s3(path) or compression_of(path):
         return None
     preset_obj = get_preset(preset) if preset else None
     with open_binary(path) as stream:
@@ -526,6 +643,23 @@ def read_range(
 @functools.cache
 def _extractor(text_field: str | None, preset: str | None) -> _TextExtractor:
     return _TextExtractor(get_preset(preset) if preset else None, text_field or DEFAULT_TEXT_FIELD)
+
+
+def check_inputs(paths: list[str], fmt: str, text_field: str | None, preset: str | None = None) -> None:
+    """Before anything is read or written: a ConvertError naming the extra when a file needs
+    pyarrow (Parquet, zstd) and it is not installed, for Parquet with a preset, and for a text
+    column that the first Parquet file lacks or holds as something else than text (`--field` is
+    wrong, most likely)."""
+    for path in paths:
+        if compression(path).name == "zstd":
+            pyarrow(f"reading zstd-compressed files ({path})")
+    parquet_files = [path for path in paths if is_parquet(path, fmt)]
+    if parquet_files:
+        _parquet_field(_extractor(text_field, preset), parquet_files[0])
+        try:
+            read_footer(parquet_files[0], text_field or DEFAULT_TEXT_FIELD)
+        except BadParquet:
+            pass  # counted when it is read, as any unreadable file
 
 
 def check_read(fmt: str, text_field: str | None, preset: str | None) -> None:

@@ -8,8 +8,17 @@ An input argument is one of:
     failing that every key starting with `prefix`), or a glob matched against whole keys with
     fnmatch (there `*` also crosses `/`).
 
+A corpus (`expand_corpus`: the `shards` and `tokenizer` commands) takes from a folder, prefix or
+glob only the files of a corpus format (convert/reading/formats.py), in the same sorted order:
+markers and metadata (`_SUCCESS`, `.crc`, README.md, dataset_info.json, anything under `_name/`
+or `.name/`) are skipped and counted, and a folder that mixes formats (Parquet beside JSON lines)
+is refused unless `--format` says which to take. So a Hugging Face Hub snapshot
+(`data/train-00000-of-00042.parquet`, configs as subfolders) or a Spark output folder
+(`part-*.parquet` beside `_SUCCESS`) is named as it is. A file named on its own is always taken.
+
 S3 goes through the project's storage layer (`storage.s3`: `S3_ENDPOINT_URL`, timeouts, one retry
-policy); its errors become one ConvertError here.
+policy); its errors become one ConvertError here. `open_ranged` reads an object as a seekable
+file, one ranged GET per read (Parquet's footer and column chunks).
 """
 
 from __future__ import annotations
@@ -19,11 +28,13 @@ import glob
 import io
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import storage
 from convert.errors import ConvertError
+from convert.reading.formats import AUTO, COMPRESSION_SUFFIXES, KINDS, format_from_name, is_marker
 from storage import StorageError
 
 S3_SCHEME = "s3://"
@@ -46,12 +57,90 @@ def expand_inputs(inputs: list[str]) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     for pattern in inputs:
-        matches = _expand_s3(pattern) if is_s3(pattern) else _expand_local(pattern)
-        for path in matches:
+        listed = _listed_s3(pattern) if is_s3(pattern) else _listed_local(pattern, hidden=False)
+        for path, _ in listed:
             if path not in seen:
                 seen.add(path)
                 out.append(path)
     return out
+
+
+@dataclass(frozen=True)
+class CorpusFiles:
+    paths: list[str]
+    notes: list[str]  # per input that skipped files: a line that counts and names them
+
+
+def expand_corpus(inputs: list[str], fmt: str) -> CorpusFiles:
+    """The corpus files of `inputs` read as `fmt` (a format or "auto"), as `expand_inputs` orders
+    them, with a folder's, prefix's or glob's markers and files of other formats skipped (see the
+    module docstring). Raises a ConvertError for an input that mixes formats `fmt` does not choose
+    between, or that leaves nothing to read."""
+    if not inputs:
+        raise ConvertError("no input given: name at least one file, folder, glob or s3:// prefix")
+    out: list[str] = []
+    seen: set[str] = set()
+    notes: list[str] = []
+    for pattern in inputs:
+        listed = _listed_s3(pattern) if is_s3(pattern) else _listed_local(pattern, hidden=True)
+        taken, note = _corpus_files(pattern, listed, fmt)
+        notes += [note] if note else []
+        for path in taken:
+            if path not in seen:
+                seen.add(path)
+                out.append(path)
+    return CorpusFiles(paths=out, notes=notes)
+
+
+def _corpus_files(pattern: str, listed: list[tuple[str, str | None]], fmt: str) -> tuple[list[str], str]:
+    """The files to read of one input's listing ((path, path under the input, None for a file
+    named on its own)), and a line about those skipped ("" if none)."""
+    markers = [path for path, rel in listed if rel is not None and is_marker(rel)]
+    rest = [path for path, rel in listed if rel is None or not is_marker(rel)]
+    if len(rest) == 1 and listed == [(rest[0], None)]:
+        return rest, ""
+    kinds: dict[str, list[str]] = {}
+    for path in rest:
+        named = format_from_name(path)
+        if named is not None:
+            kinds.setdefault(KINDS[named], []).append(path)
+    wanted = KINDS.get(fmt)
+    if len(kinds) > 1 and wanted not in kinds:
+        counts = ", ".join(f"{len(paths)} {kind}" for kind, paths in kinds.items())
+        choices = " or ".join(f"--format {_FORMAT_OF_KIND[kind]}" for kind in kinds)
+        raise ConvertError(
+            f"input {pattern} mixes formats ({counts} files); pass {choices} to take one of them"
+        )
+    if fmt != AUTO and len(kinds) <= 1:
+        taken = rest  # one format (or none known) and --format given: every file, read as that format
+    else:
+        taken = kinds.get(wanted if fmt != AUTO else next(iter(kinds), ""), [])
+    chosen = set(taken)
+    others = [path for path in rest if path not in chosen]
+    if not taken:
+        raise ConvertError(
+            f"input {pattern} holds nothing readable: {_skipped(markers, others) or 'no files'}; corpus "
+            f"files end in {', '.join(_CORPUS_SUFFIXES)} (compressed too: {', '.join(COMPRESSION_SUFFIXES)}), "
+            "or pass --format to read every file as one format"
+        )
+    skipped = _skipped(markers, others)
+    return taken, f"input {pattern}: {len(taken)} file(s) to read, {skipped}" if skipped else ""
+
+
+_FORMAT_OF_KIND = {"text": "txt", "JSON": "jsonl", "Parquet": "parquet"}
+_CORPUS_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+
+
+def _skipped(markers: list[str], others: list[str]) -> str:
+    """ "N skipped: M marker or metadata file(s) (names), K of no format read here (names)"."""
+    groups = [(markers, "marker or metadata file(s)"), (others, "of another or unknown format")]
+    parts = [f"{len(paths)} {what} ({_names(paths)})" for paths, what in groups if paths]
+    return f"{len(markers) + len(others)} skipped: " + ", ".join(parts) if parts else ""
+
+
+def _names(paths: list[str], shown: int = 3) -> str:
+    names = [path.rstrip("/").rsplit("/", 1)[-1] for path in paths[:shown]]
+    return ", ".join(names) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
 
 # Files a conversion writes under --out (shards/FORMAT.md), for `refuse_output_among_inputs`.
@@ -149,6 +238,15 @@ def open_binary(path: str) -> BinaryIO:
     return io.BufferedReader(_StreamingBodyReader(response["Body"]), buffer_size=_S3_READ_BUFFER)
 
 
+def open_ranged(path: str, size: int | None = None) -> BinaryIO:
+    """An S3 object as a seekable file whose every read is one ranged GET (`size`: its length,
+    if known; else one HEAD request asks)."""
+    bucket, key = split_s3_url(path)
+    if size is None:
+        size = input_sizes([path])[0]
+    return _RangedObject(bucket, key, size)
+
+
 def split_s3_url(url: str) -> tuple[str, str]:
     """`s3://bucket/some/key` -> (`bucket`, `some/key`)."""
     try:
@@ -164,30 +262,35 @@ def _has_glob(pattern: str) -> bool:
     return any(ch in _GLOB_CHARS for ch in pattern)
 
 
-def _expand_local(pattern: str) -> list[str]:
+def _listed_local(pattern: str, hidden: bool) -> list[tuple[str, str | None]]:
+    """The files of a local input, sorted, each with its path under the folder (or the glob's
+    folder) it was found in; None for an input that is that file. `hidden`: files under `.name`
+    too (a corpus counts them as markers)."""
     if _has_glob(pattern):
-        found: list[str] = []
+        base = os.path.dirname(pattern[: min(pattern.index(ch) for ch in _GLOB_CHARS if ch in pattern)])
+        found = []
         for match in sorted(glob.glob(pattern, recursive=True)):
-            found.extend(_files_under(match) if os.path.isdir(match) else [match])
+            for path in _files_under(match, hidden) if os.path.isdir(match) else [match]:
+                found.append((path, os.path.relpath(path, base or ".")))
         if not found:
             raise ConvertError(f"input pattern {pattern!r} matched no files; check the path and quoting")
         return found
     if os.path.isdir(pattern):
-        found = _files_under(pattern)
+        found = [(path, os.path.relpath(path, pattern)) for path in _files_under(pattern, hidden)]
         if not found:
             raise ConvertError(f"input folder {pattern} contains no files")
         return found
     if os.path.isfile(pattern):
-        return [pattern]
+        return [(pattern, None)]
     raise ConvertError(f"input {pattern} does not exist (not a file, folder, glob or s3:// URL)")
 
 
-def _files_under(folder: str) -> list[str]:
-    """Every non-hidden file below `folder`, sorted by path."""
+def _files_under(folder: str, hidden: bool) -> list[str]:
+    """Every file below `folder` (`hidden`: also those with a `.name` on their way), sorted by path."""
     files = []
     for path in Path(folder).rglob("*"):
         relative = path.relative_to(folder)
-        if path.is_file() and not any(part.startswith(".") for part in relative.parts):
+        if path.is_file() and (hidden or not any(part.startswith(".") for part in relative.parts)):
             files.append(str(path))
     return sorted(files)
 
@@ -195,23 +298,29 @@ def _files_under(folder: str) -> list[str]:
 # --- S3 ----------------------------------------------------------------------------------------
 
 
-def _expand_s3(pattern: str) -> list[str]:
+def _listed_s3(pattern: str) -> list[tuple[str, str | None]]:
+    """The objects of an S3 input, sorted by key, each with its key under the prefix (or the glob's
+    folder); None for an input that is that object."""
     bucket, key = split_s3_url(pattern)
     if _has_glob(key):
         # List only the literal part before the first wildcard, then match whole keys.
         literal = key[: min(key.index(ch) for ch in _GLOB_CHARS if ch in key)]
+        base = literal[: literal.rfind("/") + 1]
         keys = [k for k in _list_keys(bucket, literal) if fnmatch.fnmatchcase(k, key)]
     elif key and not key.endswith("/") and _object_exists(bucket, key):
-        keys = [key]
+        return [(f"{S3_SCHEME}{bucket}/{key}", None)]
     else:
-        folder = key if not key or key.endswith("/") else key + "/"
-        keys = _list_keys(bucket, folder) or (_list_keys(bucket, key) if folder != key else [])
+        base = key if not key or key.endswith("/") else key + "/"
+        keys = _list_keys(bucket, base)
+        if not keys and base != key:  # every key starting with the prefix
+            base = key[: key.rfind("/") + 1]
+            keys = _list_keys(bucket, key)
     if not keys:
         raise ConvertError(
             f"input {pattern!r} matched no objects in bucket {bucket!r} at {storage.s3.endpoint_name()}; "
             "check the prefix or glob"
         )
-    return [f"{S3_SCHEME}{bucket}/{k}" for k in sorted(keys)]
+    return [(f"{S3_SCHEME}{bucket}/{k}", k[len(base) :]) for k in sorted(keys)]
 
 
 def _list_keys(bucket: str, prefix: str) -> list[str]:
@@ -263,3 +372,38 @@ class _StreamingBodyReader(io.RawIOBase):
         if not self.closed:
             self._body.close()
         super().close()
+
+
+class _RangedObject(io.RawIOBase):
+    """An S3 object as a seekable raw file: each `read` is one ranged GET through the storage layer."""
+
+    def __init__(self, bucket: str, key: str, size: int) -> None:
+        self._bucket, self._key, self._size, self._pos = bucket, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        if end <= self._pos:
+            return b""
+        request = {"Bucket": self._bucket, "Key": self._key, "Range": f"bytes={self._pos}-{end - 1}"}
+        data = _s3_call(lambda client: client.get_object(**request)["Body"].read(), self._bucket, self._key)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

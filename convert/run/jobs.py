@@ -43,8 +43,8 @@ def convert_corpus(
     """Read, clean, filter, de-duplicate, tokenize, pack and write `inputs` to `out`; returns the
     summary. With `task`, only that task's share of the files, up to the selected rows; returns
     its task.json."""
-    from convert.reading.readers import ReadStats, check_read, read_documents
-    from convert.reading.sources import expand_inputs, input_sizes, refuse_output_among_inputs
+    from convert.reading.readers import ReadStats, check_inputs, check_read, read_documents
+    from convert.reading.sources import expand_corpus, input_sizes, refuse_output_among_inputs
     from convert.run.ranges import RangeFeed, process_spooled_chunk, range_formats, spool_folder
 
     refuse_output_among_inputs(inputs, out)  # else a rerun would read the shards' JSON as text
@@ -53,7 +53,11 @@ def convert_corpus(
         return run_task(
             inputs, tokenizer=tokenizer, out=out, options=options, read=read, task=task, command=command
         )
-    paths = expand_inputs(inputs)
+    corpus = expand_corpus(inputs, read.fmt)
+    paths = corpus.paths
+    for note in corpus.notes:
+        print(note, flush=True)
+    check_inputs(paths, read.fmt, read.text_field, read.preset)
     in_memory, line = plan_memory(paths, input_sizes(paths), options, read)
     print(line, flush=True)
     if not in_memory:
@@ -118,9 +122,10 @@ def convert_corpus(
 EXACT_BYTES_PER_DOCUMENT = 100
 NEAR_BYTES_PER_DOCUMENT = 570 + EXACT_BYTES_PER_DOCUMENT
 # Documents are counted from the inputs' bytes at this many a document (short: counts high, so
-# a conversion goes to disk early rather than late); a compressed file counts 4 times its size.
+# a conversion goes to disk early rather than late); a compressed file (Parquet too) counts 4
+# times its size.
 INPUT_BYTES_PER_DOCUMENT = 400
-_COMPRESSED = (".gz", ".zst", ".bz2", ".xz")
+_COMPRESSED = (".gz", ".zst", ".zstd", ".bz2", ".xz", ".parquet", ".pq")
 
 
 def plan_memory(

@@ -1,13 +1,16 @@
 """Conversion with the workers reading the inputs: the main process handles compact records only.
 
-Used for local, uncompressed files of one document per line (txt, jsonl: `readers.range_format`);
-every other input (S3, gzip, JSON lists, txt-blank, --strict) takes convert/run/conversion.py's path,
-where the main process reads the documents and sends their texts. Both give the same bytes.
+Used for local, uncompressed files of one document per line (txt, jsonl) and for Parquet files,
+local or on S3 (`readers.range_format`); every other input (S3 line files, compressed files, JSON
+lists, txt-blank, --strict) takes convert/run/conversion.py's path, where the main process reads
+the documents and sends their texts. Both give the same bytes.
 
     main process                                  worker processes (`read_range`)
     cut each file into byte ranges at line        read the range, parse its lines (`read_range`,
     ends (`byte_ranges`: a seek and a short   ---> convert/reading/readers.py), clean, digest,
-    read per range)                               filter, sign, tokenize it (the
+    read per range), a Parquet file into its      filter, sign, tokenize it (the
+    row groups (`row_groups`: its footer)         (a row group: `read_row_group`, a record batch
+                                                  at a time, each one such a step and result)
                                                   batch step of convert/run/worker.py); write the
                                                   tokens of the train documents to a spool file
                                  <--------------- digests, sizes, filter reasons, band keys and
@@ -47,7 +50,16 @@ import numpy as np
 from convert.dedup.selection import Selection
 from convert.executor import Executor, ordered
 from convert.reading.options import ReadOptions
-from convert.reading.readers import ReadStats, byte_ranges, empty_corpus_error, range_format, read_range
+from convert.reading.readers import (
+    ReadStats,
+    byte_ranges,
+    empty_corpus_error,
+    range_format,
+    read_range,
+    read_row_group,
+    row_groups,
+)
+from convert.reading.sources import input_sizes
 from convert.records import (
     DIGEST_BYTES,
     ChunkTokens,
@@ -87,12 +99,14 @@ def range_formats(paths: list[str], read: ReadOptions) -> list[str] | None:
 
 @dataclass(kw_only=True)
 class RangeTask:
-    """One byte range for a worker to read and process."""
+    """One byte range, or one row group of a Parquet file, for a worker to read and process."""
 
     path: str
     fmt: str
-    start: int
+    start: int  # the byte range (0, 0 for a row group)
     end: int
+    row_group: int | None = None  # of a Parquet file of `size` bytes
+    size: int = 0
     text_field: str | None
     preset: str | None
     spool: str  # where the worker writes the train documents' tokens
@@ -102,9 +116,12 @@ class RangeTask:
 
 @dataclass(kw_only=True)
 class RangeResult:
+    """What a worker sends back for a byte range, or for one record batch of a row group (a row
+    group gives one per batch, in order: its memory stays that of one batch)."""
+
     batch: TokenizedBatch  # its `tokens` left empty: they are in the spool, or `val_tokens`
-    lines: np.ndarray  # per row: line number within the range, from 0
-    range_lines: int  # lines in the range
+    lines: np.ndarray  # per row: line number within the range (row within the batch), from 0
+    range_lines: int  # lines in the range (rows in the batch)
     is_val: np.ndarray  # per passing row
     offsets: np.ndarray  # per passing row: start in the spool (train) or in val_tokens (val)
     val_tokens: np.ndarray
@@ -121,8 +138,24 @@ class _Arrived(NamedTuple):
     result: RangeResult
 
 
-def read_range_batch(task: RangeTask) -> RangeResult:
-    """In a worker: read, clean, filter, sign and tokenize one byte range (see the module docstring)."""
+def read_range_batch(task: RangeTask) -> list[RangeResult]:
+    """In a worker: read, clean, filter, sign and tokenize one byte range or row group (see the
+    module docstring); a row group's record batches one after another, into one spool file."""
+    spool = _SpoolFile(task.spool)
+    try:
+        return [_process_slice(task, *piece, spool) for piece in _pieces(task)]
+    finally:
+        spool.close()
+
+
+def _pieces(task: RangeTask) -> Iterator[tuple[int, list, ReadStats, int]]:
+    """(lines, documents, their counts, the number of the first line) of each piece of the task."""
+    if task.row_group is not None:
+        for rows, docs, stats in read_row_group(
+            task.path, task.size, task.row_group, text_field=task.text_field
+        ):
+            yield rows, docs, stats, 1
+        return
     with open(task.path, "rb") as f:
         f.seek(task.start)
         data = f.read(task.end - task.start)
@@ -133,6 +166,31 @@ def read_range_batch(task: RangeTask) -> RangeResult:
                    preset=task.preset, stats=stats)
     )  # fmt: skip
     range_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    yield range_lines, docs, stats, first
+
+
+class _SpoolFile:
+    """A task's spool file, opened at its first write; `write` returns where the tokens start."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.file, self.tokens = path, None, 0
+
+    def write(self, tokens: np.ndarray) -> int:
+        if self.file is None:
+            self.file = open(self.path, "wb")  # noqa: SIM115 (closed by `close`)
+        start = self.tokens
+        tokens.tofile(self.file)
+        self.tokens += len(tokens)
+        return start
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _process_slice(
+    task: RangeTask, range_lines: int, docs: list, stats: ReadStats, first: int, spool: _SpoolFile
+) -> RangeResult:
     if not docs:
         none = np.empty(0, dtype=np.int64)
         empty = TokenizedBatch(
@@ -153,11 +211,12 @@ def read_range_batch(task: RangeTask) -> RangeResult:
     digests = np.frombuffer(batch.digests, dtype=_DIGEST)[passing].tobytes()
     is_val = in_val(digests, task.val_fraction) if len(passing) else np.zeros(0, dtype=bool)
     token_val = np.repeat(is_val, lengths)
-    batch.tokens[~token_val].tofile(task.spool)
+    spooled = spool.write(batch.tokens[~token_val])
     val_tokens = batch.tokens[token_val]
     offsets = np.zeros(len(passing), dtype=np.int64)
     for split_rows in (~is_val, is_val):
         offsets[split_rows] = np.cumsum(lengths[split_rows]) - lengths[split_rows]
+    offsets[~is_val] += spooled
     texts = {}
     if batch.keys is not None and len(passing):
         bound = np.uint64(min(task.sample_bound, (1 << 64) - 1))
@@ -239,14 +298,25 @@ class RangeFeed:
         number = 0
         for path, fmt in zip(self.paths, self.formats, strict=True):
             self.stats.files += 1
-            for start, end in byte_ranges(path, os.path.getsize(path), self.range_bytes):
+            for start, end, group, size in self._pieces(path, fmt):
                 spool = os.path.join(self.spool_dir, f"{number:08d}.u32")
                 number += 1
                 yield RangeTask(
-                    path=path, fmt=fmt, start=start, end=end, text_field=self.read.text_field,
-                    preset=self.read.preset, spool=spool, sample_bound=self._sample_bound(),
-                    val_fraction=self.options.val_fraction,
+                    path=path, fmt=fmt, start=start, end=end, row_group=group, size=size,
+                    text_field=self.read.text_field, preset=self.read.preset, spool=spool,
+                    sample_bound=self._sample_bound(), val_fraction=self.options.val_fraction,
                 )  # fmt: skip
+
+    def _pieces(self, path: str, fmt: str) -> Iterator[tuple[int, int, int | None, int]]:
+        """(start, end, row group, size) of each task of one file: its byte ranges, or its row groups."""
+        if fmt == "parquet":
+            size = input_sizes([path])[0]
+            for group in row_groups(path, self.read.text_field, self.stats, size):
+                yield 0, 0, group.index, size
+            return
+        size = os.path.getsize(path)
+        for start, end in byte_ranges(path, size, self.range_bytes):
+            yield start, end, None, size
 
     def _sample_bound(self) -> int:
         """A first band key above which no row of a range handed out now can join the pair sample.
@@ -284,17 +354,21 @@ class RangeFeed:
                 yield task
 
         def arrived() -> Iterator[ToSelect]:
-            for result in ordered(executor, read_range_batch, tracked(), window):
+            for results in ordered(executor, read_range_batch, tracked(), window):
                 task = pending.pop(0)
-                before = lines_in_file.get(task.path, 0)
-                lines_in_file[task.path] = before + result.range_lines
-                self._absorb(task, result, before)
-                self._note_keys(result.batch)
-                self.users[task.spool] = 1
-                text = partial(_sample_text, result.texts, result.lines, task.path, before)
-                yield ToSelect(
-                    batch=result.batch, text=text, deduped=False, payload=_Arrived(task=task, result=result)
-                )
+                self.users[task.spool] = len(results)  # each result routed lets go of it once
+                for result in results:
+                    before = lines_in_file.get(task.path, 0)
+                    lines_in_file[task.path] = before + result.range_lines
+                    self._absorb(task, result, before)
+                    self._note_keys(result.batch)
+                    text = partial(_sample_text, result.texts, result.lines, task.path, before)
+                    yield ToSelect(
+                        batch=result.batch,
+                        text=text,
+                        deduped=False,
+                        payload=_Arrived(task=task, result=result),
+                    )
 
         for selected in self.selection.select_all(arrived()):
             arrived_range = selected.payload

@@ -3,7 +3,7 @@ read, selected, signed and tokenized, for one merge (convert/run/merge.py) that 
 
     task I of N (`shards ... --num-tasks N --task-index I`, any machine, any order, e.g. one
     SLURM array element): its share of the inputs, a contiguous run of the file list (as
-    `expand_inputs` orders it) balanced by bytes; read, clean, filter, sign, tokenize with the
+    `expand_corpus` orders it) balanced by bytes; read, clean, filter, sign, tokenize with the
     workers of a normal conversion; exact de-duplication inside the task; then, under
     OUT/tasks/task-IIIII/:
 
@@ -243,15 +243,19 @@ def run_task(
 ) -> TaskMarker:  # fmt: skip
     """Convert one task's share of `inputs` into pieces under OUT/tasks/; returns its task.json.
     `reuse`: a finished task with the same settings is kept (a one-machine conversion in two passes)."""
-    from convert.reading.readers import ReadStats, read_documents
-    from convert.reading.sources import expand_inputs, input_sizes
+    from convert.reading.readers import ReadStats, check_inputs, read_documents
+    from convert.reading.sources import expand_corpus, input_sizes
 
     loaded = Tokenizer(tokenizer)
     info = loaded.info()
     options = options.resolve(info)
     store = open_output(out)
     refuse_complete(store, options.overwrite, again="convert it again")
-    paths = expand_inputs(inputs)
+    corpus = expand_corpus(inputs, read.fmt)
+    paths = corpus.paths
+    for note in corpus.notes if not reuse else []:  # a conversion in two passes printed them
+        print(note, flush=True)
+    check_inputs(paths, read.fmt, read.text_field, read.preset)
     sizes = input_sizes(paths)
     share = assign_files(sizes, task.count)[task.index]
     mine = paths[share.start : share.stop]

@@ -60,6 +60,29 @@ def write_jsonl(path: str | Path, docs: list[str], field: str = "text") -> list[
     return list(docs)
 
 
+def write_parquet(path: str | Path, texts: list[str | None], *, row_group_size: int, **options) -> Path:
+    """Real Parquet written by pyarrow, the same texts (None: a null) in several columns, each a
+    way corpora store text: `text` (string), `content.text` (a struct's field, beside
+    `content.lang`), `dict_text` (dictionary-encoded), `large_text` (large_string); and `id`
+    (int64, not text). `options` go to `pyarrow.parquet.write_table` (compression, ...)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    count = len(texts)
+    content = pa.StructArray.from_arrays([pa.array(texts), pa.array(["zh"] * count)], names=["text", "lang"])
+    table = pa.table({
+        "id": pa.array(range(count), type=pa.int64()),
+        "text": pa.array(texts, type=pa.string()),
+        "content": content,
+        "dict_text": pa.array(texts, type=pa.string()).dictionary_encode(),
+        "large_text": pa.array(texts, type=pa.large_string()),
+    })  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=row_group_size, **options)
+    return path
+
+
 # --- preset layouts ----------------------------------------------------------------------------
 
 

@@ -64,6 +64,14 @@ def write_corpus(root: Path, docs: list[str]) -> list[str]:
     return [str(a), str(b)]
 
 
+def record_texts(docs: list[str]) -> list[str | None]:
+    """The corpus's records as one list, both files in order, with a null where a.jsonl has its
+    line that is not JSON and an empty text where it has a blank line (at the same line numbers):
+    the same documents, for inputs of other formats (Parquet) that must give the same bytes."""
+    first, second = corpus_documents(docs)
+    return [*first[:18], None, *first[18:41], "", *first[41:], *second]
+
+
 def train(root: Path, docs: list[str]) -> str:
     from convert.tokens.tokenizer import train_tokenizer
 
