@@ -124,7 +124,7 @@ def synthesize(out: Path, docs: int, near: bool, budget: int, tokenizer: str, se
     from convert.dedup.options import NearDedupOptions
     from convert.reading.options import ReadOptions
     from convert.run.options import ShardOptions
-    from convert.run.tasks import MARKER, TaskMarker, TaskWriter, settings_of, task_folder
+    from convert.run.tasks import MARKER, TaskMarker, TaskWriter, settings_of, task_folder, write_sample
     from shards.output import open_output
     from shards.tokenizer import Tokenizer
 
@@ -150,12 +150,12 @@ def synthesize(out: Path, docs: int, near: bool, budget: int, tokenizer: str, se
                 writer.add(synthetic_batch(min(BATCH, count - lo), options, rng, pool, writer.passing))
             writer.finish()
         store.write_bytes(f"{task_folder(index)}/tokenizer.model", loaded.model_bytes)
-        store.write_json(f"{task_folder(index)}/sample.json", [])
+        sample = write_sample(store, task_folder(index), None)
         marker = TaskMarker(
             task=index, settings=settings, files=[], dropped_before_selection={}, dropped={}, dropped_tokens={},
             read={"files": 0, "documents": count, "malformed": 0, "malformed_examples": []},
             pieces=writer.pieces, rows=writer.rows, passing=writer.passing, digest_runs=writer.digest_runs,
-            key_runs=writer.key_runs, sketches=writer.sketches, elapsed_s=round(time.monotonic() - start, 3),
+            key_runs=writer.key_runs, sketches=writer.sketches, sample=sample, elapsed_s=round(time.monotonic() - start, 3),
             finished_at=time.time(), command="python -m bench.dedup_scale (synthetic)",
         )  # fmt: skip
         store.write_json(f"{task_folder(index)}/{MARKER}", marker.to_json())

@@ -87,6 +87,7 @@ from convert.run.tasks import (
     TaskPiece,
     read_frames,
     read_piece_rows,
+    read_sample,
     sketch_digest,
     task_folder,
 )
@@ -774,6 +775,7 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
     for marker in markers:  # what the tasks dropped before their rows
         for reason, count in marker.dropped_before_selection.items():
             drops.add(reason, count)
+    texts = _sample_texts(store, markers) if near is not None else {}  # checked before the stages run
     scratch = make_scratch("merge")
     window = 2 * workers
     try:
@@ -796,7 +798,6 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
         duplicates = f"{scratch}/duplicate-rows.npy"  # the workers sift the pieces with it
         duplicate_rows.freeze().save(duplicates)
         del duplicate_rows
-        texts = _sample_texts(store, markers) if near is not None else {}
         cursor_bytes = min(4 << 20, max(4 << 10, budget // (8 * max(1, len(near_outputs)))))
         total = sum(len(marker.pieces) for marker in markers)
         with progress_bar(total, "piece", "merging", enabled=progress) as bar:
@@ -821,8 +822,8 @@ def _sample_texts(
     store: Store, markers: list[TaskMarker]
 ) -> dict[tuple[int, int], str | tuple[str, str, int]]:
     texts = {}
-    for index in range(len(markers)):
-        for member in store.read_json(f"{task_folder(index)}/sample.json") or []:
+    for index, marker in enumerate(markers):
+        for member in read_sample(store, task_folder(index), marker.sample):
             text = member["text"]
             texts[(index, member["position"])] = (
                 (text, member["file"], member["line"]) if "file" in member else text

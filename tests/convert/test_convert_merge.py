@@ -257,11 +257,15 @@ def _flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
 @pytest.mark.parametrize(
     ("name", "damage"),
     [("piece-00000.rows", _truncate), ("piece-00000.rows", _flip), ("piece-00000.tokens", _truncate),
      ("piece-00000.tokens", _flip), ("keys-00000.run", _flip), ("digests-00000.run", _truncate),
-     ("sketches.u8", _flip)],
+     ("sketches.u8", _flip), ("sample.json", _truncate), ("sample.json", _empty), ("sample.json", _flip)],
 )  # fmt: skip
 def test_a_damaged_task_file_is_one_line_naming_the_task_and_the_fix(golden_tasks, tmp_path, name, damage):
     out = copy_tasks(golden_tasks, "near_filters", tmp_path / "out")
