@@ -761,6 +761,7 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
             f"{store.url(task_folder(0))}/tokenizer.model does not match its task.json: run task 0 again"
         )
     conversion.prepare_output()
+    _remove_stale_temporaries(store)
     start = time.monotonic()
     tasks = Tasks.of(markers)
     near = conversion.options.near_dedup
@@ -812,6 +813,17 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
         read=_merged_read(markers), dropped=drops.as_dict(), start=start, command=command or markers[0].command,
         selection=feed.report, tasks=len(markers),
     )  # fmt: skip
+
+
+def _remove_stale_temporaries(store: Store) -> None:
+    """The stage files a killed merge was writing (temporary files as large as a stage's output;
+    its workers die with it) go, but not those of a live process: another merge of this output."""
+    removed = store.remove_stale_temporaries(MERGE)
+    if removed:
+        print(
+            f"merge: removed {len(removed)} temporary file(s) a killed run left under {store.url(MERGE)}",
+            flush=True,
+        )
 
 
 def _no_setup() -> None:

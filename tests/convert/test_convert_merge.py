@@ -166,7 +166,8 @@ def _counted(rows: int, passing: int, bands: int):
 
 def test_a_merge_resumes_from_any_stage_and_takes_nothing_half_written(golden_tasks, tmp_path):
     """What a merge killed at each point leaves: stage jobs done, one job's files written but not
-    its marker, one marked but truncated, parts written, no index. The re-run ends with the record."""
+    its marker, one marked but truncated, parts written, no index, temporary files of its killed
+    writers. The re-run ends with the record and removes those temporary files."""
     out = tmp_path / "out"
     merged(golden_tasks, "near_filters", out, partitions=(3, 4))
     stage = out / "merge"
@@ -179,9 +180,27 @@ def test_a_merge_resumes_from_any_stage_and_takes_nothing_half_written(golden_ta
         (out / split / "index.json").unlink()
     (out / "summary.json").unlink()
     shutil.rmtree(out / "train" / "part-00002")
-    resumed = merge_tasks(str(out), progress=False, partitions=(3, 4))
+    # what writers killed mid-write leave (a stage job's output, the summary, an index), and a
+    # live process's temporary file (another merge of this output): only the dead ones' go
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = int(gone.stdout)
+    stale = [stage / f".exact-00001.pids.run.tmp-{dead}-0a1b2c3d", stage / f".near-00003.run.tmp-{dead}-00ff00ff",
+             out / f".summary.json.tmp-{dead}-12345678", out / "train" / f".index.json.tmp-{dead}-9abcdef0"]  # fmt: skip
+    for path in stale:
+        path.write_bytes(b"\0" * 4096)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        live = stage / f".near-00002.run.tmp-{alive.pid}-0badf00d"
+        live.write_bytes(b"\0" * 4096)
+        resumed = merge_tasks(str(out), progress=False, partitions=(3, 4))
+    finally:
+        alive.kill()
+        alive.wait()
     assert digests(out) == golden_tasks["record"]["cases"]["near_filters"]
     assert resumed.reused_parts > 0
+    assert not any(path.exists() for path in stale) and live.exists()
 
 
 def test_a_killed_merge_run_again_ends_as_a_fresh_one(tmp_path, chinese_documents, small_tokenizer):
