@@ -23,14 +23,14 @@ position once the exact duplicates among them are known.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from convert.dedup.minhash import estimate_jaccard
 
 NONE = np.uint64((1 << 64) - 1)  # a row that has no pid (it does not pass the filters)
-_SCORE_STEP_BYTES = 1 << 24  # sketches compared per step (bounded temporary arrays)
+_SCORE_STEP_BYTES = 1 << 22  # sketches compared per step (bounded temporary arrays)
 
 
 def _group_starts(*sorted_columns: np.ndarray) -> np.ndarray:
@@ -71,9 +71,24 @@ def candidate_pairs(keys: np.ndarray, docs: np.ndarray, per_key: int) -> tuple[n
 def sorted_candidate_pairs(
     keys: np.ndarray, docs: np.ndarray, per_key: int, block: int = 1 << 20
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`candidate_pairs` of entries sorted by key, then document: worked out `block` entries at a
-    time (whole groups of a key), so the temporary arrays stay small beside the entries."""
+    """`candidate_pairs` of entries sorted by key, then document (`candidate_pair_blocks` joined)."""
     laters, befores = [], []
+    for later, before in candidate_pair_blocks(keys, docs, per_key, block):
+        laters.append(later)
+        befores.append(before)
+    empty = np.empty(0, dtype=docs.dtype)
+    return distinct(
+        np.concatenate(laters) if laters else empty, np.concatenate(befores) if befores else empty
+    )
+
+
+def candidate_pair_blocks(
+    keys: np.ndarray, docs: np.ndarray, per_key: int, block: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The candidate pairs of entries sorted by key, then document, worked out `block` entries at
+    a time (whole groups of a key): each block's distinct pairs, by later then before. A pair
+    that two keys share may come in two blocks; the pairs of one block are at most `per_key`
+    times its entries, so the temporary arrays stay small beside the entries."""
     at = 0
     while at < len(keys):
         end = min(len(keys), at + block)
@@ -84,13 +99,8 @@ def sorted_candidate_pairs(
         group_start = np.flatnonzero(starts)[np.cumsum(starts) - 1]
         rank = np.arange(len(block_keys)) - group_start
         source, offset = expand(np.arange(len(block_keys)), np.minimum(rank, per_key))
-        laters.append(block_docs[source])
-        befores.append(block_docs[group_start[source] + offset])
+        yield distinct(block_docs[source], block_docs[group_start[source] + offset])
         at = end
-    empty = np.empty(0, dtype=docs.dtype)
-    return distinct(
-        np.concatenate(laters) if laters else empty, np.concatenate(befores) if befores else empty
-    )
 
 
 def distinct(later: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

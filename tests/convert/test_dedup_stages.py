@@ -86,6 +86,20 @@ def test_any_partitions_and_runs_decide_as_one_index_in_input_order(tmp_path, co
     assert 0.2 < (match >= 0).mean() < 0.8
 
 
+def test_pairs_verified_a_few_entries_at_a_time_decide_the_same(tmp_path, monkeypatch):
+    """The near stage verifies a partition's pairs a block of entries at a time and keeps each
+    block's best (the pairs' memory bounded whatever a key links): blocks of 5 entries decide as
+    one index."""
+    from convert.dedup import stages
+
+    keys, sketches = colliding(2500)
+    expected, expected_estimate = NearDuplicates(OPTIONS).add(keys, sketches)
+    store, runs, files = write_tasks(tmp_path, keys, sketches, cuts=[700, 1900], limit=3000)
+    monkeypatch.setattr(stages, "_PAIR_BLOCK", 5)
+    match, estimate = near_stage(tmp_path, store, runs, files, 3, RankedBits(0, len(keys)).freeze())
+    assert np.array_equal(match, expected) and np.array_equal(estimate, expected_estimate)
+
+
 def test_pairs_worked_out_a_few_entries_at_a_time_are_the_same():
     """A partition's sorted entries are turned into pairs in blocks that end on a key's last entry
     (bounded temporaries): any block size, down to one entry, gives the same pairs."""
