@@ -121,8 +121,9 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
     filters = parser.add_argument_group("quality filters (each off unless given or --filters)")
     filters.add_argument("--filters", action="store_true", help="every filter on at its default (below)")
     filters.add_argument(
-        "--min-cjk-share", type=float, default=None, help="least share of CJK characters (0.3)"
-    )
+        "--min-cjk-share", type=float, default=None,
+        help="least share of CJK characters (under --filters: 0.3 with a Chinese corpus's --preset, else off)",
+    )  # fmt: skip
     filters.add_argument(
         "--max-symbol-share", type=float, default=None, help="most share of digits/symbols (0.3)"
     )
@@ -314,6 +315,7 @@ def _selection(args: argparse.Namespace) -> dict:
     """The quality filters and near-duplicate settings of `shards`, as ShardOptions fields."""
     from convert.dedup import NearDedupOptions
     from convert.filters import QualityFilters
+    from convert.reading import get_preset
 
     near_flags = {"--shingle": args.shingle, "--minhash-bins": args.minhash_bins, "--lsh-bands": args.lsh_bands,
                   "--lsh-rows": args.lsh_rows}  # fmt: skip
@@ -322,7 +324,8 @@ def _selection(args: argparse.Namespace) -> dict:
         raise ConvertError(
             f"{given[0]} only applies to near-duplicate removal: add --near-dedup, or drop {given[0]}"
         )
-    base = QualityFilters.recommended() if args.filters else QualityFilters()
+    chinese = args.preset is not None and get_preset(args.preset).chinese
+    base = QualityFilters.recommended(chinese=chinese) if args.filters else QualityFilters()
     chosen = {
         "min_chars": args.min_chars, "min_cjk_share": args.min_cjk_share, "max_symbol_share": args.max_symbol_share,
         "max_dup_lines": args.max_dup_lines, "max_dup_paragraphs": args.max_dup_paragraphs,

@@ -67,6 +67,7 @@ from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.executor import Executor, ordered, start_workers
 from convert.filters.cleaning import Cleaner, text_digest
+from convert.filters.quality import dominant_drop
 from convert.records import (
     ChunkTokens,
     Doc,
@@ -446,6 +447,9 @@ class Conversion:
         then the indexes last. `selection` adds its dropped tokens and pair sample; `tasks`, a
         merge's task count."""
         totals, options = self.totals, self.options
+        warning = dominant_drop(dropped, read.get("documents", 0), options.filters) if selection else None
+        if warning:  # before "nothing to write", which it often explains
+            print(warning, file=sys.stderr, flush=True)
         if totals["train"].samples == 0:
             read_docs = read.get("documents", "the")
             raise ConvertError(

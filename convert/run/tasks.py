@@ -44,6 +44,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -58,7 +59,7 @@ from convert.dedup.runs import RunInfo, RunSpiller
 from convert.dedup.selection import Selection
 from convert.errors import ConvertError, DamagedFile
 from convert.executor import start_workers
-from convert.filters.quality import REASON_CODES
+from convert.filters.quality import REASON_CODES, dominant_drop
 from convert.reading.options import ReadOptions
 from convert.records import DIGEST_BYTES, Selected
 from convert.run.conversion import select_in_workers
@@ -323,6 +324,9 @@ def run_task(
         f"in {len(writer.pieces)} piece(s) under {store.url(task.folder)} in {marker.elapsed_s:.1f} s; "
         f"merge with `python -m convert merge --out {store.url()}` once all {task.count} tasks are done"
     )
+    warning = dominant_drop(dropped, stats.documents, options.filters)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     return marker
 
 
