@@ -127,7 +127,7 @@ def test_quality_filters_count_documents_and_tokens(
     write_jsonl(tmp_path / "c.jsonl", [*good, *bad.values(), *bad.values()])
     summary = convert_corpus(
         [str(tmp_path / "c.jsonl")], tokenizer=small_tokenizer, out=str(tmp_path / "out"),
-        options=options(filters=QualityFilters.recommended(), near_dedup=None),
+        options=options(filters=QualityFilters.recommended(chinese=True), near_dedup=None),
     )  # fmt: skip
     sp = spm.SentencePieceProcessor(model_file=small_tokenizer)
     for reason, text in bad.items():
