@@ -150,6 +150,10 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
         "--lsh-bands", type=int, default=None, help="LSH bands (default: chosen for the threshold)"
     )
     near.add_argument("--lsh-rows", type=int, default=None, help="rows per band (with --lsh-bands)")
+    near.add_argument(
+        "--near-rule", default=None, choices=("any", "kept"),
+        help="drop a document near any earlier one (default), or only near an earlier kept one (chains keep more)",
+    )  # fmt: skip
 
 
 def _add_merge(commands) -> None:
@@ -318,7 +322,7 @@ def _selection(args: argparse.Namespace) -> dict:
     from convert.reading import get_preset
 
     near_flags = {"--shingle": args.shingle, "--minhash-bins": args.minhash_bins, "--lsh-bands": args.lsh_bands,
-                  "--lsh-rows": args.lsh_rows}  # fmt: skip
+                  "--lsh-rows": args.lsh_rows, "--near-rule": args.near_rule}  # fmt: skip
     given = [flag for flag, value in near_flags.items() if value is not None]
     if given and args.near_dedup is None:
         raise ConvertError(
@@ -341,6 +345,7 @@ def _selection(args: argparse.Namespace) -> dict:
             bins=args.minhash_bins if args.minhash_bins is not None else defaults.bins,
             bands=args.lsh_bands or 0,
             rows=args.lsh_rows or 0,
+            rule=args.near_rule or defaults.rule,
         )
     return {"filters": filters, "near_dedup": near}
 

@@ -288,6 +288,9 @@ class SelectionReport(Protocol):
     @property
     def near_index_bytes(self) -> int | None: ...
 
+    @property
+    def near_through_removed(self) -> int: ...
+
 
 class PartLog:
     """One split's parts as they come back, on disk rather than in memory: a conversion has a part
@@ -502,6 +505,7 @@ class Conversion:
             options=near,
             report=NEAR_REPORT,
             pairs_in_report=len(pairs),
+            through_removed=selection.near_through_removed,
             index_bytes=selection.near_index_bytes,
         )
 

@@ -137,11 +137,11 @@ def test_the_budget_sets_the_partitions():
     )
     assert merge_module.plan_stages(tasks, 8 << 30, 4, True, None).near_partitions < plan.near_partitions
     with pytest.raises(ConvertError, match=r"--memory-budget 4.0 MiB leaves less than 16.0 KiB per worker"):
-        merge_module.plan_stages(tasks, 4 << 20, 2, True, None)  # the bitmaps alone: 3.5 MiB
+        merge_module.plan_stages(tasks, 4 << 20, 2, True, None)  # the bitmaps alone: 4.6 MiB
     with pytest.raises(
-        ConvertError, match=r"--memory-budget 5.6 MiB would need [\d,]+ partitions \(at most 65,536\)"
+        ConvertError, match=r"--memory-budget 7.6 MiB would need [\d,]+ partitions \(at most 65,536\)"
     ):
-        merge_module.plan_stages(tasks, int(5.6 * (1 << 20)), 2, True, None)
+        merge_module.plan_stages(tasks, int(7.6 * (1 << 20)), 2, True, None)
 
 
 def _counted(rows: int, passing: int, bands: int):
