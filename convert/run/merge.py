@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from convert.budget import format_size, resolve_budget
+from convert.budget import budget_warning, describe_peak, format_size, resolve_budget
 from convert.dedup.near_dedup import PairSample
 from convert.dedup.options import NearDedupOptions
 from convert.dedup.pairs import NearDecisions, RankedBits, sorted_contains
@@ -774,9 +774,13 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
     budget = resolve_budget(memory_budget)
     plan = _adopt_plan(store, plan_stages(tasks, budget, workers, near is not None, partitions))
     print(
-        describe_plan(store, tasks, plan, budget, workers, near.bins if near is not None else None),
+        describe_plan(store, tasks, plan, budget, workers, near.bins if near is not None else None)
+        + f"; {describe_peak(budget, workers + 1)}",
         flush=True,
     )
+    warning = budget_warning(budget, workers + 1)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     read = ReadOptions(**settings["read"])
     drops = read.cleaner().drops
     for marker in markers:  # what the tasks dropped before their rows

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import xxhash
 
-from convert.budget import format_size, resolve_budget
+from convert.budget import budget_warning, describe_peak, format_size, resolve_budget
 from convert.dedup.minhash import SIGNATURE_VERSION
 from convert.dedup.near_dedup import PairSample
 from convert.dedup.pairs import NONE
@@ -285,9 +285,12 @@ def run_task(
     stats = ReadStats()
     print(
         f"task {task.index} of {task.count}: {len(mine)} file(s), {format_size(sum(sizes[share.start : share.stop]))}; "
-        f"memory budget {format_size(budget)}: {writer.describe()}",
+        f"memory budget {format_size(budget)}: {writer.describe()}; {describe_peak(budget, options.processes)}",
         flush=True,
     )
+    warning = budget_warning(budget, options.processes)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     with writer:
         if mine:
             docs = read_documents(
