@@ -2,9 +2,9 @@
 
 A preset says how a file is laid out (`fmt`: a JSON list or JSON lines) and how to pull the
 text out of one record; `chinese` says its text is Chinese (then `--filters` also asks for a
-share of CJK characters, `QualityFilters.recommended`). `extract` returns None when a record has no usable text field at all
-(the reader counts it as malformed); an empty string is returned as is and left to the
-cleaner, which drops it as "empty".
+share of CJK characters, `QualityFilters.recommended`). `extract` returns None when a record
+has no usable text field at all (the reader counts it as malformed); an empty string is returned
+as is and left to the cleaner, which drops it as "empty".
 """
 
 from __future__ import annotations
