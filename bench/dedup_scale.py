@@ -1,6 +1,6 @@
 """De-duplication and the merge at scale: `python -m bench.dedup_scale` (or `make bench-dedup-scale`).
 
-Three parts, figures and ratios (not a pass/fail test):
+Three parts, figures and ratios (not a pass/fail test), and a fourth on its own (`--whole-job`):
 
   1. memory (synthetic, `--sizes`, default 1 M, 3 M and 10 M documents): tasks are written by the
      converter's own task writer (convert/run/tasks.py `TaskWriter`) from synthetic rows, since
@@ -31,6 +31,11 @@ Three parts, figures and ratios (not a pass/fail test):
   3. a projection for 600 M and 6 B documents of 2,000 tokens (1.2 T and 12 T tokens) from the
      measured costs: memory, disk, and hours on M machines of 64 cores (tasks on all of them; the
      merge's stages and part writing on one machine's 64 cores, its ordered pass on one core).
+  4. `--whole-job DOCS`: a whole one-machine conversion of DOCS real short documents (review
+     sentences recombined) under `--budget`, one command (a task, then the merge): the process
+     tree's peak against the budget plus the fixed costs (20 k documents), and the plan line's
+     expected peak; then the near rules (`--near-rule any` and `kept`) on `--rule-docs`
+     documents: drops, those only through dropped documents, the merge's main process CPU.
 """
 
 from __future__ import annotations
@@ -124,7 +129,7 @@ def synthesize(out: Path, docs: int, near: bool, budget: int, tokenizer: str, se
     from convert.dedup.options import NearDedupOptions
     from convert.reading.options import ReadOptions
     from convert.run.options import ShardOptions
-    from convert.run.tasks import MARKER, TaskMarker, TaskWriter, settings_of, task_folder
+    from convert.run.tasks import MARKER, TaskMarker, TaskWriter, settings_of, task_folder, write_sample
     from shards.output import open_output
     from shards.tokenizer import Tokenizer
 
@@ -151,12 +156,12 @@ def synthesize(out: Path, docs: int, near: bool, budget: int, tokenizer: str, se
             writer.finish()
         for name, data in loaded.files.items():
             store.write_bytes(f"{task_folder(index)}/{name}", data)
-        store.write_json(f"{task_folder(index)}/sample.json", [])
+        sample = write_sample(store, task_folder(index), None)
         marker = TaskMarker(
             task=index, settings=settings, files=[], dropped_before_selection={}, dropped={}, dropped_tokens={},
             read={"files": 0, "documents": count, "malformed": 0, "malformed_examples": []},
             pieces=writer.pieces, rows=writer.rows, passing=writer.passing, digest_runs=writer.digest_runs,
-            key_runs=writer.key_runs, sketches=writer.sketches, elapsed_s=round(time.monotonic() - start, 3),
+            key_runs=writer.key_runs, sketches=writer.sketches, sample=sample, elapsed_s=round(time.monotonic() - start, 3),
             finished_at=time.time(), command="python -m bench.dedup_scale (synthetic)",
         )  # fmt: skip
         store.write_json(f"{task_folder(index)}/{MARKER}", marker.to_json())
@@ -472,6 +477,70 @@ def cpu_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- part 4 ----------------------------------------------------------------------------------------
+
+
+def whole_job(
+    root: Path, tokenizer: str, docs: int, rule_docs: int, budget: str, workers: int, merges: int
+) -> str:
+    """The whole of a one-machine conversion under `--memory-budget`: review sentences recombined
+    into `docs` short documents, `shards --near-dedup --filters --memory-budget BUDGET` (its state
+    passes the budget: one task, then the merge, in one command); the process tree's peak against
+    the budget plus the fixed costs (the same job on 20 k documents, as a task and a merge: the
+    peak of the two). Then the near rules on `rule_docs` documents: a task and its merge each, the
+    merge's main process CPU (the ordered pass; the least of `merges` runs)."""
+    from convert.budget import format_size, parse_size
+    from convert.demo.corpus import review_sentences
+
+    sentences = review_sentences()
+    common = ["--tokenizer", tokenizer, "--seq-len", "512", "--workers", str(workers), "--no-progress",
+              "--near-dedup", "--filters", "--memory-budget", budget]  # fmt: skip
+    small = root / "job-small"
+    write_split(small / "in", sentences[:BASELINE_DOCS], 3)
+    fixed = max(
+        measure(_bench("task", "shards", small / "in", "--out", small / "out", *common, "--num-tasks", "1",
+                       "--task-index", "0")).peak_total,
+        measure(_bench("task", "merge", "--out", small / "out", "--workers", workers, "--no-progress",
+                       "--memory-budget", budget)).peak_total,
+    )  # fmt: skip
+    large = root / "job-large"
+    write_split(large / "in", recombined(sentences, math.ceil(docs / len(sentences)))[:docs], 3)
+    job = measure(_bench("task", "shards", large / "in", "--out", large / "out", *common))
+    summary = json.loads((large / "out" / "summary.json").read_text())
+    plan = next(line for line in job.stdout.splitlines() if line.startswith("memory budget"))
+    size = parse_size(budget)
+    lines = [
+        f"{summary['read']['documents']:,} documents, --memory-budget {budget}, {workers} workers: {plan.split('; ')[-1]}",
+        "| | peak, all processes | main process | over the budget plus the fixed costs |",
+        "|---|---|---|---|",
+        f"| 20 k documents (fixed costs) | {format_size(fixed)} | | |",
+        f"| {docs / 1e6:g} M documents | {format_size(job.peak_total)} | {format_size(job.peak_main)} | "
+        f"{format_size(job.peak_total - size - fixed) if job.peak_total > size + fixed else 'no'} "
+        f"({format_size(size + fixed)}) |",
+    ]
+    shutil.rmtree(large)
+    rules = root / "rules"
+    write_split(rules / "in", recombined(sentences, math.ceil(rule_docs / len(sentences)))[:rule_docs], 3)
+    lines += ["", f"near rules on {rule_docs:,} documents (`--near-rule`):",
+              "| rule | near duplicates dropped | of them only through dropped ones | merge main process CPU |",
+              "|---|---|---|---|"]  # fmt: skip
+    for rule in ("any", "kept"):
+        out = rules / rule
+        measure(_bench("task", "shards", rules / "in", "--out", out, *common, "--near-rule", rule, "--num-tasks",
+                       "1", "--task-index", "0"))  # fmt: skip
+        cpu = math.inf
+        for _ in range(merges):
+            clear_merge(out)
+            cpu = min(cpu, measure(_bench("task", "merge", "--out", out, "--workers", workers, "--no-progress",
+                                          "--memory-budget", budget)).main_cpu_s)  # fmt: skip
+        near = json.loads((out / "summary.json").read_text())
+        lines.append(
+            f"| {rule} | {near['dropped']['near_duplicate']:,} | {near['near_dedup']['dropped_only_through_dropped']:,} "
+            f"| {cpu:.2f} s |"
+        )
+    return "\n".join(lines)
+
+
 # --- part 3 ----------------------------------------------------------------------------------------
 
 
@@ -572,6 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--merges", type=int, default=5, help="part 2: runs of each merge (the least CPU kept)"
     )
+    parser.add_argument(
+        "--whole-job", type=float, default=None, metavar="DOCS",
+        help="part 4 alone: a whole one-machine conversion of DOCS short documents under --budget, and the near rules",
+    )  # fmt: skip
+    parser.add_argument("--rule-docs", type=float, default=3e5, help="part 4: documents for the near rules")
     args = parser.parse_args(argv)
     from convert.budget import parse_size
     from convert.demo.corpus import peoples_daily_documents
@@ -583,6 +657,10 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = str(root / "tok.model")
         train_tokenizer(peoples_daily_documents()[:2000], vocab_size=8000, out=tokenizer)
         default = parse_size(args.default_budget) if args.default_budget else 0
+        if args.whole_job:
+            print(whole_job(root, tokenizer, int(args.whole_job), int(args.rule_docs), args.budget, args.workers,
+                            min(args.merges, 3)))  # fmt: skip
+            return 0
         memory = None
         if not args.text_only:
             per_doc, exact = single_machine_state(1_000_000)

@@ -19,6 +19,12 @@ from convert.errors import ConvertError
 
 DEFAULT_SHARE = 0.5
 MINIMUM = 16 << 20  # less than this cannot hold a partition's fixed costs
+# What each process of a conversion holds beside its share of the budget: the interpreter, numpy,
+# SentencePiece, a batch in flight. `python -m bench.dedup_scale --whole-job 1e6` (2026-12-04):
+# a job of 3 processes on 20 k short documents peaked at 125.5-150.9 MiB (42-50 MiB each, PSS),
+# the same job on 1 M under a 256 MiB budget at 353.8-384.0 MiB. A job peaks within the budget
+# plus this for each process (the plan line says so); 56 MiB leaves a margin over the 50 measured.
+PROCESS_BYTES = 56 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -57,3 +63,31 @@ def machine_memory() -> int:
 def resolve_budget(budget: int) -> int:
     """A budget in bytes; 0 means the default share of the machine's memory."""
     return budget if budget > 0 else int(DEFAULT_SHARE * machine_memory())
+
+
+def expected_peak(budget: int, processes: int) -> int:
+    """What a job of `processes` processes under `budget` is expected to hold at most."""
+    return budget + processes * PROCESS_BYTES
+
+
+def describe_peak(budget: int, processes: int) -> str:
+    return (
+        f"the job's {processes} processes peak within about {format_size(expected_peak(budget, processes))} "
+        f"(the budget and {format_size(PROCESS_BYTES)} each)"
+    )
+
+
+def budget_warning(budget: int, processes: int, machine: int | None = None) -> str | None:
+    """One warning line when the job's expected peak passes this machine's memory (or its
+    container's limit), else None."""
+    machine = machine_memory() if machine is None else machine
+    peak = expected_peak(budget, processes)
+    if peak <= machine:
+        return None
+    room = machine - processes * PROCESS_BYTES
+    fix = f"give --memory-budget {format_size(room)} or less" if room >= MINIMUM else "use fewer --workers"
+    return (
+        f"warning: --memory-budget {format_size(budget)} and {processes} processes (about {format_size(peak)} at "
+        f"the peak) are more than this machine's memory or its container's limit ({format_size(machine)}): the "
+        f"job may be killed; {fix}"
+    )

@@ -126,8 +126,9 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
     filters = parser.add_argument_group("quality filters (each off unless given or --filters)")
     filters.add_argument("--filters", action="store_true", help="every filter on at its default (below)")
     filters.add_argument(
-        "--min-cjk-share", type=float, default=None, help="least share of CJK characters (0.3)"
-    )
+        "--min-cjk-share", type=float, default=None,
+        help="least share of CJK characters (under --filters: 0.3 with a Chinese corpus's --preset, else off)",
+    )  # fmt: skip
     filters.add_argument(
         "--max-symbol-share", type=float, default=None, help="most share of digits/symbols (0.3)"
     )
@@ -154,6 +155,10 @@ def _add_selection(parser: argparse.ArgumentParser) -> None:
         "--lsh-bands", type=int, default=None, help="LSH bands (default: chosen for the threshold)"
     )
     near.add_argument("--lsh-rows", type=int, default=None, help="rows per band (with --lsh-bands)")
+    near.add_argument(
+        "--near-rule", default=None, choices=("any", "kept"),
+        help="drop a document near any earlier one (default), or only near an earlier kept one (chains keep more)",
+    )  # fmt: skip
 
 
 def _add_merge(commands) -> None:
@@ -323,15 +328,17 @@ def _selection(args: argparse.Namespace) -> dict:
     """The quality filters and near-duplicate settings of `shards`, as ShardOptions fields."""
     from convert.dedup import NearDedupOptions
     from convert.filters import QualityFilters
+    from convert.reading import get_preset
 
     near_flags = {"--shingle": args.shingle, "--minhash-bins": args.minhash_bins, "--lsh-bands": args.lsh_bands,
-                  "--lsh-rows": args.lsh_rows}  # fmt: skip
+                  "--lsh-rows": args.lsh_rows, "--near-rule": args.near_rule}  # fmt: skip
     given = [flag for flag, value in near_flags.items() if value is not None]
     if given and args.near_dedup is None:
         raise ConvertError(
             f"{given[0]} only applies to near-duplicate removal: add --near-dedup, or drop {given[0]}"
         )
-    base = QualityFilters.recommended() if args.filters else QualityFilters()
+    chinese = args.preset is not None and get_preset(args.preset).chinese
+    base = QualityFilters.recommended(chinese=chinese) if args.filters else QualityFilters()
     chosen = {
         "min_chars": args.min_chars, "min_cjk_share": args.min_cjk_share, "max_symbol_share": args.max_symbol_share,
         "max_dup_lines": args.max_dup_lines, "max_dup_paragraphs": args.max_dup_paragraphs,
@@ -347,6 +354,7 @@ def _selection(args: argparse.Namespace) -> dict:
             bins=args.minhash_bins if args.minhash_bins is not None else defaults.bins,
             bands=args.lsh_bands or 0,
             rows=args.lsh_rows or 0,
+            rule=args.near_rule or defaults.rule,
         )
     return {"filters": filters, "near_dedup": near}
 

@@ -2,7 +2,8 @@
 
 A complete output (both splits' index.json) is refused unless asked to overwrite it. An
 incomplete one loses its index.json files first, so a run killed while writing is never taken for
-complete. Then either everything is cleared (`resume=False`, or overwriting), or the parts
+complete, and the temporary files a killed writer left in it (the splits' and the run's own
+files, as large as what was being written) go. Then either everything is cleared (`resume=False`, or overwriting), or the parts
 already written stay for the conversion to reuse (convert/run/conversion.py checks each part's marker).
 """
 
@@ -41,6 +42,8 @@ def prepare_output(store: Store, *, overwrite: bool, resume: bool, files: tuple[
     """Refuse a complete output (unless `overwrite`); remove both index.json files; then, when
     overwriting or not resuming, both splits and `files` (the run's other outputs) too."""
     refuse_complete(store, overwrite)
+    for rel in ("", *SPLITS):
+        store.remove_stale_temporaries(rel)
     for split in SPLITS:
         # An interrupted run may have finished one split; it is redone with the other.
         store.delete_tree(f"{split}/{INDEX_FILE}")

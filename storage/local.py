@@ -11,6 +11,7 @@ one.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 TMP_MARK = ".tmp-"  # in the name of every temporary file written here (listings skip them)
+_WRITER = re.compile(rf"^\..+{re.escape(TMP_MARK)}(\d+)-[0-9a-f]+$")
 
 
 @contextmanager
@@ -55,3 +57,9 @@ def temporary_name(name: str) -> str:
 def is_temporary(name: str) -> bool:
     """A name written by `atomic_open` (or the older `.tmp` suffix) that is not a real file."""
     return TMP_MARK in name or name.endswith(".tmp")
+
+
+def temporary_writer(name: str) -> int | None:
+    """The pid of the process that named the temporary file `name` (`temporary_name`), else None."""
+    match = _WRITER.match(name)
+    return int(match.group(1)) if match else None

@@ -23,7 +23,8 @@ from typing import Any
 
 import storage.s3 as s3
 from storage.errors import StorageError
-from storage.local import TMP_MARK, atomic_write_bytes, is_temporary, temporary_name
+from storage.local import TMP_MARK, atomic_write_bytes, is_temporary, temporary_name, temporary_writer
+from storage.scratch import pid_alive
 
 GUARD_WAIT_S = 30.0  # how long a compare-and-swap on a local folder waits for another's to end
 
@@ -125,6 +126,9 @@ class Store:
     def list_dirs(self, rel: str = "") -> list[str]: ...
     def delete(self, rels: list[str]) -> None: ...
     def delete_tree(self, rel: str) -> None: ...
+    def remove_stale_temporaries(self, rel: str = "") -> list[str]:
+        """Remove the temporary files of killed writers directly in folder `rel`; returns them."""
+        return []  # S3: a PUT is stored whole or not at all, nothing is left behind
 
     # Compare-and-swap on one small file (the run lock): a version is an opaque string (an S3
     # ETag; a local file's SHA-256) that changes with every write.
@@ -305,6 +309,21 @@ class LocalStore(Store):
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+    def remove_stale_temporaries(self, rel: str = "") -> list[str]:
+        """A writer killed mid-write (SIGKILL, a lost machine) leaves its temporary file behind
+        (`atomic_open` removes it in every other case), as large as the file it was writing. Those
+        whose writer no longer runs here go; a live writer's stay. A writer on another host of a
+        shared file system looks dead here: no two processes write one folder from two hosts."""
+        folder, removed = self.path(rel), []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in os.scandir(folder):
+                pid = temporary_writer(entry.name)
+                if pid is not None and entry.is_file(follow_symlinks=False) and not pid_alive(pid):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                    removed.append(entry.path)
+        return removed
 
 
 class S3Store(Store):

@@ -16,10 +16,10 @@ messages, all pipelined:
     earlier batch j whose duplicates are known       (rows of batch k); near, for batch j: look up
                                                      and insert its keys of the indexed documents,
                                                      verify the candidate pairs by the sketches
-                                                 <-  batch k's duplicate rows; batch j's documents
-                                                     with a pair at or over the threshold: the best
-                                                     (match, estimate) of each
-    the best of the P answers per document (highest estimate, then the earliest match)
+                                                 <-  batch k's duplicate rows; batch j's pairs
+                                                     at or over the threshold (document, match,
+                                                     estimate), every one
+    the P answers' pairs decided in input order (convert/dedup/pairs.py `NearDecisions`)
 
 A batch's near-duplicate step needs its exact decisions (only first-seen documents that pass the
 filters are indexed, at consecutive positions), so it runs one round later, when the main
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from convert.dedup.minhash import estimate_jaccard
-from convert.dedup.near_dedup import BandIndex, NearDuplicates, candidates, distinct_pairs
+from convert.dedup.near_dedup import BandIndex, candidates, distinct_pairs
 from convert.dedup.options import NearDedupOptions
 from convert.records import DIGEST_BYTES
 from convert.scratch import make_scratch
@@ -125,8 +125,9 @@ _STOP = b"stop"
 @dataclass
 class Answer:
     duplicates: np.ndarray  # rows of the message's batch whose digest came before
-    documents: np.ndarray  # of the masked batch, by index among its indexed documents
-    matches: np.ndarray  # their best match's position
+    # Every close pair (at or above the threshold) of the masked batch's documents found here:
+    documents: np.ndarray  # by index among its indexed documents (a document may come again)
+    matches: np.ndarray  # the earlier document's position
     estimates: np.ndarray
 
 
@@ -419,11 +420,11 @@ class _State:
             del stored
         self.size += total
         close = scores >= near.threshold
-        match, estimate = NearDuplicates.best(later[close], before[close], scores[close], total)
+        later, before, scores = later[close], before[close], scores[close]  # by later document
         out, start = [], 0
         for count in counts:
-            found = np.flatnonzero(match[start : start + count] >= 0)
-            out.append((found, match[start + found], estimate[start + found]))
+            lo, hi = np.searchsorted(later, [start, start + count])
+            out.append((later[lo:hi] - start, before[lo:hi], scores[lo:hi]))
             start += count
         return out
 

@@ -17,8 +17,10 @@ Here each batch of documents, in input order:
 So a document is removed exactly when it is near an earlier document, whatever batches the
 documents came in: the result is the same for any number of workers, and on resume. The first
 document of every cluster is kept; a chain A ~ B ~ C keeps only A, even when A and C are not
-near each other (a removed document still counts: the rule is not "near an earlier kept
-document"). Nothing carries over from one key to another, so the merge of a multi-machine
+near each other (a removed document still counts: the rule "any"). The pairs at or above the
+threshold go to `NearDecisions` (convert/dedup/pairs.py), which counts such documents and, under
+the rule "kept", removes a document only when it is near an earlier kept one (steps 1-3 do not
+change). Nothing carries over from one key to another, so the merge of a multi-machine
 conversion decides the same pairs partition by partition of the keys, from sorted runs on disk
 (convert/dedup/stages.py, pairs.py), with no index in memory. `per_key` bounds the work on boilerplate: a key shared by thousands of
 documents keeps the first `per_key`, and a new document is compared with those.
@@ -251,25 +253,34 @@ class NearDuplicates:
         return self.index.nbytes + self.sketches.nbytes
 
     def add(self, keys: np.ndarray, sketches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Decide and index a batch of documents in input order (rows of `keys`, `sketches`).
+        """Decide and index a batch of documents in input order (rows of `keys`, `sketches`), by
+        the rule "any".
 
         Returns, per document, the position of the earlier document it is a near-duplicate of
         (-1: none) and that pair's estimated Jaccard. The batch's documents get positions
         `size`, `size + 1`, ... (read `size` before the call).
         """
+        base, count = self.size, len(sketches)
+        later, before, scores = self.add_pairs(keys, sketches)
+        return self.best(later - base, before, scores, count)
+
+    def add_pairs(self, keys: np.ndarray, sketches: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Index a batch of documents (as `add`) and return its close pairs: (document's position,
+        earlier position, estimate) for every candidate pair at or above the threshold, for
+        `NearDecisions` to decide by either rule."""
         count = len(sketches)
         base = self.size
         self.sketches.append(sketches)
         flat = keys.ravel()
         doc = np.repeat(np.arange(count), keys.shape[1])
         later, before = candidates(self.index, flat, doc, base, self.options.per_key)
-        return self._verify(later, before, base, count, sketches)
+        later, before, scores = self._verify(later, before, base, count, sketches)
+        return later + base, before, scores
 
     def _verify(self, later: np.ndarray, before: np.ndarray, base: int, count: int, sketches: np.ndarray):
+        """The distinct candidate pairs at or above the threshold, and their estimates."""
         later, before = distinct_pairs(later, before, base, count)
         self.candidates += len(later)
-        if not len(later):
-            return self.best(later, before, np.empty(0), count)
         scores = np.empty(len(later))
         step = max(1, (1 << 24) // self.options.bins)  # bounded temporary arrays
         for lo in range(0, len(later), step):
@@ -277,7 +288,7 @@ class NearDuplicates:
             earlier = self.sketches.take(before[lo:hi] - self.first)
             scores[lo:hi] = estimate_jaccard(sketches[later[lo:hi]], earlier)
         near = scores >= self.options.threshold
-        return self.best(later[near], before[near], scores[near], count)
+        return later[near], before[near], scores[near]
 
     @staticmethod
     def best(later: np.ndarray, before: np.ndarray, scores: np.ndarray, count: int):

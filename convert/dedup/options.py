@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 
 from convert.errors import ConvertError
 
+NEAR_RULES = ("any", "kept")
+
 
 @dataclass(frozen=True)
 class NearDedupOptions:
@@ -19,6 +21,10 @@ class NearDedupOptions:
     sets of their character n-grams (`ngram` characters, no word splitting), is at least
     `threshold`. Signatures have `bins` one-permutation-hashing bins; `bands` x `rows` of them
     form the LSH bands that find the candidates (0: chosen for the threshold, `lsh_parameters`).
+
+    `rule`: "any" (a document goes when it is near any earlier document, removed or not: a chain
+    A ~ B ~ C keeps only A) or "kept" (when it is near an earlier document that was kept: A and
+    C stay when they are not near each other); convert/dedup/pairs.py `NearDecisions`.
     """
 
     threshold: float = 0.8
@@ -27,6 +33,7 @@ class NearDedupOptions:
     bands: int = 0
     rows: int = 0
     per_key: int = 8  # documents kept per band key (the first ones): bounds boilerplate clusters
+    rule: str = "any"  # or "kept" (`NEAR_RULES`)
 
     def resolve(self, min_chars: int) -> NearDedupOptions:
         if not 0.0 < self.threshold <= 1.0:
@@ -50,6 +57,8 @@ class NearDedupOptions:
             )
         if self.per_key < 1:
             raise ConvertError(f"per_key {self.per_key} must be at least 1")
+        if self.rule not in NEAR_RULES:
+            raise ConvertError(f"--near-rule {self.rule!r} must be one of {', '.join(NEAR_RULES)}")
         return replace(self, bands=bands, rows=rows)
 
 

@@ -11,10 +11,13 @@ documents numbered in input order. The rule of convert/dedup/near_dedup.py's `ca
 decided key by key: an entry that is the r-th of its key (in document order, from 0) is compared
 with the key's first min(r, per_key) entries, because the index keeps the first `per_key`
 documents of a key, removed or not (`candidate_pairs`). The distinct pairs are verified by their
-sketches, and each document keeps its best pair at or above the threshold: the highest estimate,
-then the earliest document (`best_pairs`), the same choice as `NearDuplicates.best`. Since a
-document's fate depends only on pairs with earlier documents, never on whether those were
-removed, a document's best pair over all partitions is the best of each partition's best.
+sketches, and the close ones (at or above the threshold) of every partition are decided in input
+order (`NearDecisions`): under the rule "any" a document with a close pair goes, whatever became
+of the earlier document, so the decisions need no order (only the count of documents removed
+only through removed ones does); under "kept" a document goes when a close pair is with a kept
+document, known by then in input order. Either way its match is its best counting pair: the
+highest estimate, then the earliest document (`best_pairs`, `NearDuplicates.best`). The stages
+stay parallel: only the last step, one bit per document, is in order.
 
 Ids are 64-bit throughout; `RankedBits` is a set of ids as a bitmap with the count of members
 below any id (1 bit per id plus 1 bit for the counts), which turns a document's pid into its
@@ -23,14 +26,14 @@ position once the exact duplicates among them are known.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from convert.dedup.minhash import estimate_jaccard
 
 NONE = np.uint64((1 << 64) - 1)  # a row that has no pid (it does not pass the filters)
-_SCORE_STEP_BYTES = 1 << 24  # sketches compared per step (bounded temporary arrays)
+_SCORE_STEP_BYTES = 1 << 22  # sketches compared per step (bounded temporary arrays)
 
 
 def _group_starts(*sorted_columns: np.ndarray) -> np.ndarray:
@@ -71,9 +74,24 @@ def candidate_pairs(keys: np.ndarray, docs: np.ndarray, per_key: int) -> tuple[n
 def sorted_candidate_pairs(
     keys: np.ndarray, docs: np.ndarray, per_key: int, block: int = 1 << 20
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`candidate_pairs` of entries sorted by key, then document: worked out `block` entries at a
-    time (whole groups of a key), so the temporary arrays stay small beside the entries."""
+    """`candidate_pairs` of entries sorted by key, then document (`candidate_pair_blocks` joined)."""
     laters, befores = [], []
+    for later, before in candidate_pair_blocks(keys, docs, per_key, block):
+        laters.append(later)
+        befores.append(before)
+    empty = np.empty(0, dtype=docs.dtype)
+    return distinct(
+        np.concatenate(laters) if laters else empty, np.concatenate(befores) if befores else empty
+    )
+
+
+def candidate_pair_blocks(
+    keys: np.ndarray, docs: np.ndarray, per_key: int, block: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The candidate pairs of entries sorted by key, then document, worked out `block` entries at
+    a time (whole groups of a key): each block's distinct pairs, by later then before. A pair
+    that two keys share may come in two blocks; the pairs of one block are at most `per_key`
+    times its entries, so the temporary arrays stay small beside the entries."""
     at = 0
     while at < len(keys):
         end = min(len(keys), at + block)
@@ -84,13 +102,8 @@ def sorted_candidate_pairs(
         group_start = np.flatnonzero(starts)[np.cumsum(starts) - 1]
         rank = np.arange(len(block_keys)) - group_start
         source, offset = expand(np.arange(len(block_keys)), np.minimum(rank, per_key))
-        laters.append(block_docs[source])
-        befores.append(block_docs[group_start[source] + offset])
+        yield distinct(block_docs[source], block_docs[group_start[source] + offset])
         at = end
-    empty = np.empty(0, dtype=docs.dtype)
-    return distinct(
-        np.concatenate(laters) if laters else empty, np.concatenate(befores) if befores else empty
-    )
 
 
 def distinct(later: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -126,12 +139,88 @@ def best_pairs(
     return later[first], before[first], estimates[first]
 
 
-def better(
-    match: np.ndarray, estimate: np.ndarray, other_match: np.ndarray, other_estimate: np.ndarray
-) -> np.ndarray:
-    """Where the other pair beats the current one (no current pair: match < 0)."""
-    wins = (match < 0) | (other_estimate > estimate)
-    return wins | ((other_estimate == estimate) & (other_match < match))
+class NearDecisions:
+    """Near-duplicate decisions in input order from the documents' close pairs: each pair of a
+    document with an earlier one whose estimate is at or above the threshold, as any index or
+    partition of the keys finds them (repeats allowed). By `rule` (NearDedupOptions):
+
+      any   a document goes when it has a close pair, removed or not (no order between the
+            decisions needed); `through_removed` counts those whose every close pair is with a
+            removed document: they go only through one that went (the later links of a chain
+            A ~ B ~ C, C not near A);
+      kept  a document goes when it has a close pair with a kept document, decided in input
+            order (an earlier document's fate is known when a later one is decided).
+
+    A removed document's match is its best pair that counts (with a kept document under "kept"):
+    the highest estimate, then the earliest. Holds a bit per document (the removed ones)."""
+
+    def __init__(self, rule: str = "any", first: int = 0) -> None:
+        self.rule, self.first = rule, first
+        self.words = np.zeros(1 << 10, dtype=np.uint64)
+        self.through_removed = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.words.nbytes
+
+    def removed(self, positions: np.ndarray) -> np.ndarray:
+        """Whether each (decided) position was removed."""
+        local = np.asarray(positions, dtype=np.int64) - self.first
+        return ((self.words[local >> 6] >> (local & 63).astype(np.uint64)) & np.uint64(1)).astype(bool)
+
+    def _reserve(self, end: int) -> None:
+        """Room for positions below `end`."""
+        need = ((end - self.first) >> 6) + 1
+        if need > len(self.words):
+            grown = np.zeros(max(need, 2 * len(self.words)), dtype=np.uint64)
+            grown[: len(self.words)] = self.words
+            self.words = grown
+
+    def _mark(self, positions: np.ndarray) -> None:
+        local = np.asarray(positions, dtype=np.int64) - self.first
+        np.bitwise_or.at(self.words, local >> 6, np.uint64(1) << (local & 63).astype(np.uint64))
+
+    def decide(
+        self, first: int, count: int, later: np.ndarray, before: np.ndarray, estimates: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Documents `first` .. `first + count - 1`, the next in input order, from their close
+        pairs (`later` among them, `before` an earlier position). Returns each one's match (-1:
+        kept) and that pair's estimate."""
+        self._reserve(first + count)
+        doc = np.asarray(later, dtype=np.int64) - first
+        before = np.asarray(before, dtype=np.int64)
+        if self.rule == "kept":
+            removed = self._decide_kept(first, count, doc, before)
+            self._mark(first + np.flatnonzero(removed))
+            counts = ~self.removed(before)
+        else:
+            removed = np.zeros(count, dtype=bool)
+            removed[doc] = True
+            self._mark(first + np.flatnonzero(removed))
+            near_kept = np.zeros(count, dtype=bool)
+            near_kept[doc[~self.removed(before)]] = True
+            self.through_removed += int(np.count_nonzero(removed & ~near_kept))
+            counts = np.ones(len(doc), dtype=bool)
+        match, estimate = np.full(count, -1, dtype=np.int64), np.zeros(count)
+        documents, matches, best = best_pairs(doc[counts], before[counts], np.asarray(estimates)[counts])
+        match[documents], estimate[documents] = matches, best
+        return match, estimate
+
+    def _decide_kept(self, first: int, count: int, doc: np.ndarray, before: np.ndarray) -> np.ndarray:
+        """Under "kept": which documents go. A pair with an earlier block's kept document decides
+        at once; pairs within the block are walked in input order of their later document."""
+        outside = before < first
+        removed = np.zeros(count, dtype=bool)
+        removed[doc[outside][~self.removed(before[outside])]] = True
+        inside = np.flatnonzero(~outside)
+        if not len(inside):
+            return removed
+        inside = inside[np.lexsort((before[inside], doc[inside]))]
+        gone = removed.tolist()
+        for d, b in zip(doc[inside].tolist(), (before[inside] - first).tolist(), strict=True):
+            if not gone[d] and not gone[b]:  # b's pairs all came before d's: its fate is known
+                gone[d] = True
+        return np.array(gone, dtype=bool)
 
 
 def sorted_contains(members: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -25,13 +25,13 @@ A reader reads the footer, then only the table entries of the segments it needs 
 range of a large run is a small part of its table).
 
 A file that does not read back as written (shorter, a flipped bit) raises `DamagedFile`.
-Nothing here is kept per entry in Python objects; a run is written with one buffer of its size.
+Nothing here is kept per entry in Python objects; a run is written with one buffer of its size,
+laid out in place (`write_run`).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +46,7 @@ _FOOTER = struct.Struct("<8s7Q")
 SEGMENT_ENTRIES = 1024  # entries per segment of a hash-keyed run, about
 _MAX_BITS = 16
 _TABLE_BLOCK = 4096  # segments whose table entries a cursor reads at once
+_WRITE_BLOCK = 1 << 16  # entries laid out at a time when a run is written (bounded temporary arrays)
 FULL = 1 << 64  # the end of the value range
 
 
@@ -77,15 +78,23 @@ def _id_shift(first: int, last: int, entries: int) -> int:
 
 
 def write_run(
-    store: Store, rel: str, columns: Sequence[np.ndarray], *, by_id: bool = False, ordered: bool = False
+    store: Store, rel: str, columns: list[np.ndarray], *, by_id: bool = False, ordered: bool = False
 ) -> RunInfo:
     """Sort the entries (unless `ordered`) and write them as one run file at `rel`. `by_id`: the
-    first column holds ids in input order (rows, positions), else hash values."""
-    columns = [np.ascontiguousarray(c, dtype=np.uint64) for c in columns]
+    first column holds ids in input order (rows, positions), else hash values.
+
+    The call takes `columns` (a list) over: each array is replaced by its sorted copy in turn, and
+    the file's bytes are laid out in place in one buffer, a block of entries at a time, so a
+    caller that keeps no other reference holds at the peak the entries, their order and one
+    sorted column, then the entries and the file (about twice the entries' bytes)."""
+    for c, column in enumerate(columns):
+        columns[c] = np.ascontiguousarray(column, dtype=np.uint64)
     width, entries = len(columns), len(columns[0])
     if not ordered and entries > 1:
         order = np.lexsort(columns[::-1])
-        columns = [c[order] for c in columns]
+        for c in range(width):
+            columns[c] = columns[c][order]
+        del order
     if by_id:
         first, last = (int(columns[0][0]), int(columns[0][-1])) if entries else (0, 0)
         shift = _id_shift(first, last, entries)
@@ -94,35 +103,43 @@ def write_run(
     else:
         shift, origin = hash_shift(entries), 0
         segments = 1 << (64 - shift)
-    segment = (
-        (columns[0] >> np.uint64(shift)).astype(np.int64) - origin
-        if shift < 64
-        else np.zeros(entries, np.int64)
-    )
-    bounds = np.searchsorted(segment, np.arange(segments + 1), side="left")
-    # Segment s holds column 0's entries bounds[s]:bounds[s+1], then column 1's, ...: one scatter.
-    data = np.empty(entries * width, dtype=np.uint64)
-    start = np.repeat(bounds[:-1], np.diff(bounds))
-    count = np.repeat(np.diff(bounds), np.diff(bounds))
-    within = np.arange(entries) - start
-    for c, column in enumerate(columns):
-        data[start * width + c * count + within] = column
+    # Segment s holds the entries whose first column is in [(origin + s) << shift, (origin + s + 1) << shift).
+    bounds = np.full(segments + 1, entries, dtype=np.int64)
+    if shift < 64:
+        edges = (np.arange(segments, dtype=np.uint64) + np.uint64(origin)) << np.uint64(shift)
+        bounds[:-1] = np.searchsorted(columns[0], edges, side="left")
+    else:
+        bounds[0] = 0
+    data_bytes = 8 * width * entries
+    table_bytes = 16 * (segments + 1)
+    buffer = bytearray(data_bytes + table_bytes + _FOOTER.size)
+    data = np.frombuffer(buffer, dtype=np.uint64, count=width * entries)
+    # Segment s holds column 0's entries bounds[s]:bounds[s+1], then column 1's, ...: entry i of
+    # segment s, column c, goes to i + bounds[s] * (width - 1) + c * (its entries).
+    for lo in range(0, entries, _WRITE_BLOCK):
+        at = np.arange(lo, min(entries, lo + _WRITE_BLOCK), dtype=np.int64)
+        segment = np.searchsorted(bounds, at, side="right") - 1
+        start, count = bounds[segment], bounds[segment + 1] - bounds[segment]
+        at += start * (width - 1)
+        del segment, start
+        for c in range(width):
+            data[at + c * count] = columns[c][lo : lo + len(at)]
+    columns.clear()
+    del data
     offsets = (bounds * 8 * width).astype(np.uint64)
-    raw = memoryview(data).cast("B")
+    raw = memoryview(buffer)
     empty = xxhash.xxh3_64_intdigest(b"")
     checksums = np.full(segments, empty, dtype=np.uint64)
     for s in np.flatnonzero(np.diff(bounds)).tolist():
         checksums[s] = xxhash.xxh3_64_intdigest(raw[int(offsets[s]) : int(offsets[s + 1])])
+    del raw
     table = np.zeros((segments + 1, 2), dtype=np.uint64)
     table[:, 0], table[:-1, 1] = offsets, checksums
-    fields = (_MAGIC, width, entries, shift, origin, segments, data.nbytes)
-    footer = _FOOTER.pack(*fields, xxhash.xxh3_64_intdigest(_FIELDS.pack(*fields)))
-    table = table.tobytes()
-    buffer = bytearray(data.nbytes + len(table) + len(footer))
-    buffer[: data.nbytes] = raw
-    del data, raw
-    buffer[-len(table) - len(footer) : -len(footer)] = table
-    buffer[-len(footer) :] = footer
+    fields = (_MAGIC, width, entries, shift, origin, segments, data_bytes)
+    buffer[data_bytes : data_bytes + table_bytes] = table.tobytes()
+    buffer[data_bytes + table_bytes :] = _FOOTER.pack(
+        *fields, xxhash.xxh3_64_intdigest(_FIELDS.pack(*fields))
+    )
     store.write_bytes(rel, buffer)
     return RunInfo(name=rel.rsplit("/", 1)[-1], entries=entries, bytes=len(buffer))
 
@@ -267,10 +284,17 @@ class RunSpiller:
                 self.spill()
 
     def spill(self) -> None:
+        """The gathered entries as one run; each column's parts are let go as it is joined, and
+        `write_run` takes the joined columns over (the entries are held about twice at the peak)."""
         if not self.parts:
             return
-        columns = [np.concatenate([part[c] for part in self.parts]) for c in range(self.columns)]
+        parts, columns = self.parts, []
         self.parts, self.bytes = [], 0
+        for c in range(self.columns):
+            columns.append(np.concatenate([part[c] for part in parts]))
+            for part in parts:
+                part[c] = None
+        del parts
         self.runs.append(write_run(self.store, f"{self.prefix}-{len(self.runs):05d}.run", columns))
 
     def finish(self) -> list[RunInfo]:

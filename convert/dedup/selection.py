@@ -28,6 +28,7 @@ import numpy as np
 from convert.dedup.index_processes import Answer, IndexProcesses, partition, pipelined
 from convert.dedup.near_dedup import NearDuplicates, PairSample
 from convert.dedup.options import NearDedupOptions
+from convert.dedup.pairs import NearDecisions
 from convert.filters.cleaning import Cleaner
 from convert.filters.quality import REASON_CODES, REASONS, QualityFilters
 from convert.records import Selected, TokenizedBatch, ToSelect
@@ -79,6 +80,7 @@ class Selection:
         )
         self.near = NearDuplicates(near) if near is not None and self.processes is None else None
         self.near_in_processes = near is not None and self.processes is not None
+        self.decisions = NearDecisions(near.rule) if near is not None else None  # by position
         self.sample = (
             sample if sample is not None else (PairSample() if options.near_dedup is not None else None)
         )
@@ -92,6 +94,11 @@ class Selection:
         if self.processes is not None:
             return self.processes.nbytes
         return self.near.nbytes if self.near is not None else 0
+
+    @property
+    def near_through_removed(self) -> int:
+        """Removed documents whose every near pair is with a removed one (`NearDecisions`)."""
+        return self.decisions.through_removed if self.decisions is not None else 0
 
     @property
     def near_index_bytes(self) -> int | None:
@@ -121,7 +128,8 @@ class Selection:
         match, estimate = np.full(len(rows.indexed), -1, dtype=np.int64), None
         if self.near is not None and batch.keys is not None and len(rows.indexed):
             among_passing = self._among_passing(batch, rows.indexed)
-            match, estimate = self.near.add(batch.keys[among_passing], batch.sketches[among_passing])
+            pairs = self.near.add_pairs(batch.keys[among_passing], batch.sketches[among_passing])
+            match, estimate = self.decisions.decide(rows.first_position, len(rows.indexed), *pairs)
         return self._finish(item, rows, match, estimate)
 
     # --- through the index processes: `pipelined`'s three steps ---------------------------------
@@ -163,14 +171,12 @@ class Selection:
         """The batch's near duplicates are known (`answers`, one per index process, or None)."""
         count = len(rows.indexed)
         match, estimate = np.full(count, -1, dtype=np.int64), np.zeros(count)
-        for answer in answers or ():  # the best of the processes' bests: highest estimate, then earliest
-            documents = answer.documents
-            if len(documents):
-                now, now_estimate = match[documents], estimate[documents]
-                better = (now < 0) | (answer.estimates > now_estimate)
-                better |= (answer.estimates == now_estimate) & (answer.matches < now)
-                match[documents[better]] = answer.matches[better]
-                estimate[documents[better]] = answer.estimates[better]
+        if answers and self.decisions is not None:  # every process's close pairs, decided in order
+            first = rows.first_position
+            documents = np.concatenate([answer.documents for answer in answers]) + first
+            matches = np.concatenate([answer.matches for answer in answers])
+            estimates = np.concatenate([answer.estimates for answer in answers])
+            match, estimate = self.decisions.decide(first, count, documents, matches, estimates)
         return self._finish(item, rows, match, estimate)
 
     # --- the steps ---------------------------------------------------------------------------------

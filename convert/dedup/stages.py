@@ -15,9 +15,9 @@ end), pids likewise over the rows that pass the filters. The stages, in order:
      duplicate (convert/dedup/pairs.py). Writes the duplicate rows and their pids, sorted.
   2. near (`run_near`), partition q of Q: the entries of every key run in q's range of keys, less
      the duplicate pids; the candidate pairs of the index's rule, their estimates from the two
-     sketches (mapped from the sketch files), each document's best pair at or above the
-     threshold, by position (a pid less the duplicate pids before it). Writes (document,
-     match, estimate) sorted by document.
+     sketches (mapped from the sketch files), every pair at or above the threshold, by position
+     (a pid less the duplicate pids before it). Writes (document, match, estimate) sorted by
+     document, then match; the merge's ordered pass decides by the rule (`NearDecisions`).
 
 A partition's output depends only on its range of values, never on how many partitions there
 are, which tasks wrote the runs or how the runs were spilled: the merge (convert/run/merge.py)
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from convert.dedup.options import NearDedupOptions
-from convert.dedup.pairs import NONE, RankedBits, best_pairs, exact_duplicates, scores, sorted_candidate_pairs
+from convert.dedup.pairs import NONE, RankedBits, candidate_pair_blocks, exact_duplicates, scores
 from convert.dedup.runs import FULL, RunFile, RunInfo, write_run
 from storage import open_store
 
@@ -42,6 +42,9 @@ from storage import open_store
 EXACT_BYTES_PER_ENTRY = 80  # 58 measured (tracemalloc) on a partition of 250 k digests
 NEAR_BYTES_PER_ENTRY = 48  # 33 measured on a partition of 3.2 M band keys
 _BLOCK = 1 << 20  # entries worked out at a time past the sort (bounded temporary arrays)
+# Entries whose candidate pairs are verified at a time: at most `per_key` (8) pairs each, about
+# 50 bytes a pair at the peak (the pairs, their order, sorted copies): under 26 MiB a block.
+_PAIR_BLOCK = 1 << 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +154,7 @@ class NearJob:
 class NearResult:
     index: int
     entries: int
-    pairs: int  # candidate pairs verified
+    pairs: int  # candidate pairs verified (a pair two keys share may be counted twice)
     near: RunInfo
     cpu_s: float
 
@@ -197,12 +200,18 @@ def run_near(job: NearJob) -> NearResult:
     keys = keys[order]
     pids = pids[order]
     del order
-    later, before = sorted_candidate_pairs(keys, pids, job.options.per_key, _BLOCK)
-    del keys, pids
+    # Each block's pairs verified and its close ones kept (the pairs' memory bounded by the block
+    # however many a key links: up to `per_key` an entry); a pair two keys share, once.
     sketches = Sketches(job.sketches, job.options.bins)
-    estimates = scores(later, before, sketches.take, job.options.bins)
-    close = estimates >= job.options.threshold
-    documents, matches, estimates = best_pairs(later[close], before[close], estimates[close])
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    pairs = 0
+    for later, before in candidate_pair_blocks(keys, pids, job.options.per_key, _PAIR_BLOCK):
+        estimates = scores(later, before, sketches.take, job.options.bins)
+        close = estimates >= job.options.threshold
+        found.append((later[close], before[close], estimates[close]))
+        pairs += len(later)
+    del keys, pids
+    documents, matches, estimates = close_pairs(found)
     offset = np.int64(job.first_position - job.first_pid)
     positions = documents.astype(np.int64) + offset - duplicates.below(documents)
     match_positions = matches.astype(np.int64) + offset - duplicates.below(matches)
@@ -211,10 +220,24 @@ def run_near(job: NearJob) -> NearResult:
     return NearResult(
         index=job.index,
         entries=entries,
-        pairs=len(later),
+        pairs=pairs,
         near=near,
         cpu_s=round(time.process_time() - cpu, 3),
     )
+
+
+def close_pairs(found: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
+    """The blocks' close pairs (document, match, estimate) as one list by document, then match,
+    each pair once."""
+    if not found:
+        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64), np.empty(0)
+    documents, matches, estimates = (np.concatenate([part[i] for part in found]) for i in range(3))
+    if not len(documents):
+        return documents, matches, estimates
+    order = np.lexsort((matches, documents))
+    documents, matches, estimates = documents[order], matches[order], estimates[order]
+    first = np.r_[True, (documents[1:] != documents[:-1]) | (matches[1:] != matches[:-1])]
+    return documents[first], matches[first], estimates[first]
 
 
 def read_all(store, rel: str, size: int) -> list[np.ndarray]:

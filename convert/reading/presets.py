@@ -1,9 +1,10 @@
 """Record layouts of the five corpora baby-llama2-chinese trains on.
 
 A preset says how a file is laid out (`fmt`: a JSON list or JSON lines) and how to pull the
-text out of one record. `extract` returns None when a record has no usable text field at all
-(the reader counts it as malformed); an empty string is returned as is and left to the
-cleaner, which drops it as "empty".
+text out of one record; `chinese` says its text is Chinese (then `--filters` also asks for a
+share of CJK characters, `QualityFilters.recommended`). `extract` returns None when a record
+has no usable text field at all (the reader counts it as malformed); an empty string is returned
+as is and left to the cleaner, which drops it as "empty".
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class Preset:
     fmt: str
     description: str
     extractor: Callable[[dict], str | None] = field(repr=False, compare=False)
+    chinese: bool = False
 
     def extract(self, obj: dict) -> str | None:
         """The text of one record, or None if the record has no usable text."""
@@ -63,25 +65,31 @@ PRESETS: dict[str, Preset] = {
             "json",
             "Chinese Wikipedia (wikipedia-cn-20230720-filtered.json): a JSON list of {completion}",
             _field("completion"),
+            chinese=True,
         ),
         Preset(
             "baidubaike",
             "jsonl",
             "563w_baidubaike.json: JSON lines of {title, summary, sections: [{title, content}]}",
             _baidubaike,
+            chinese=True,
         ),
-        Preset("c4-zh", "jsonl", "C4 Chinese (c4_zh_*.json): JSON lines of {text}", _field("text")),
+        Preset(
+            "c4-zh", "jsonl", "C4 Chinese (c4_zh_*.json): JSON lines of {text}", _field("text"), chinese=True
+        ),
         Preset(
             "wudao",
             "json",
             "WuDaoCorpus2.0_base_200G/*.json: JSON lists (or lines) of {title, content}",
             _wudao,
+            chinese=True,
         ),
         Preset(
             "medical",
             "jsonl",
             "shibing624/medical pretrain set (train_encyclopedia.json etc.): JSON lines of {text}",
             _field("text"),
+            chinese=True,
         ),
     )
 }

@@ -67,6 +67,7 @@ from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.executor import Executor, ordered, start_workers
 from convert.filters.cleaning import Cleaner, text_digest
+from convert.filters.quality import dominant_drop
 from convert.records import (
     ChunkTokens,
     Doc,
@@ -287,6 +288,9 @@ class SelectionReport(Protocol):
     @property
     def near_index_bytes(self) -> int | None: ...
 
+    @property
+    def near_through_removed(self) -> int: ...
+
 
 class PartLog:
     """One split's parts as they come back, on disk rather than in memory: a conversion has a part
@@ -446,6 +450,9 @@ class Conversion:
         then the indexes last. `selection` adds its dropped tokens and pair sample; `tasks`, a
         merge's task count."""
         totals, options = self.totals, self.options
+        warning = dominant_drop(dropped, read.get("documents", 0), options.filters) if selection else None
+        if warning:  # before "nothing to write", which it often explains
+            print(warning, file=sys.stderr, flush=True)
         if totals["train"].samples == 0:
             read_docs = read.get("documents", "the")
             raise ConvertError(
@@ -498,6 +505,7 @@ class Conversion:
             options=near,
             report=NEAR_REPORT,
             pairs_in_report=len(pairs),
+            through_removed=selection.near_through_removed,
             index_bytes=selection.near_index_bytes,
         )
 

@@ -7,13 +7,14 @@ task's share of a multi-machine conversion instead (convert/run/tasks.py, merged
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing
 
 import numpy as np
 
-from convert.budget import format_size, resolve_budget
+from convert.budget import budget_warning, describe_peak, format_size, resolve_budget
 from convert.dedup.selection import Selection
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
@@ -60,6 +61,9 @@ def convert_corpus(
     check_inputs(paths, read.fmt, read.text_field, read.preset)
     in_memory, line = plan_memory(paths, input_sizes(paths), options, read)
     print(line, flush=True)
+    warning = budget_warning(resolve_budget(options.memory_budget), options.processes)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if not in_memory:
         return _in_two_passes(
             inputs, tokenizer=tokenizer, out=out, options=options, read=read, command=command
@@ -146,15 +150,16 @@ def plan_memory(
         f"memory budget {format_size(budget)}: the de-duplication state of up to {documents:,} documents "
         f"({format_size(size)} of input at {INPUT_BYTES_PER_DOCUMENT} bytes a document) needs up to {format_size(need)}"
     )
+    peak = describe_peak(budget, options.processes)
     if need <= budget:
-        return True, head + ": in memory"
+        return True, head + f": in memory; {peak}"
     bands = options.near_dedup.bands if options.near_dedup is not None else 0
     bins = options.near_dedup.bins if options.near_dedup is not None else 0
     disk = documents * (41 + 32 + 16 * bands + bins) + 2 * size
     return False, (
         head + f": more than the budget, so it runs in two passes on this machine (one task, then the merge: "
         f"sorted runs decided by partition), with up to {format_size(disk)} of disk under OUT/tasks and OUT/merge, "
-        "removed at the end"
+        f"removed at the end; {peak}"
     )
 
 

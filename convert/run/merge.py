@@ -12,13 +12,14 @@ output one machine would have written.
   3. the exact stage (convert/dedup/stages.py) in the worker pool, one job per partition of the
      digests: the duplicate rows and pids (merge/exact-PPPPP.*); the sketch files checked (and
      copied to a scratch folder when the output is on S3);
-  4. the near stage, one job per partition of the band keys: each document's best near pair, by
-     position (merge/near-QQQQQ.*);
+  4. the near stage, one job per partition of the band keys: every near pair (at or above the
+     threshold), by position (merge/near-QQQQQ.*);
   5. the ordered pass, in this process: each piece's documents in input order. A worker reads and
      checks the piece's rows a few pieces ahead (digest, size, token count, filter reason), counts
      the filtered rows and the exact duplicates (the duplicate rows' bitmap, saved to the scratch
      folder) and hands back only the documents that reach near-duplicate removal (`sift_piece`).
-     This process adds the near decisions (read in order from the Q outputs): the drop counts,
+     This process adds the near decisions (the pairs read in order from the Q outputs, decided by
+     the rule: convert/dedup/pairs.py `NearDecisions`): the drop counts,
      the pair sample, the split, the cut into chunks, exactly as `Selection` and
      `chunk_documents` decide; a chunk goes to a worker as the token frames and offsets of its
      documents, and the worker reads, concatenates, packs and writes it, and formats its
@@ -52,10 +53,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from convert.budget import format_size, resolve_budget
+from convert.budget import budget_warning, describe_peak, format_size, resolve_budget
 from convert.dedup.near_dedup import PairSample
 from convert.dedup.options import NearDedupOptions
-from convert.dedup.pairs import RankedBits, better, sorted_contains
+from convert.dedup.pairs import NearDecisions, RankedBits, sorted_contains
 from convert.dedup.runs import RunCursor, RunFile, RunInfo
 from convert.dedup.stages import (
     EXACT_BYTES_PER_ENTRY,
@@ -87,6 +88,7 @@ from convert.run.tasks import (
     TaskPiece,
     read_frames,
     read_piece_rows,
+    read_sample,
     sketch_digest,
     task_folder,
 )
@@ -261,13 +263,14 @@ class Plan:
 
 def main_bytes(tasks: Tasks, budget: int, workers: int) -> int:
     """What the budget holds besides the stages' partitions: the ordered pass's bitmap of duplicate
-    rows and the ranked bitmap of duplicate pids (they grow with the corpus), the near outputs'
-    read buffers (an eighth of the budget); and fixed costs, each counted up to another eighth: the
-    pieces' rows in flight (one per worker and two more, at most PIECE_ROWS rows of about 64
-    bytes), and each process's interpreter, numpy and SentencePiece (`_PROCESS_BYTES`)."""
+    rows, the ranked bitmap of duplicate pids and the near decisions' bitmap of removed documents
+    (they grow with the corpus), the near outputs' read buffers (an eighth of the budget); and
+    fixed costs, each counted up to another eighth: the pieces' rows in flight (one per worker and
+    two more, at most PIECE_ROWS rows of about 64 bytes), and each process's interpreter, numpy
+    and SentencePiece (`_PROCESS_BYTES`)."""
     in_flight = min((workers + 2) * PIECE_ROWS * 64, budget // 8)
     processes = min((workers + 1) * _PROCESS_BYTES, budget // 8)
-    return tasks.rows // 8 + tasks.passing // 4 + budget // 8 + in_flight + processes
+    return tasks.rows // 8 + tasks.passing // 4 + tasks.passing // 8 + budget // 8 + in_flight + processes
 
 
 def plan_stages(
@@ -333,7 +336,8 @@ def describe_plan(store: Store, tasks: Tasks, plan: Plan, budget: int, workers: 
     duplicates_bytes = 8 * tasks.rows // 4  # at most: every row a duplicate, with its pid
     return (
         line
-        + f", writes at most {format_size(duplicates_bytes + 24 * tasks.passing)} under {store.url(MERGE)}"
+        + f", writes about {format_size(duplicates_bytes + 24 * tasks.passing)} under {store.url(MERGE)} "
+        "(24 bytes a near pair)"
     )
 
 
@@ -549,6 +553,7 @@ class MergeReport:
     dropped_tokens: dict[str, int] = field(default_factory=dict)
     sample: PairSample | None = None
     near_index_bytes: int | None = None
+    near_through_removed: int = 0
 
 
 class OrderedPass:
@@ -561,6 +566,7 @@ class OrderedPass:
         self.drops, self.texts, self.bar = drops, texts, bar
         near = self.options.near_dedup
         self.report = MergeReport(sample=PairSample() if near is not None else None)
+        self.decisions = NearDecisions(near.rule, first=ID_BASE) if near is not None else None
         self.cursors = [
             RunCursor(
                 RunFile(store, f"{MERGE}/{m['files'][0]['name']}", m["files"][0]["bytes"]), cursor_bytes
@@ -623,16 +629,17 @@ class OrderedPass:
         yield from self._route(task, name, docs, np.flatnonzero(match < 0))
 
     def _near(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each indexed document's best near pair over the stage's outputs (-1, 0: none)."""
-        match, estimate = np.full(count, -1, dtype=np.int64), np.zeros(count)
-        for cursor in self.cursors:
-            later, matches, estimates = cursor.below(first + count)
-            if len(later):
-                at = later.astype(np.int64) - first
-                theirs, their_estimate = matches.astype(np.int64), estimates.view(np.float64)
-                wins = better(match[at], estimate[at], theirs, their_estimate)
-                match[at[wins]], estimate[at[wins]] = theirs[wins], their_estimate[wins]
-        return match, estimate
+        """Each indexed document's match and estimate (-1, 0: kept), decided by the rule from its
+        close pairs in the stage's outputs."""
+        if self.decisions is None:
+            return np.full(count, -1, dtype=np.int64), np.zeros(count)
+        found = [cursor.below(first + count) for cursor in self.cursors]
+        later = np.concatenate([f[0] for f in found]).astype(np.int64)
+        matches = np.concatenate([f[1] for f in found]).astype(np.int64)
+        estimates = np.concatenate([f[2] for f in found]).view(np.float64)
+        decided = self.decisions.decide(first, count, later, matches, estimates)
+        self.report.near_through_removed = self.decisions.through_removed
+        return decided
 
     def _sample(self, task, first_pid, docs: PieceDocs, first, match, estimate) -> None:
         sample = self.report.sample
@@ -758,20 +765,26 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
             f"the tokenizer in {store.url(task_folder(0))} does not match its task.json: run task 0 again"
         )
     conversion.prepare_output()
+    _remove_stale_temporaries(store)
     start = time.monotonic()
     tasks = Tasks.of(markers)
     near = conversion.options.near_dedup
     budget = resolve_budget(memory_budget)
     plan = _adopt_plan(store, plan_stages(tasks, budget, workers, near is not None, partitions))
     print(
-        describe_plan(store, tasks, plan, budget, workers, near.bins if near is not None else None),
+        describe_plan(store, tasks, plan, budget, workers, near.bins if near is not None else None)
+        + f"; {describe_peak(budget, workers + 1)}",
         flush=True,
     )
+    warning = budget_warning(budget, workers + 1)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     read = ReadOptions(**settings["read"])
     drops = read.cleaner().drops
     for marker in markers:  # what the tasks dropped before their rows
         for reason, count in marker.dropped_before_selection.items():
             drops.add(reason, count)
+    texts = _sample_texts(store, markers) if near is not None else {}  # checked before the stages run
     scratch = make_scratch("merge")
     window = 2 * workers
     try:
@@ -794,7 +807,6 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
         duplicates = f"{scratch}/duplicate-rows.npy"  # the workers sift the pieces with it
         duplicate_rows.freeze().save(duplicates)
         del duplicate_rows
-        texts = _sample_texts(store, markers) if near is not None else {}
         cursor_bytes = min(4 << 20, max(4 << 10, budget // (8 * max(1, len(near_outputs)))))
         total = sum(len(marker.pieces) for marker in markers)
         with progress_bar(total, "piece", "merging", enabled=progress) as bar:
@@ -811,6 +823,17 @@ def _merge(store: Store, markers: list[TaskMarker], *, workers: int, progress: b
     )  # fmt: skip
 
 
+def _remove_stale_temporaries(store: Store) -> None:
+    """The stage files a killed merge was writing (temporary files as large as a stage's output;
+    its workers die with it) go, but not those of a live process: another merge of this output."""
+    removed = store.remove_stale_temporaries(MERGE)
+    if removed:
+        print(
+            f"merge: removed {len(removed)} temporary file(s) a killed run left under {store.url(MERGE)}",
+            flush=True,
+        )
+
+
 def _no_setup() -> None:
     """The stage workers need no state (each job names its files)."""
 
@@ -819,8 +842,8 @@ def _sample_texts(
     store: Store, markers: list[TaskMarker]
 ) -> dict[tuple[int, int], str | tuple[str, str, int]]:
     texts = {}
-    for index in range(len(markers)):
-        for member in store.read_json(f"{task_folder(index)}/sample.json") or []:
+    for index, marker in enumerate(markers):
+        for member in read_sample(store, task_folder(index), marker.sample):
             text = member["text"]
             texts[(index, member["position"])] = (
                 (text, member["file"], member["line"]) if "file" in member else text

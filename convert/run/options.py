@@ -64,6 +64,12 @@ class ShardOptions:
         return max(2, math.ceil(self.workers / NEAR_WORKERS_PER_INDEX))
 
     @property
+    def processes(self) -> int:
+        """The processes a conversion runs: this one, the workers and the index processes."""
+        index = self.index_processes or self.auto_index_processes()
+        return 1 + self.workers + (index if index > 1 else 0)
+
+    @property
     def size_limit(self) -> int:
         return int(self.shard_size_mb * (1 << 20))
 

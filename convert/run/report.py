@@ -121,10 +121,14 @@ class NearDedupSummary:
     options: NearDedupOptions
     report: str  # the sample of removed pairs, beside summary.json
     pairs_in_report: int
+    # Removed documents whose every near pair is with a removed document (rule "any"; 0 by
+    # definition under "kept"): what a chain's later links lose (convert/dedup/pairs.py).
+    through_removed: int = 0
     index_bytes: int | None = None  # the band index's and sketches' bytes
 
     def to_json(self) -> dict:
-        out = {**asdict(self.options), "report": self.report, "pairs_in_report": self.pairs_in_report}
+        out = {**asdict(self.options), "report": self.report, "pairs_in_report": self.pairs_in_report,
+               "dropped_only_through_dropped": self.through_removed}  # fmt: skip
         return out if self.index_bytes is None else {**out, "index_bytes": self.index_bytes}
 
 
@@ -213,9 +217,14 @@ def print_summary(summary: Summary, stream: TextIO) -> None:
     lines.append("  dropped: " + (", ".join(parts) if parts else "none"))
     near = summary.near_dedup
     if near:
+        chains = (
+            f"{near.through_removed:,} of them near only documents dropped too (--near-rule kept keeps those)"
+            if near.options.rule == "any"
+            else "near a kept document each (--near-rule kept)"
+        )
         lines.append(
             f"  near-duplicates: Jaccard >= {near.options.threshold} over {near.options.ngram}-character "
-            f"shingles; {near.pairs_in_report} sampled pair(s) in {near.report}"
+            f"shingles; {chains}; {near.pairs_in_report} sampled pair(s) in {near.report}"
         )
     for name, split in summary.splits.items():
         lines.append(

@@ -16,7 +16,8 @@ read, selected, signed and tokenized, for one merge (convert/run/merge.py) that 
                            row but the too-short ones, spilled as the memory budget requires
       keys-RRRRR.run       sorted runs of (band key, pid) for every band of every passing row
       sketches.u8          the passing rows' sketches in order (bins bytes each)
-      sample.json          the texts of the task's pair-sample members
+      sample.json          the texts of the task's pair-sample members (size and checksum in
+                           task.json)
       tokenizer.model      the tokenizer the task used (`Tokenizer.files`: a tokenizer.json instead,
                            with the tokenizer_config.json / special_tokens_map.json beside it)
       task.json            LAST: settings, counts, every file's size (the rows files' checksums;
@@ -42,14 +43,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import xxhash
 
-from convert.budget import format_size, resolve_budget
+from convert.budget import budget_warning, describe_peak, format_size, resolve_budget
 from convert.dedup.minhash import SIGNATURE_VERSION
 from convert.dedup.near_dedup import PairSample
 from convert.dedup.pairs import NONE
@@ -57,7 +60,7 @@ from convert.dedup.runs import RunInfo, RunSpiller
 from convert.dedup.selection import Selection
 from convert.errors import ConvertError, DamagedFile
 from convert.executor import start_workers
-from convert.filters.quality import REASON_CODES
+from convert.filters.quality import REASON_CODES, dominant_drop
 from convert.reading.options import ReadOptions
 from convert.records import DIGEST_BYTES, Selected
 from convert.run.conversion import select_in_workers
@@ -71,7 +74,7 @@ from storage import Store
 
 TASKS = "tasks"
 MARKER = "task.json"
-TASK_FORMAT = 2  # bump when the task's files or task.json change
+TASK_FORMAT = 3  # bump when the task's files or task.json change
 _PIECE_TOKENS = 1 << 24  # tokens per piece (32 MiB of uint16 before compression)
 PIECE_ROWS = 1 << 16  # rows per piece at most: the merge holds a few pieces' rows at a time
 # Tokens per independently compressed frame of a piece's tokens: a chunk reads the frames its
@@ -199,6 +202,15 @@ class SketchInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SampleInfo:
+    """A task's sample.json: its size and checksum (the merge checks them before it parses it)."""
+
+    name: str
+    bytes: int
+    xxh3: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class TaskMarker:
     """task.json: a finished task (written last), what `run_task` returns and the merge reads back."""
 
@@ -216,6 +228,7 @@ class TaskMarker:
     digest_runs: list[RunInfo]
     key_runs: list[RunInfo]
     sketches: SketchInfo | None
+    sample: SampleInfo
     elapsed_s: float
     finished_at: float  # time.time() when task.json was written
     command: str
@@ -231,6 +244,7 @@ class TaskMarker:
             "digest_runs": [RunInfo(**run) for run in data["digest_runs"]],
             "key_runs": [RunInfo(**run) for run in data["key_runs"]],
             "sketches": SketchInfo(**data["sketches"]) if data["sketches"] is not None else None,
+            "sample": SampleInfo(**data["sample"]),
         })  # fmt: skip
 
 
@@ -276,9 +290,12 @@ def run_task(
     stats = ReadStats()
     print(
         f"task {task.index} of {task.count}: {len(mine)} file(s), {format_size(sum(sizes[share.start : share.stop]))}; "
-        f"memory budget {format_size(budget)}: {writer.describe()}",
+        f"memory budget {format_size(budget)}: {writer.describe()}; {describe_peak(budget, options.processes)}",
         flush=True,
     )
+    warning = budget_warning(budget, options.processes)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     with writer:
         if mine:
             docs = read_documents(
@@ -300,14 +317,14 @@ def run_task(
         writer.finish()
     for name, data in loaded.files.items():  # the merge reads the tokenizer from here
         store.write_bytes(f"{task.folder}/{name}", data)
-    _write_sample(store, task.folder, sample)
+    sample_info = write_sample(store, task.folder, sample)
     dropped = cleaner.drops.as_dict()
     marker = TaskMarker(
         task=task.index, settings=settings, files=mine, read=stats.as_dict(),
         dropped_before_selection={k: v for k, v in dropped.items() if k in ("empty", "duplicate")},
         dropped=dropped, dropped_tokens=dict(sorted(selection.dropped_tokens.items())), pieces=writer.pieces,
         rows=writer.rows, passing=writer.passing, digest_runs=writer.digest_runs, key_runs=writer.key_runs,
-        sketches=writer.sketches, elapsed_s=round(time.monotonic() - start, 3), finished_at=time.time(),
+        sketches=writer.sketches, sample=sample_info, elapsed_s=round(time.monotonic() - start, 3), finished_at=time.time(),
         command=command,
     )  # fmt: skip
     store.write_json(f"{task.folder}/{MARKER}", marker.to_json())  # last: the task is done
@@ -316,24 +333,44 @@ def run_task(
         f"in {len(writer.pieces)} piece(s) under {store.url(task.folder)} in {marker.elapsed_s:.1f} s; "
         f"merge with `python -m convert merge --out {store.url()}` once all {task.count} tasks are done"
     )
+    warning = dominant_drop(dropped, stats.documents, options.filters)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     return marker
 
 
-def _write_sample(store: Store, folder: str, sample: PairSample | None) -> None:
+SAMPLE = "sample.json"
+
+
+def write_sample(store: Store, folder: str, sample: PairSample | None) -> SampleInfo:
+    """The texts of the pair sample's members (`PairSample.texts`), as `folder`/sample.json."""
     members = sample.texts() if sample is not None else []
     where = sample.where if sample is not None else {}
-    store.write_json(
-        f"{folder}/sample.json",
-        [
-            {
-                "key": str(k),
-                "position": p,
-                "text": t,
-                **({"file": where[p][0], "line": where[p][1]} if p in where else {}),
-            }
-            for k, p, t in members
-        ],
-    )
+    records = [
+        {
+            "key": str(k),
+            "position": p,
+            "text": t,
+            **({"file": where[p][0], "line": where[p][1]} if p in where else {}),
+        }
+        for k, p, t in members
+    ]
+    data = (json.dumps(records, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+    store.write_bytes(f"{folder}/{SAMPLE}", data)
+    return SampleInfo(name=SAMPLE, bytes=len(data), xxh3=xxhash.xxh3_64_hexdigest(data))
+
+
+def read_sample(store: Store, folder: str, info: SampleInfo) -> list[dict]:
+    """A task's sample.json, checked against task.json; `DamagedFile` when it does not match."""
+    rel = f"{folder}/{info.name}"
+    data = store.read_bytes(rel)
+    if data is None:
+        raise DamagedFile(store.url(rel), "missing")
+    if len(data) != info.bytes:
+        raise DamagedFile(store.url(rel), f"{len(data)} bytes where task.json says {info.bytes}")
+    if xxhash.xxh3_64_hexdigest(data) != info.xxh3:
+        raise DamagedFile(store.url(rel), "its checksum differs from task.json's")
+    return json.loads(data)
 
 
 class TaskWriter:

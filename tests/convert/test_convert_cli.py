@@ -10,7 +10,7 @@ import numpy as np
 import sentencepiece as spm
 
 from tests.support.conversion import REPO_ROOT, local_samples, run_convert
-from tests.support.corpus import write_jsonl
+from tests.support.corpus import english_documents, write_jsonl
 
 
 def shards_args(inputs, tokenizer, out, *extra) -> list[str]:
@@ -191,3 +191,77 @@ def test_slurm_array_tasks_then_merge_equal_one_run(tmp_path, small_corpus_docs,
         )
     again = run_convert("merge", "--out", str(tmp_path / "multi"), "--no-progress")
     assert_one_line_error(again, "already holds a complete conversion", "--overwrite")
+
+
+def test_filters_fit_any_language_and_a_filter_that_drops_nearly_everything_is_named(
+    tmp_path, small_tokenizer, small_corpus_docs
+):
+    """The README's command (`--filters --near-dedup 0.8`) on an English corpus keeps it: the CJK
+    share, which dropped every document, comes only with a Chinese corpus's preset (or when given).
+    With such a preset on a mostly English corpus, one warning line names the filter and its
+    share of the documents read."""
+    english = english_documents(100)
+    corpus = tmp_path / "english.jsonl"
+    write_jsonl(corpus, english)
+    result = run_convert(
+        *shards_args(
+            [corpus],
+            small_tokenizer,
+            tmp_path / "en",
+            "--format",
+            "jsonl",
+            "--filters",
+            "--near-dedup",
+            "0.8",
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "en" / "summary.json").read_text())
+    assert summary["filters"]["min_cjk_share"] == 0.0 and "low_cjk" not in summary["dropped"]
+    kept = sum(split["documents"] for split in summary["splits"].values())
+    assert kept > 0.9 * len(english), summary["dropped"]
+    assert "warning: " not in result.stderr
+
+    mixed = tmp_path / "mixed.jsonl"
+    write_jsonl(mixed, english + small_corpus_docs[:5])
+    chinese = run_convert(
+        *shards_args(
+            [mixed], small_tokenizer, tmp_path / "zh", "--preset", "c4-zh", "--filters", "--val-fraction", "0"
+        )
+    )
+    assert chinese.returncode == 0, chinese.stderr
+    summary = json.loads((tmp_path / "zh" / "summary.json").read_text())
+    assert summary["filters"]["min_cjk_share"] == 0.3 and summary["dropped"]["low_cjk"] >= len(english)
+    warnings = [line for line in chinese.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: --min-cjk-share 0.3 (low_cjk) dropped {summary['dropped']['low_cjk']:,} of the "
+        f"{len(english) + 5:,} documents read ({100 * summary['dropped']['low_cjk'] / (len(english) + 5):.1f} %): "
+        "check that it fits this corpus (its language, its kind of text), and lower it or leave it out"
+    ]
+
+
+def test_the_plan_line_names_the_expected_peak_and_a_budget_past_the_machine_is_warned(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """The plan line says what the job's processes peak within (the budget and each process's own
+    memory); a budget that with them passes this machine's memory (or its container's limit) is
+    one warning line naming the budget that fits, and the conversion goes on."""
+    from convert.budget import PROCESS_BYTES, budget_warning, format_size, machine_memory
+
+    result = run_convert(
+        *shards_args([small_corpus], small_tokenizer, tmp_path / "big", "--memory-budget", "64TB")
+    )
+    assert result.returncode == 0, result.stderr
+    peak = format_size((64 << 40) + 2 * PROCESS_BYTES)
+    plan = next(line for line in result.stdout.splitlines() if line.startswith("memory budget 64.0 TiB"))
+    assert plan.endswith(
+        f"in memory; the job's 2 processes peak within about {peak} (the budget and {format_size(PROCESS_BYTES)} each)"
+    )
+    machine = machine_memory()
+    assert result.stderr.splitlines() == [
+        f"warning: --memory-budget 64.0 TiB and 2 processes (about {peak} at the peak) are more than this machine's "
+        f"memory or its container's limit ({format_size(machine)}): the job may be killed; give --memory-budget "
+        f"{format_size(machine - 2 * PROCESS_BYTES)} or less"
+    ]
+    assert budget_warning(8 << 30, 17, machine=16 << 30) is None
+    assert "use fewer --workers" in budget_warning(1 << 30, 64, machine=2 << 30)

@@ -127,7 +127,7 @@ def test_quality_filters_count_documents_and_tokens(
     write_jsonl(tmp_path / "c.jsonl", [*good, *bad.values(), *bad.values()])
     summary = convert_corpus(
         [str(tmp_path / "c.jsonl")], tokenizer=small_tokenizer, out=str(tmp_path / "out"),
-        options=options(filters=QualityFilters.recommended(), near_dedup=None),
+        options=options(filters=QualityFilters.recommended(chinese=True), near_dedup=None),
     )  # fmt: skip
     sp = spm.SentencePieceProcessor(model_file=small_tokenizer)
     for reason, text in bad.items():
@@ -200,6 +200,72 @@ def test_two_workers_keep_what_one_keeps(tmp_path, planted, small_tokenizer):
         assert np.array_equal(
             local_samples(str(tmp_path / "one"), split), local_samples(str(tmp_path / "two"), split)
         )
+
+
+# --- chains ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory, small_corpus_docs) -> str:
+    """Real documents and 24 edit chains A -> B -> C -> D (1.5 % of the characters edited at each
+    step: exact Jaccard about 0.86 between neighbours, about 0.76 two steps apart), the links
+    later in the input, over three files."""
+    folder = tmp_path_factory.mktemp("chains")
+    rng = random.Random(3)
+    rows = list(small_corpus_docs[:150])
+    for n, original in enumerate(rng.sample([d for d in small_corpus_docs[:150] if len(d) >= 600], 24)):
+        link, at = original, rows.index(original)
+        for step in range(3):
+            link = edited_copy(link, 0.015, 100 * n + step)
+            at = rng.randint(at + 1, len(rows))
+            rows.insert(at, link)
+    third = len(rows) // 3
+    for i, part in enumerate((rows[:third], rows[third : 2 * third], rows[2 * third :])):
+        write_jsonl(folder / f"part-{i}.jsonl", part)
+    return str(folder)
+
+
+@pytest.mark.slow
+def test_chains_are_counted_and_the_kept_rule_decided_alike_in_memory_in_index_processes_and_merged(
+    tmp_path, chains, small_tokenizer
+):
+    """Under "any" a chain's later links go through links that went too: counted in summary.json
+    and the summary's line. Under "kept" a link goes only when near a kept one (A kept, B gone, C
+    kept, D gone when C is not near A). Each rule decides alike with the index in this process,
+    in two index processes, and as three tasks and a merge."""
+    done = {}
+    for rule in ("any", "kept"):
+        kwargs = dict(near_dedup=NearDedupOptions(threshold=0.8, rule=rule), val_fraction=0.0)
+        runs = {
+            "here": convert_corpus([chains], tokenizer=small_tokenizer, out=str(tmp_path / f"{rule}-here"),
+                                   options=options(**kwargs)),
+            "index processes": convert_corpus([chains], tokenizer=small_tokenizer,
+                                              out=str(tmp_path / f"{rule}-processes"),
+                                              options=options(index_processes=2, **kwargs)),
+        }  # fmt: skip
+        for index in range(3):
+            convert_corpus([chains], tokenizer=small_tokenizer, out=str(tmp_path / f"{rule}-merged"),
+                           options=options(**kwargs), task=TaskSpec(3, index))  # fmt: skip
+        runs["merged"] = merge_tasks(str(tmp_path / f"{rule}-merged"), workers=1, progress=False)
+        here = runs["here"]
+        for name, run in runs.items():
+            assert run.dropped == here.dropped, name
+            assert run.near_dedup.through_removed == here.near_dedup.through_removed, name
+            folder = tmp_path / f"{rule}-{dict(here='here', merged='merged').get(name, 'processes')}"
+            assert np.array_equal(
+                local_samples(str(folder), "train"), local_samples(str(tmp_path / f"{rule}-here"))
+            )
+            saved = json.loads((folder / "summary.json").read_text())["near_dedup"]
+            assert (
+                saved["rule"] == rule
+                and saved["dropped_only_through_dropped"] == here.near_dedup.through_removed
+            )
+        done[rule] = here
+    near_any, near_kept = done["any"].dropped["near_duplicate"], done["kept"].dropped["near_duplicate"]
+    assert 24 * 3 >= near_any > near_kept >= 24  # every B goes under both rules
+    # every document "any" drops beyond "kept" went only through a dropped one
+    assert done["any"].near_dedup.through_removed >= near_any - near_kept > 12
+    assert done["kept"].near_dedup.through_removed == 0
 
 
 # --- across machines -------------------------------------------------------------------------------

@@ -137,11 +137,11 @@ def test_the_budget_sets_the_partitions():
     )
     assert merge_module.plan_stages(tasks, 8 << 30, 4, True, None).near_partitions < plan.near_partitions
     with pytest.raises(ConvertError, match=r"--memory-budget 4.0 MiB leaves less than 16.0 KiB per worker"):
-        merge_module.plan_stages(tasks, 4 << 20, 2, True, None)  # the bitmaps alone: 3.5 MiB
+        merge_module.plan_stages(tasks, 4 << 20, 2, True, None)  # the bitmaps alone: 4.6 MiB
     with pytest.raises(
-        ConvertError, match=r"--memory-budget 5.6 MiB would need [\d,]+ partitions \(at most 65,536\)"
+        ConvertError, match=r"--memory-budget 7.6 MiB would need [\d,]+ partitions \(at most 65,536\)"
     ):
-        merge_module.plan_stages(tasks, int(5.6 * (1 << 20)), 2, True, None)
+        merge_module.plan_stages(tasks, int(7.6 * (1 << 20)), 2, True, None)
 
 
 def _counted(rows: int, passing: int, bands: int):
@@ -166,7 +166,8 @@ def _counted(rows: int, passing: int, bands: int):
 
 def test_a_merge_resumes_from_any_stage_and_takes_nothing_half_written(golden_tasks, tmp_path):
     """What a merge killed at each point leaves: stage jobs done, one job's files written but not
-    its marker, one marked but truncated, parts written, no index. The re-run ends with the record."""
+    its marker, one marked but truncated, parts written, no index, temporary files of its killed
+    writers. The re-run ends with the record and removes those temporary files."""
     out = tmp_path / "out"
     merged(golden_tasks, "near_filters", out, partitions=(3, 4))
     stage = out / "merge"
@@ -179,9 +180,27 @@ def test_a_merge_resumes_from_any_stage_and_takes_nothing_half_written(golden_ta
         (out / split / "index.json").unlink()
     (out / "summary.json").unlink()
     shutil.rmtree(out / "train" / "part-00002")
-    resumed = merge_tasks(str(out), progress=False, partitions=(3, 4))
+    # what writers killed mid-write leave (a stage job's output, the summary, an index), and a
+    # live process's temporary file (another merge of this output): only the dead ones' go
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = int(gone.stdout)
+    stale = [stage / f".exact-00001.pids.run.tmp-{dead}-0a1b2c3d", stage / f".near-00003.run.tmp-{dead}-00ff00ff",
+             out / f".summary.json.tmp-{dead}-12345678", out / "train" / f".index.json.tmp-{dead}-9abcdef0"]  # fmt: skip
+    for path in stale:
+        path.write_bytes(b"\0" * 4096)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        live = stage / f".near-00002.run.tmp-{alive.pid}-0badf00d"
+        live.write_bytes(b"\0" * 4096)
+        resumed = merge_tasks(str(out), progress=False, partitions=(3, 4))
+    finally:
+        alive.kill()
+        alive.wait()
     assert digests(out) == golden_tasks["record"]["cases"]["near_filters"]
     assert resumed.reused_parts > 0
+    assert not any(path.exists() for path in stale) and live.exists()
 
 
 def test_a_killed_merge_run_again_ends_as_a_fresh_one(tmp_path, chinese_documents, small_tokenizer):
@@ -257,11 +276,15 @@ def _flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
 @pytest.mark.parametrize(
     ("name", "damage"),
     [("piece-00000.rows", _truncate), ("piece-00000.rows", _flip), ("piece-00000.tokens", _truncate),
      ("piece-00000.tokens", _flip), ("keys-00000.run", _flip), ("digests-00000.run", _truncate),
-     ("sketches.u8", _flip)],
+     ("sketches.u8", _flip), ("sample.json", _truncate), ("sample.json", _empty), ("sample.json", _flip)],
 )  # fmt: skip
 def test_a_damaged_task_file_is_one_line_naming_the_task_and_the_fix(golden_tasks, tmp_path, name, damage):
     out = copy_tasks(golden_tasks, "near_filters", tmp_path / "out")

@@ -11,8 +11,8 @@ from convert.dedup.near_dedup import NearDuplicates
 from convert.dedup.options import NearDedupOptions
 from convert.dedup.pairs import (
     NONE,
+    NearDecisions,
     RankedBits,
-    better,
     candidate_pairs,
     sorted_candidate_pairs,
     sorted_contains,
@@ -53,25 +53,31 @@ def write_tasks(tmp_path, keys: np.ndarray, sketches: np.ndarray, cuts: list[int
     return store, tuple(runs), tuple(files)
 
 
-def near_stage(tmp_path, store, runs, files, count: int, duplicates: RankedBits, base: int = 0):
-    """Every partition's output combined as the merge's ordered pass does: per document, the best."""
+def near_stage(
+    tmp_path, store, runs, files, count: int, duplicates: RankedBits, base: int = 0, rule: str = "any"
+):
+    """Every partition's close pairs decided as the merge's ordered pass does (`NearDecisions`, in
+    blocks of 300 documents): per document, its match (-1: kept) and estimate."""
     bits = str(tmp_path / "duplicates.npy")
     duplicates.save(bits)
     positions = duplicates.size - int(duplicates.below(np.array([base + duplicates.size - 1]))[0])
-    match, estimate = np.full(positions, -1, dtype=np.int64), np.zeros(positions)
+    found = []
     for q in range(count):
         job = NearJob(out=store.url(), runs=runs, index=q, count=count, output=f"merge/near-{count}-{q}",
                       options=OPTIONS, duplicates=bits, sketches=files, first_pid=base, first_position=base)  # fmt: skip
         result = run_near(job)
-        later, matches, estimates = read_all(store, f"merge/{result.near.name}", result.near.bytes)
-        at, theirs, their_estimate = (
-            later.astype(np.int64) - base,
-            matches.astype(np.int64),
-            estimates.view(np.float64),
-        )
-        wins = better(match[at], estimate[at], theirs, their_estimate)
-        match[at[wins]], estimate[at[wins]] = theirs[wins], their_estimate[wins]
-    return np.where(match >= 0, match - base, -1), estimate
+        found.append(read_all(store, f"merge/{result.near.name}", result.near.bytes))
+    later, before, estimates = (np.concatenate([f[i] for f in found]) for i in range(3))
+    decisions, match, estimate = NearDecisions(rule, first=base), [], []
+    for first in range(base, base + positions, 300):
+        mine = (later >= first) & (later < first + 300)
+        count = min(300, base + positions - first)
+        got = decisions.decide(first, count, later[mine], before[mine], estimates[mine].view(np.float64))
+        match.append(got[0])
+        estimate.append(got[1])
+    match = np.concatenate(match)
+    near_stage.through_removed = decisions.through_removed
+    return np.where(match >= 0, match - base, -1), np.concatenate(estimate)
 
 
 @pytest.mark.parametrize("count", [1, 3, 8])
@@ -84,6 +90,35 @@ def test_any_partitions_and_runs_decide_as_one_index_in_input_order(tmp_path, co
     match, estimate = near_stage(tmp_path, store, runs, files, count, RankedBits(0, len(keys)).freeze())
     assert np.array_equal(match, expected) and np.array_equal(estimate, expected_estimate)
     assert 0.2 < (match >= 0).mean() < 0.8
+
+
+@pytest.mark.parametrize("rule", ["any", "kept"])
+def test_the_partitions_close_pairs_decide_either_rule_in_input_order(tmp_path, rule):
+    """Every partition writes all its close pairs; decided in input order (`NearDecisions`) they
+    give one index's decisions by the rule, and the same count of documents removed only through
+    removed ones."""
+    from tests.convert.test_near_dedup import _reference
+
+    keys, sketches = colliding(2500)
+    expected, through_removed = _reference(keys, sketches, OPTIONS, rule)
+    store, runs, files = write_tasks(tmp_path, keys, sketches, cuts=[700, 1900], limit=3000)
+    match, _ = near_stage(tmp_path, store, runs, files, 3, RankedBits(0, len(keys)).freeze(), rule=rule)
+    assert match.tolist() == expected
+    assert near_stage.through_removed == (through_removed if rule == "any" else 0)
+
+
+def test_pairs_verified_a_few_entries_at_a_time_decide_the_same(tmp_path, monkeypatch):
+    """The near stage verifies a partition's pairs a block of entries at a time and keeps each
+    block's best (the pairs' memory bounded whatever a key links): blocks of 5 entries decide as
+    one index."""
+    from convert.dedup import stages
+
+    keys, sketches = colliding(2500)
+    expected, expected_estimate = NearDuplicates(OPTIONS).add(keys, sketches)
+    store, runs, files = write_tasks(tmp_path, keys, sketches, cuts=[700, 1900], limit=3000)
+    monkeypatch.setattr(stages, "_PAIR_BLOCK", 5)
+    match, estimate = near_stage(tmp_path, store, runs, files, 3, RankedBits(0, len(keys)).freeze())
+    assert np.array_equal(match, expected) and np.array_equal(estimate, expected_estimate)
 
 
 def test_pairs_worked_out_a_few_entries_at_a_time_are_the_same():

@@ -68,23 +68,35 @@ def test_short_texts_are_signed_too():
     assert estimate_jaccard(sketches[1], sketches[2]) > 0.3
 
 
-def sequential_reference(keys: np.ndarray, sketches: np.ndarray, options: NearDedupOptions) -> list[int]:
-    """The decision rule, one document at a time, with plain Python containers."""
+def sequential_reference(
+    keys: np.ndarray, sketches: np.ndarray, options: NearDedupOptions, rule: str = "any"
+) -> list[int]:
+    """The decision rule, one document at a time, with plain Python containers: under "kept" only
+    candidates that were kept count."""
+    return _reference(keys, sketches, options, rule)[0]
+
+
+def _reference(keys: np.ndarray, sketches: np.ndarray, options: NearDedupOptions, rule: str):
+    """(matches, how many removed documents have close candidates that were all removed)."""
     stored: dict[int, list[int]] = {}
-    matches = []
+    matches, through_removed = [], 0
     for doc in range(len(keys)):
         candidates = sorted({e for key in keys[doc].tolist() for e in stored.get(key, [])})
-        best, best_score = -1, -1.0
+        best, best_score, near_kept = -1, -1.0, False
         for earlier in candidates:
             score = float(estimate_jaccard(sketches[doc], sketches[earlier]))
-            if score >= options.threshold and score > best_score:
+            if score < options.threshold:
+                continue
+            near_kept |= matches[earlier] < 0
+            if (rule == "any" or matches[earlier] < 0) and score > best_score:
                 best, best_score = earlier, score
         matches.append(best)
+        through_removed += best >= 0 and not near_kept
         for key in keys[doc].tolist():
             bucket = stored.setdefault(key, [])
             if len(bucket) < options.per_key:
                 bucket.append(doc)
-    return matches
+    return matches, through_removed
 
 
 def test_decisions_do_not_depend_on_batches_and_follow_the_rule():
@@ -108,6 +120,37 @@ def test_decisions_do_not_depend_on_batches_and_follow_the_rule():
     assert results[0].tolist() == sequential_reference(keys, sketches, options)
     assert 0.2 < (results[0] >= 0).mean() < 0.8
     assert len(near.index.levels) < 12  # the sorted levels are merged as they grow
+
+
+@pytest.mark.parametrize("rule", ["any", "kept"])
+def test_close_pairs_decided_in_order_follow_each_rule_whatever_the_batches(rule):
+    """A batch's close pairs (`add_pairs`) decided by `NearDecisions`: the rule's decisions, one
+    document at a time, for batches of 1, 137 or all; under "any" the documents removed only
+    through removed ones are counted."""
+    from convert.dedup.pairs import NearDecisions
+
+    rng = np.random.default_rng(0)
+    options = NearDedupOptions(threshold=0.5, bins=16, bands=4, rows=2, per_key=3).resolve(10)
+    n = 2500
+    keys = rng.integers(0, 40, size=(n, 4)).astype(np.uint64) + (
+        np.arange(4, dtype=np.uint64) << np.uint64(40)
+    )
+    sketches = rng.integers(0, 3, size=(n, 16)).astype(np.uint8)
+    expected, through_removed = _reference(keys, sketches, options, rule)
+    for size in (1, 137, n):
+        near, decisions, got = NearDuplicates(options), NearDecisions(rule), []
+        for i in range(0, n, size):
+            first, count = near.size, len(keys[i : i + size])
+            got.append(
+                decisions.decide(first, count, *near.add_pairs(keys[i : i + size], sketches[i : i + size]))[0]
+            )
+        assert np.concatenate(got).tolist() == expected, size
+        assert decisions.through_removed == (through_removed if rule == "any" else 0)
+    removed_any = sum(m >= 0 for m in sequential_reference(keys, sketches, options))
+    if rule == "any":
+        assert 50 < through_removed < removed_any
+    else:  # a chain's later links stay when nothing kept is near them
+        assert 0 < sum(m >= 0 for m in expected) < removed_any
 
 
 def test_positions_cross_2_to_the_32_in_the_band_index():

@@ -7,7 +7,7 @@ import pytest
 
 from convert.errors import ConvertError
 from convert.filters.cleaning import Cleaner
-from convert.filters.quality import REASONS, QualityFilters, filter_reasons, text_stats, utf32
+from convert.filters.quality import REASONS, QualityFilters, dominant_drop, filter_reasons, text_stats, utf32
 
 
 def reasons_of(texts: list[str], filters: QualityFilters) -> list[str | None]:
@@ -35,8 +35,11 @@ def test_each_filter_drops_the_text_it_is_for_and_keeps_a_real_article(articles)
         "repeated_lines": "\n".join(lines[:2] + [lines[1]] * 6),
         "long_run": "北京搬家公司北京保洁公司北京装修公司" * 8 + "。" + article[:200],
     }
-    got = reasons_of([article, *cases.values()], QualityFilters.recommended())
+    got = reasons_of([article, *cases.values()], QualityFilters.recommended(chinese=True))
     assert got == [None, *cases]
+    # without `chinese` (no Chinese corpus's preset) the defaults hold for any language
+    neutral = reasons_of([article, *cases.values()], QualityFilters.recommended())
+    assert neutral == [None, *(None if reason == "low_cjk" else reason for reason in cases)]
 
 
 def test_filters_are_off_unless_asked(articles):
@@ -66,7 +69,7 @@ def test_vectorised_measures_agree_with_one_text_at_a_time(articles):
 
 
 def test_recommended_filters_keep_nearly_all_news_articles(articles):
-    got = reasons_of(articles, QualityFilters.recommended())
+    got = reasons_of(articles, QualityFilters.recommended(chinese=True))
     dropped = [r for r in got if r]
     assert 0 < len(dropped) < 0.03 * len(articles)  # headline-only items, stock tables: about 2 %
     assert {"too_short_chars", "symbols"} <= set(dropped)
@@ -86,3 +89,15 @@ def test_bad_shares_are_refused():
     assert np.all(
         filter_reasons([], np.empty(0, np.uint32), np.empty(0, np.int64), QualityFilters.recommended()) == 0
     )
+
+
+def test_a_filter_that_drops_over_90_percent_is_named_in_one_line():
+    filters = QualityFilters.recommended(chinese=True)
+    assert dominant_drop({"low_cjk": 900, "duplicate": 95}, 1000, filters) is None  # 90 %: not over
+    line = dominant_drop({"low_cjk": 10_460}, 10_460, filters)
+    assert line.startswith(
+        "warning: --min-cjk-share 0.3 (low_cjk) dropped 10,460 of the 10,460 documents read (100.0 %)"
+    )
+    assert "\n" not in line
+    assert dominant_drop({"duplicate": 990}, 1000, filters) is None  # duplicates are no filter
+    assert dominant_drop({}, 0, filters) is None

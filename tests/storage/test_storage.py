@@ -103,6 +103,49 @@ def test_atomic_open_leaves_the_old_file_when_the_writer_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]  # no temporary file left behind
 
 
+def _write_and_hang(path: str, ready) -> None:
+    with atomic_open(path, "wb") as f:
+        f.write(b"x" * 1000)
+        f.flush()
+        ready.set()
+        time.sleep(120)
+
+
+def test_temporary_files_of_killed_writers_are_removed_and_a_live_writers_kept(tmp_path):
+    """Two writers stopped inside `atomic_open`: one SIGKILLed (its temporary file stays behind),
+    one still writing. `remove_stale_temporaries` removes the dead one's file only; the folder's
+    real files are untouched."""
+    import multiprocessing
+    import signal
+
+    store = open_store(tmp_path)
+    store.write_bytes("kept.run", b"done")
+    context = multiprocessing.get_context("fork")
+    writers = []
+    for name in ("dead.run", "live.run"):
+        ready = context.Event()
+        writer = context.Process(target=_write_and_hang, args=(str(tmp_path / name), ready))
+        writer.start()
+        assert ready.wait(60)
+        writers.append(writer)
+    dead, live = writers
+    try:
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.join(30)
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert [n for n in left if n.startswith(".dead.run.tmp-")] and [
+            n for n in left if n.startswith(".live.run")
+        ]
+        removed = store.remove_stale_temporaries()
+        assert [os.path.basename(p) for p in removed] == [n for n in left if n.startswith(".dead.run")]
+        after = sorted(p.name for p in tmp_path.iterdir())
+        assert after == sorted(["kept.run", *(n for n in left if n.startswith(".live.run"))])
+        assert store.remove_stale_temporaries("absent") == []
+    finally:
+        live.kill()
+        live.join(30)
+
+
 def test_an_output_that_cannot_be_a_folder_is_refused_before_any_work(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(StorageError, match="is a file"):

@@ -1,4 +1,5 @@
-"""Write small fixture corpora of real Chinese text in every input format and preset layout.
+"""Write small fixture corpora of real Chinese text in every input format and preset layout; real
+English text for what must work in any language (`english_documents`).
 
 Each writer takes documents (e.g. `peoples_daily_documents()[:20]`), writes them in one layout
 and returns the texts a correct reader must yield from that file, in order. Preset writers
@@ -26,6 +27,28 @@ def _json_line(obj: dict) -> str:
 def _first_line_and_rest(doc: str) -> tuple[str, str]:
     title, _, rest = doc.partition("\n")
     return title, rest or title
+
+
+def english_documents(count: int = 200, min_chars: int = 200) -> list[str]:
+    """Real English prose: the longest docstrings of the standard library's modules (in name order),
+    at least `min_chars` characters each. Nothing is downloaded."""
+    import ast
+    import sysconfig
+
+    found = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
+                text = ast.get_docstring(node)
+                if text and len(text) >= min_chars:
+                    found.append(text)
+        if len(found) >= count:
+            break
+    return list(dict.fromkeys(found))[:count]
 
 
 # --- plain formats -----------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def options(near: bool, workers: int, main_works: bool):
     return ShardOptions(
         seq_len=SEQ_LEN, val_fraction=0.05, workers=workers, overwrite=True, progress=False,
         chunk_chars=CHUNK_CHARS, main_works=main_works,
-        filters=QualityFilters.recommended() if near else QualityFilters(),
+        filters=QualityFilters.recommended(chinese=True) if near else QualityFilters(),
         near_dedup=NearDedupOptions() if near else None,
     )  # fmt: skip
 
