@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo lock demo demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo lock demo demo-short demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -54,6 +54,12 @@ $(DEMO)/tasks/zh-demo/task.json: | install-demo
 demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(PY) train.py recipes/demo.yaml
 	$(PY) -m scenarios.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml
+
+# A first look in a quarter of the training: the same data and model, 200 steps (samples at 100 and
+# 200, an eval at the end) in runs/demo-short; `make demo` is the whole run, in runs/demo.
+demo-short: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
+	$(PY) train.py recipes/demo.yaml run_name=demo-short training.max_duration=200ba
+	$(PY) -m scenarios.bigram --shards $(DEMO)/shards --metrics runs/demo-short/metrics.jsonl --recipe recipes/demo.yaml
 
 # --- after `make demo`: fine-tune the demo model to answer 正面 / 负面 for a review (SFT) ---------
 $(DEMO)/sft/train.jsonl: | install-demo
