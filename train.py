@@ -27,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    return build_parser().parse_args(list(argv))
+    """The command line; `key=value` overrides may come before or after the flags."""
+    from llm.commands import parse_command_line
+
+    return parse_command_line(build_parser(), list(argv))
 
 
 def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:
