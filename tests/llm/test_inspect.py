@@ -37,12 +37,18 @@ def test_overrides_are_taken_on_either_side_of_the_flags(capsys):
     from composer.cli.launcher import _get_parser
 
     tiny = str(REPO / "recipes/tiny.yaml")
-    assert train_py(tiny, "model.n_layers=2", "--gpus", "1", "training.global_batch_size=64", "--dry-run") == 0
+    assert (
+        train_py(tiny, "model.n_layers=2", "--gpus", "1", "training.global_batch_size=64", "--dry-run") == 0
+    )
     before = capsys.readouterr().out
     assert "32,768" in before  # 64 x 512 tokens per step: the second override was applied
-    assert train_py(tiny, "--dry-run", "model.n_layers=2", "--gpus", "1", "training.global_batch_size=64") == 0
+    assert (
+        train_py(tiny, "--dry-run", "model.n_layers=2", "--gpus", "1", "training.global_batch_size=64") == 0
+    )
     assert capsys.readouterr().out == before
-    assert llm_main(["inspect", tiny, "--gpus", "1", "model.n_layers=2", "training.global_batch_size=64"]) == 0
+    assert (
+        llm_main(["inspect", tiny, "--gpus", "1", "model.n_layers=2", "training.global_batch_size=64"]) == 0
+    )
     assert capsys.readouterr().out == before
     # The same through Composer's launcher, which hands train.py the words after the script.
     launched = _get_parser().parse_args(["-n", "1", "train.py", tiny, "--dry-run", "model.n_layers=2"])

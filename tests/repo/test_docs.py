@@ -175,10 +175,9 @@ def check_train(args: list[str], full: bool) -> list[str]:
     problems = parse_problem(parser, args)
     recipe = REPO / args[0] if args else None
     if not problems and recipe and recipe.is_file():  # the values too, as train.py would load them
+        import train
         from llm.config import load_config
         from llm.errors import ConfigError
-
-        import train
 
         parsed = train.parse_args(args)
         try:
