@@ -231,7 +231,11 @@ def check_command(args: list[str], full: bool) -> list[str]:
 
 
 def check_pip(args: list[str]) -> list[str]:
-    problems = []
+    problems = [  # the project installs from its checkout; a registry's llm-pretrain is not this one
+        f"{arg} installs from the package registry: install the checkout, pip install -e '.[extra]'"
+        for arg in args
+        if re.fullmatch(r"llm-pretrain(\[[\w,-]+\])?", arg)
+    ]
     for arg in args:
         match = re.fullmatch(r"(?:\.|llm-pretrain)\[([\w,-]+)\]", arg)
         for extra in match.group(1).split(",") if match else []:
@@ -389,7 +393,8 @@ python train.py recipes/demo.yaml optimizer.lr=-1
 composer -n 8 train.py recipes/7b.yaml --dryrun
 make demo-stf
 python -m bench.no_such_bench
-pip install 'llm-pretrain[no-such-extra]'
+pip install -e '.[no-such-extra]'
+pip install 'llm-pretrain[mlflow]'
 llm eval runs/demo/export --tasks data/t --protocol lm-eval-mmlu
 ```
 
@@ -420,6 +425,7 @@ def test_the_checks_catch_planted_drift():
         "no make target demo-stf",
         "no module bench.no_such_bench",
         "no extra [no-such-extra]",
+        "llm-pretrain[mlflow] installs from the package registry",
         "invalid choice: 'lm-eval-mmlu'",
         "no recipe key training.profile.enabled_not",
         "no recipe key checkpoint.upload_wait",
@@ -431,7 +437,7 @@ def test_the_checks_catch_planted_drift():
     ]:
         assert expected in problems, expected
     assert "#sample" not in problems
-    assert len(problems.splitlines()) == 18
+    assert len(problems.splitlines()) == 19
 
 
 # --- the README: a guide with the reference tables ----------------------------------------------
