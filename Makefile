@@ -54,8 +54,8 @@ $(DEMO)/tasks/zh-demo/task.json: | install-demo
 # A demo's training run stopped by SIGTERM or Ctrl-C stores a checkpoint and exits 143 or 130, to
 # which make would only add "Error 143": say that it stopped to be resumed, and how. The shell
 # outlives a signal to the whole group (`trap :`; python still gets the default handlers).
-# $(call demo_train,RECIPE [OVERRIDES],TARGET)
-demo_train = trap : INT TERM; $(PY) train.py $(1) || { code=$$?; if [ $$code = 143 ] || [ $$code = 130 ]; then \
+# $(call demo_train,RECIPE [OVERRIDES],TARGET): echoes the training command only, as make would.
+demo_train = @echo "$(PY) train.py $(1)"; trap : INT TERM; $(PY) train.py $(1) || { code=$$?; if [ $$code = 143 ] || [ $$code = 130 ]; then \
 	echo "make $(2): training stopped on a signal (exit $$code); to resume it from its checkpoint, run make $(2) again"; \
 	fi; exit $$code; }
 
@@ -64,9 +64,11 @@ demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(PY) -m scenarios.bigram --shards $(DEMO)/shards --metrics runs/demo/metrics.jsonl --recipe recipes/demo.yaml
 
 # A first look in a quarter of the training: the same data and model, 200 steps (samples at 100 and
-# 200, an eval at the end) in runs/demo-short; `make demo` is the whole run, in runs/demo.
+# 200, the eval at 200) in runs/demo-short; `make demo` is the whole run, in runs/demo. The eval is
+# put at 200: Composer's end-of-training eval runs after every callback's fit_end, so metrics.jsonl
+# (and the bigram line) would not get it.
 demo-short: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
-	$(call demo_train,recipes/demo.yaml run_name=demo-short training.max_duration=200ba,demo-short)
+	$(call demo_train,recipes/demo.yaml run_name=demo-short training.max_duration=200ba training.eval_interval=200ba,demo-short)
 	$(PY) -m scenarios.bigram --shards $(DEMO)/shards --metrics runs/demo-short/metrics.jsonl --recipe recipes/demo.yaml
 
 # --- after `make demo`: fine-tune the demo model to answer 正面 / 负面 for a review (SFT) ---------
