@@ -114,10 +114,10 @@ LONGEST_FIRST = [
     "test_profiling.py",  # 57 s
     "test_storage_outage.py",  # 49 s
     "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
-    "test_eval_lm_harness.py",  # 136 s at load 18 on 2 cores (20 s of CPU): four lm-eval runs
+    "test_eval_lm_harness.py",  # ~25 s (136 s at load 18 on 2 cores): four lm-eval runs
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
-    "test_demo_targets.py",  # 53 s at load 9 on 2 cores: one training process under make
+    "test_demo_targets.py",  # 23-53 s (load 5-9): one training process under make
 ]
 
 
