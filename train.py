@@ -1,7 +1,8 @@
 """Train a model from a YAML recipe: `composer train.py recipes/demo.yaml [key=value ...]`.
 
 Also `python train.py ...` (one process) and `train.py RECIPE --dry-run [--gpus N]` (sizes and
-memory plan, no data, nothing allocated). Everything lives in the `llm` package; this file only
+memory plan, no data, nothing allocated); overrides may stand before or after the flags.
+`--print-config` prints the resolved recipe in full (by default one line names its config.yaml). Everything lives in the `llm` package; this file only
 parses the command line.
 """
 
@@ -28,11 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print sizes and the memory plan (as `llm inspect`), do not train",
     )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved recipe in full at the start (by default one line names the run's "
+        "config.yaml, which holds it)",
+    )
     return parser
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    return build_parser().parse_args(list(argv))
+    """The command line; `key=value` overrides may come before or after the flags."""
+    from llm.commands import parse_command_line
+
+    return parse_command_line(build_parser(), list(argv))
 
 
 def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:
@@ -52,7 +62,7 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
         cfg = load_config(args.recipe, args.overrides)
         from llm.trainer import train
 
-        train(cfg, extra_callbacks)
+        train(cfg, extra_callbacks, print_config=args.print_config)
     except (ConfigError, ShardsError) as err:  # a problem with the recipe or the data: say which
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -9,7 +9,10 @@ runs with different batch sizes or sequence lengths line up.
 A run is found as a folder (local or `s3://`) holding `metrics.jsonl` (a `run_dir`) or
 `records/metrics.jsonl` (a checkpoint save folder, llm/run_dir.py). No Composer import:
 `llm plot` stays quick. What a run's loss counts comes from its config.yaml (`data.kind`): every
-token of pretraining, only the answer tokens of SFT; runs that differ are labelled with it.
+token of pretraining, only the answer tokens of SFT; runs that differ are labelled with it. So
+does its tokenizer (`tokenizer.path`; the file's SHA-256 where it is readable here): a loss per
+token of one tokenizer does not compare with another's, nor do the token counts of the x axis, so
+runs with different tokenizers are labelled with theirs and the figure and the table say so.
 
 The guard's work is marked (llm/callbacks/guard.py, docs/guard.md): each rollback as a dotted line
 at its spike, each window of skipped batches as a shaded band. The windows come from the run's
@@ -20,6 +23,7 @@ tokens per batch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -47,6 +51,8 @@ class RunCurves:
     rows: list[dict[str, Any]] = field(default_factory=list)
     kind: str | None = None
     skip: list[list[int]] = field(default_factory=list)
+    tokenizer: str | None = None  # tokenizer.path as the run's config.yaml has it
+    tokenizer_id: str | None = None  # what tells tokenizers apart: the file's SHA-256, else the path
 
     def rollbacks(self) -> list[tuple[int, int]]:
         """(spike batch, batch rolled back to) of each of the guard's rollbacks."""
@@ -145,7 +151,17 @@ def load_run(source: str) -> RunCurves:
         data = config.get("data") if isinstance(config.get("data"), dict) else {}
         kind = str(data.get("kind", "pretrain")) if config else None  # data.kind's default: pretrain
         skip = [list(w) for w in data.get("skip") or [] if isinstance(w, list) and len(w) == 2]
-        return RunCurves(source=source, label=str(name), rows=parse_metrics(text), kind=kind, skip=skip)
+        tokenizer = config.get("tokenizer") if isinstance(config.get("tokenizer"), dict) else {}
+        path = str(tokenizer["path"]) if tokenizer.get("path") else None
+        return RunCurves(
+            source=source,
+            label=str(name),
+            rows=parse_metrics(text),
+            kind=kind,
+            skip=skip,
+            tokenizer=path,
+            tokenizer_id=_tokenizer_id(path),
+        )
     raise ConfigError(
         f"{source} is not a run: it has no {METRICS} (a run_dir such as runs/demo) and no "
         f"{RECORDS_DIR}/{METRICS} (a checkpoint save folder, e.g. s3://bucket/ckpt/run)"
@@ -161,16 +177,39 @@ def _run_config(store, prefix: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def _tokenizer_id(path: str | None) -> str | None:
+    """The SHA-256 of the tokenizer file at `path` when it is a file here (copies of one tokenizer
+    under other paths are one tokenizer), else the path itself."""
+    if path is None or "://" in path or not Path(path).is_file():
+        return path
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def different_tokenizers(runs: list[RunCurves]) -> bool:
+    """Whether the runs were trained with more than one tokenizer (runs that record none aside)."""
+    return len({r.tokenizer_id for r in runs if r.tokenizer_id is not None}) > 1
+
+
+TOKENIZER_NOTE = (
+    "note: these runs use different tokenizers: a loss per token, and the tokens on the x axis, "
+    "do not compare between runs of different tokenizers"
+)
+
+
 def label_runs(runs: list[RunCurves]) -> None:
     """Give runs that share a label their source instead, so the legend tells them apart; when
-    the runs' losses count different tokens (pretraining and SFT), say in each label what it counts."""
+    the runs' losses count different tokens (pretraining and SFT), or tokens of different
+    tokenizers, say in each label what it counts and with which tokenizer."""
     labels = [r.label for r in runs]
     for run in runs:
         if labels.count(run.label) > 1:
             run.label = run.source
-    if len({r.kind for r in runs}) > 1:
-        for run in runs:
-            run.label += f" (loss over {LOSS_COUNTS.get(run.kind or '', 'unrecorded tokens')})"
+    kinds, tokenizers = len({r.kind for r in runs}) > 1, different_tokenizers(runs)
+    for run in runs:
+        notes = [f"loss over {LOSS_COUNTS.get(run.kind or '', 'unrecorded tokens')}"] if kinds else []
+        notes += [f"tokenizer {run.tokenizer or 'unrecorded'}"] if tokenizers else []
+        if notes:
+            run.label += f" ({', '.join(notes)})"
 
 
 # --- drawing --------------------------------------------------------------------------------
@@ -257,8 +296,12 @@ def compare_figure(runs: list[RunCurves], title: str = "loss vs tokens"):
         if evals:
             ax.plot(eval_tokens, evals, "o--", color=colour, linewidth=1, label=f"{run.label} eval")
         mark_guard(ax, run, colour, f"{run.label} ")
-    ax.set_ylabel("cross-entropy loss")
-    ax.set_title(title)
+    if different_tokenizers(runs):
+        ax.set_ylabel("cross-entropy loss per token of each run's tokenizer")
+        ax.set_title(f"{title}\n(different tokenizers: losses per token do not compare)")
+    else:
+        ax.set_ylabel("cross-entropy loss")
+        ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     _lr_panel(ax_lr, coloured)

@@ -47,6 +47,9 @@ LOSS_PLOT = "loss.png"  # the loss curves (llm/callbacks/loss_plot.py, llm.plots
 TRACKERS = "trackers.json"  # the MLflow / W&B run ids (llm/loggers/tracker_ids.py)
 STORAGE_LOG = "storage-errors.log"  # tracebacks of failed downloads (llm/data/datasets.py); not a record
 STEP_FILES = (METRICS, SAMPLES, TASKS)  # JSON lines, each with a "step"
+# A line's mark for the step an interrupted process stopped at (between two logged steps): it shows
+# where that attempt's checkpoint is until a resume, which drops it (`cut_after`) and logs on.
+STOPPED = "stopped"
 OTHER_FILES = (CONFIG, LOSS_PLOT, TRACKERS)
 RECORD_FILES = (*STEP_FILES, *OTHER_FILES)
 
@@ -169,7 +172,8 @@ class RunRecords:
 
 
 def cut_after(path: Path, step: int) -> int:
-    """Drop the lines of a JSON-lines file whose `step` is past `step` (and torn lines); return the
+    """Drop the lines of a JSON-lines file whose `step` is past `step`, those marked `STOPPED` (an
+    earlier attempt's last step, not logged by an uninterrupted run) and torn lines; return the
     lines kept. The file is replaced atomically; an absent file stays absent."""
     if not path.is_file():
         return 0
@@ -180,6 +184,7 @@ def cut_after(path: Path, step: int) -> int:
         except ValueError:
             continue  # a line torn by a kill mid-write
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-            kept.append(line)
+            if not row.get(STOPPED):
+                kept.append(line)
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
     return len(kept)

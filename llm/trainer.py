@@ -256,16 +256,23 @@ def resolve_schedule(cfg: TrainConfig, batches_per_epoch: int | None) -> Schedul
     )
 
 
-def announce(cfg: TrainConfig, run_dir: Path) -> None:
-    """Print the resolved config and save it with the run (rank 0; credentials redacted)."""
+def announce(cfg: TrainConfig, run_dir: Path, print_config: bool = False) -> None:
+    """Save the resolved config with the run and name the file in one line (rank 0; credentials
+    redacted); `print_config` (`train.py --print-config`): the whole config too. Printed in full
+    at every start it was about 160 lines before the first step (issue 39)."""
     if dist.get_global_rank() != 0:
         return
-    print(f"resolved config ({cfg.run_name}):\n{to_yaml(cfg)}", flush=True)
-    save_resolved(cfg, RunDir(run_dir).config)
+    path = save_resolved(cfg, RunDir(run_dir).config)
+    if print_config:
+        print(f"resolved config ({cfg.run_name}):\n{to_yaml(cfg)}", flush=True)
+    print(f"[config] run {cfg.run_name!r}: the resolved recipe is in {path}", flush=True)
 
 
-def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> Trainer:
-    """A ready-to-fit Composer Trainer for `cfg` (raises ConfigError on unusable settings)."""
+def build_trainer(
+    cfg: TrainConfig, extra_callbacks: Sequence[Callback] = (), print_config: bool = False
+) -> Trainer:
+    """A ready-to-fit Composer Trainer for `cfg` (raises ConfigError on unusable settings);
+    `print_config`: print the resolved config in full, not only the line naming its file."""
     check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
@@ -288,7 +295,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
         cfg, rank=dist.get_global_rank(), world_size=world_size, records=records
     )
     run_dir = Path(cfg.run_dir)
-    announce(cfg, run_dir)
+    announce(cfg, run_dir, print_config)
 
     if dist.get_local_rank() == 0:
         clean_stale_shared_memory(all_stream_locals(cfg))
@@ -388,9 +395,12 @@ class TrainResult:
     checkpoints: str | None  # checkpoint.save_folder; None: nothing was saved
 
 
-def train(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> TrainResult:
-    """Fit `cfg`; return the final metrics and where the run's files are."""
-    trainer = build_trainer(cfg, extra_callbacks)
+def train(
+    cfg: TrainConfig, extra_callbacks: Sequence[Callback] = (), print_config: bool = False
+) -> TrainResult:
+    """Fit `cfg`; return the final metrics and where the run's files are (`print_config`: as
+    `build_trainer`)."""
+    trainer = build_trainer(cfg, extra_callbacks, print_config)
     try:
         trainer.fit()
         result = summarize(trainer, cfg)

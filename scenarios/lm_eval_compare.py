@@ -14,16 +14,25 @@ that is how `llm eval`'s default protocols are checked against the published one
 
 Nothing is downloaded: the model, tokenizer and CSVs are local, and the Hugging Face libraries run
 offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE).
+
+`demo_task_files()` writes the same task configs for the demo's task (`data/demo/tasks/zh-demo`,
+paths relative to the folder lm_eval runs in) and a group `zh_demo` over its subjects: the files
+shipped in recipes/lm-eval, so that `lm_eval --include_path recipes/lm-eval --tasks zh_demo` scores an
+export of the demo model as `llm eval` does (docs/eval.md). Written by
+`python -m scenarios.lm_eval_compare --write-demo-tasks recipes/lm-eval`, after `make demo`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from llm.eval import harness
 from llm.eval.prompts import ANSWER_CUE, LETTERS, PROTOCOLS, description
@@ -71,7 +80,7 @@ def lm_eval_yaml(task: Task, subject: Subject, name: str, shots: int) -> dict:
         "fewshot_delimiter": "\n\n",
         "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}],
     }
-    if shots:
+    if shots or subject.examples:  # the first dev examples, in order, for any --num_fewshot
         config |= {"fewshot_split": "dev", "fewshot_config": {"sampler": "first_n"}}
     header = description(task, subject)
     if header:
@@ -192,3 +201,75 @@ def run_lm_eval(
 
 def _argmax(values: list[float]) -> int:
     return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+DEMO_TASK = "data/demo/tasks/zh-demo"  # where `make demo` writes the demo's task
+DEMO_GROUP = "zh_demo"
+_HEADER = (
+    "# lm-eval {kind} for the demo's task ({task}, written by `make demo`), scored as `llm eval`\n"
+    "# scores it; run lm_eval from the repository's root (docs/eval.md). Written by\n"
+    "# `python -m scenarios.lm_eval_compare --write-demo-tasks recipes/lm-eval`; do not edit.\n"
+)
+
+
+def demo_task_files(task_root: str = DEMO_TASK) -> dict[str, str]:
+    """recipes/lm-eval's files: file name -> text. One lm-eval task per subject of the task at
+    `task_root` (its CSVs named by that path, as given) and the group `zh_demo`, whose acc is over
+    all questions (weight_by_size), as `llm eval`'s task figure."""
+    (task,) = harness.load_tasks([task_root], "val")
+    files, names = {}, []
+    for subject in task.subjects:
+        name = f"{DEMO_GROUP}_{subject.name}"
+        names.append(name)
+        config = lm_eval_yaml(task, subject, name, shots=0)
+        files[f"{name}.yaml"] = _HEADER.format(kind="task", task=task_root) + _dump(config)
+    group = {
+        "group": DEMO_GROUP,
+        "task": names,
+        "aggregate_metric_list": [
+            {"metric": metric, "aggregation": "mean", "weight_by_size": True}
+            for metric in ("acc", "acc_norm")
+        ],
+    }
+    files[f"{DEMO_GROUP}.yaml"] = _HEADER.format(kind="group", task=task_root) + _dump(group)
+    return files
+
+
+class _Dumper(yaml.SafeDumper):
+    """Strings with a line break double-quoted (`"\\n\\n"`), not folded over several lines."""
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", text, style='"' if "\n" in text else None
+    ),
+)
+
+
+def _dump(config: dict) -> str:
+    return yaml.dump(config, Dumper=_Dumper, allow_unicode=True, sort_keys=False, width=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scenarios.lm_eval_compare", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--write-demo-tasks",
+        metavar="FOLDER",
+        required=True,
+        help="write the demo task's lm-eval configs there",
+    )
+    parser.add_argument("--task", default=DEMO_TASK, help=f"the demo task's folder (default {DEMO_TASK})")
+    args = parser.parse_args(argv)
+    out = Path(args.write_demo_tasks)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in demo_task_files(args.task).items():
+        (out / name).write_text(text, encoding="utf-8")
+        print(f"wrote {out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

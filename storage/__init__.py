@@ -9,7 +9,7 @@ llm's `LLM_RUN_LOCK_*`, `LLM_CKPT_VERIFY_MAX_BYTES`) are parsed by one rule, `st
 """
 
 from storage.errors import StorageError
-from storage.local import atomic_open, atomic_write_bytes, atomic_write_text
+from storage.local import atomic_open, atomic_path, atomic_write_bytes, atomic_write_text
 from storage.s3 import RetryPolicy, is_remote, s3_client, split_s3_url
 from storage.store import LocalStore, S3Store, Store, download_url, join, open_store, read_url
 
@@ -20,6 +20,7 @@ __all__ = [
     "StorageError",
     "Store",
     "atomic_open",
+    "atomic_path",
     "atomic_write_bytes",
     "atomic_write_text",
     "download_url",

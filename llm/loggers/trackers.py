@@ -1,7 +1,8 @@
 """Experiment trackers: MLflow, Weights & Biases and TensorBoard, through Composer's loggers.
 
 `check_extras(cfg)` runs before any work: a tracker the recipe turns on whose package is missing is
-one line naming the extra to install (`pip install 'llm-pretrain[mlflow]'`). `build_trackers`
+one line naming the extra to install from the checkout (`.venv/bin/pip install -c constraints.txt -e
+'.[mlflow]'`; `pip install 'llm-pretrain[mlflow]'` would look for the package in the registry). `build_trackers`
 returns the Composer logger destinations:
 
 - TensorBoard: Composer's `TensorboardLogger`, writing to `<run_dir>/tensorboard`.
@@ -63,7 +64,8 @@ def check_extras(cfg: TrainConfig) -> None:
             switch = "loggers.tensorboard=false" if key == "tensorboard" else f"loggers.{key}.enabled=false"
             raise ConfigError(
                 f"the recipe turns on {key} (loggers.{key}) but its package is not installed ({err}); "
-                f"install the extra: pip install 'llm-pretrain[{extra}]' (or set {switch})"
+                f"install its extra into .venv from the checkout: .venv/bin/pip install -c constraints.txt "
+                f"-e '.[{extra}]' (make install installs all the trackers; or set {switch})"
             ) from None
 
 

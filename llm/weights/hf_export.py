@@ -42,6 +42,7 @@ from llm.model import Transformer
 from llm.weights.hf import SpecialIds, hf_config, to_hf
 from shards.chat_template import TEMPLATE_FILE
 from shards.tokenizer import SENTENCEPIECE, Tokenizer
+from storage import atomic_path
 
 
 def export_hf(
@@ -58,9 +59,8 @@ def export_hf(
     if tok is not None:
         tok.check_fits(model.cfg.vocab_size)
     tensors = {n: p.to(dtype) for n, p in model.state_dict().items()}
-    save_file(
-        to_hf(tensors, model.cfg.tie_embeddings), str(out / "model.safetensors"), metadata={"format": "pt"}
-    )
+    with atomic_path(out / "model.safetensors") as tmp:  # mode 0644 (umask 022), as the other files
+        save_file(to_hf(tensors, model.cfg.tie_embeddings), str(tmp), metadata={"format": "pt"})
     ids = special_ids(tok) if tok else SpecialIds(None, None, None)
     write_json(out / "config.json", hf_config(model.cfg, ids, str(dtype).removeprefix("torch.")))
     if tok is not None:

@@ -40,6 +40,7 @@ class Killed:
     records_after_resume: list[dict]
     manifests_after_resume: list[str]
     again: Run  # the finished run started again
+    changed: Run  # and again with optimizer.lr=1e-3
     longer: Run  # and again with training.max_duration=14ba
 
 
@@ -55,8 +56,9 @@ def killed(tmp_path_factory, shards) -> Killed:
     records = read_metrics(metrics)
     manifests = sorted(p.name for p in (folder / "ckpt" / "manifests").iterdir())
     again = run(recipe, "again", cwd=folder, overrides=RECORDS)
+    changed = run(recipe, "changed", cwd=folder, overrides=[*RECORDS, "optimizer.lr=1e-3"])
     longer = run(recipe, "longer", cwd=folder, overrides=[*RECORDS, "training.max_duration=14ba"])
-    return Killed(folder, first, steps, second, records, manifests, again, longer)
+    return Killed(folder, first, steps, second, records, manifests, again, changed, longer)
 
 
 @pytest.mark.slow
@@ -87,6 +89,24 @@ def test_a_finished_run_started_again_trains_nothing_more(killed):
     assert again.returncode == 0, again.output[-4000:]
     assert f"run 'rs' already finished: its checkpoint at batch {MAX_BATCHES} reached" in again.output
     assert again.batches() == []
+
+
+@pytest.mark.slow
+def test_a_finished_run_started_with_other_values_names_them_and_how_to_train_anew(killed):
+    """`train.py recipes/demo.yaml optimizer.lr=1e-3` after `make demo` said only "already
+    finished", the new value silently unused (issue 39)."""
+    changed = killed.changed
+    assert changed.returncode == 0, changed.output[-4000:]
+    (line,) = [x for x in changed.output.splitlines() if "already finished" in x]
+    assert "The recipe differs from the one it was trained with (optimizer.lr: 0.01 -> 0.001)" in line
+    assert "these values were not used" in line
+    assert (
+        f"another run_name (e.g. run_name=rs-2) with a checkpoint.save_folder that holds no checkpoint (this run's is {killed.folder / 'ckpt'})"
+        in line
+    )
+    assert "raise training.max_duration" in line
+    assert changed.batches() == []
+    assert "differs" not in killed.again.output  # the same recipe: the plain line
 
 
 @pytest.mark.slow

@@ -32,6 +32,37 @@ def test_train_py_dry_run_builds_tiny_on_meta(capsys):
     assert "58,479,616" in out and "16,384" in out  # 32 x 512 tokens per step
 
 
+def test_overrides_are_taken_on_either_side_of_the_flags(capsys):
+    """`train.py RECIPE --dry-run key=value` once failed with "unrecognized arguments" (issue 39)."""
+    from composer.cli.launcher import _get_parser
+
+    tiny = str(REPO / "recipes/tiny.yaml")
+    assert (
+        train_py(tiny, "model.n_layers=2", "--gpus", "1", "training.global_batch_size=64", "--dry-run") == 0
+    )
+    before = capsys.readouterr().out
+    assert "32,768" in before  # 64 x 512 tokens per step: the second override was applied
+    assert (
+        train_py(tiny, "--dry-run", "model.n_layers=2", "--gpus", "1", "training.global_batch_size=64") == 0
+    )
+    assert capsys.readouterr().out == before
+    assert (
+        llm_main(["inspect", tiny, "--gpus", "1", "model.n_layers=2", "training.global_batch_size=64"]) == 0
+    )
+    assert capsys.readouterr().out == before
+    # The same through Composer's launcher, which hands train.py the words after the script.
+    launched = _get_parser().parse_args(["-n", "1", "train.py", tiny, "--dry-run", "model.n_layers=2"])
+    assert train_py(*launched.training_script_args, "--gpus", "1", "training.global_batch_size=64") == 0
+    assert capsys.readouterr().out == before
+    assert train_py(tiny, "--dry-run") == 0
+    assert "32,768" not in capsys.readouterr().out  # without the overrides: 32 x 512
+    # A later value of the same key wins wherever it stands; an unknown flag is still refused.
+    assert train_py(tiny, "training.global_batch_size=8", "--dry-run", "training.global_batch_size=64") == 0
+    assert "32,768" in capsys.readouterr().out
+    assert train_py(tiny, "--dry-run", "--gpuz", "1", "model.n_layers=2") == 2
+    assert "unrecognized arguments: --gpuz" in capsys.readouterr().err
+
+
 def test_dry_run_reports_bad_overrides_in_one_line(capsys):
     assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "model.dimm=8"]) == 2
     err = capsys.readouterr().err.strip()

@@ -15,6 +15,26 @@ from llm.plots import compare_figure, label_runs, load_run, run_figure
 from tests.support.training import load, read_metrics, write_recipe
 
 
+def _recipe(root, name: str, lr: float, train_data, run_name: str | None = None):
+    return write_recipe(
+        root / name / "r.yaml",
+        train_data,
+        run_name=run_name or name,
+        run_dir=root / name / "run",
+        optimizer={"lr": lr},
+        training={
+            "global_batch_size": 8,
+            "device_microbatch_size": 8,
+            "max_duration": "8ba",
+            "eval_interval": "4ba",
+            "eval_subset_num_batches": 2,
+            "log_interval": 2,
+        },
+        checkpoint={"save_folder": str(root / name / "ckpt"), "save_interval": "8ba"},
+        callbacks={"generate": {"enabled": False}, "speed_window": 2},
+    )
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, train_data):
     """Two real 8-step runs that differ in their learning rate, with checkpoints."""
@@ -23,26 +43,36 @@ def two_runs(tmp_path_factory, train_data):
     root = tmp_path_factory.mktemp("two-runs")
     runs = []
     for name, lr in (("slow", 1e-3), ("fast", 6e-3)):
-        recipe = write_recipe(
-            root / name / "r.yaml",
-            train_data,
-            run_name=name,
-            run_dir=root / name / "run",
-            optimizer={"lr": lr},
-            training={
-                "global_batch_size": 8,
-                "device_microbatch_size": 8,
-                "max_duration": "8ba",
-                "eval_interval": "4ba",
-                "eval_subset_num_batches": 2,
-                "log_interval": 2,
-            },
-            checkpoint={"save_folder": str(root / name / "ckpt"), "save_interval": "8ba"},
-            callbacks={"generate": {"enabled": False}, "speed_window": 2},
-        )
-        train(load(recipe))
+        train(load(_recipe(root, name, lr, train_data)))
         runs.append(root / name / "run")
     return runs
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, train_data):
+    """The slow run stopped by SIGTERM after batch 5 (between the logged steps 4 and 6): its
+    metrics.jsonl then, and after the same recipe resumed it to the end."""
+    import os
+    import signal
+
+    from composer.core import Callback
+
+    from llm.trainer import train
+
+    class SigtermAfter5(Callback):
+        def batch_end(self, state, logger):
+            if int(state.timestamp.batch) == 5:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    root = tmp_path_factory.mktemp("stopped")
+    recipe = _recipe(root, "stopped", 1e-3, train_data, run_name="slow")
+    with pytest.raises(SystemExit) as exit_:
+        train(load(recipe), [SigtermAfter5()])
+    assert exit_.value.code == 143
+    metrics = root / "stopped" / "run" / "metrics.jsonl"
+    at_stop = read_metrics(metrics)
+    train(load(recipe))
+    return root / "stopped" / "run", at_stop, read_metrics(metrics)
 
 
 def test_the_loss_plot_is_drawn_from_the_records_against_tokens_with_the_rate_below(two_runs, train_data):
@@ -109,6 +139,37 @@ def test_runs_whose_losses_count_different_tokens_say_what_each_counts(two_runs,
     assert [run.label for run in same] == ["slow", "fast"]
 
 
+def test_runs_of_different_tokenizers_are_labelled_with_theirs_and_a_note_says_so(two_runs, tmp_path, capsys):
+    """Runs trained with different tokenizers shared one loss axis without a note (issue 39). The
+    second run's records: the fast run's, its config naming another tokenizer file."""
+    other = tmp_path / "other-tok"
+    other.mkdir()
+    shutil.copy(two_runs[1] / "metrics.jsonl", other / "metrics.jsonl")
+    config = yaml.safe_load((two_runs[1] / "config.yaml").read_text(encoding="utf-8"))
+    own = config["tokenizer"]["path"]
+    (tmp_path / "other.model").write_bytes(b"another tokenizer's bytes")
+    config["tokenizer"]["path"] = str(tmp_path / "other.model")
+    (other / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    assert llm_main(["plot", str(two_runs[0]), str(other), "--out", str(tmp_path / "compare.png")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(f"slow (tokenizer {own}) ") and out[2].startswith(
+        f"fast (tokenizer {tmp_path}/other.model) "
+    )
+    assert "note: these runs use different tokenizers" in out[3] and "do not compare" in out[3]
+    runs = [load_run(str(two_runs[0])), load_run(str(other))]
+    label_runs(runs)
+    figure = compare_figure(runs)
+    assert "different tokenizers" in figure.axes[0].get_title()
+    assert "each run's tokenizer" in figure.axes[0].get_ylabel()
+    # A copy of the same tokenizer under another path is the same tokenizer: no note.
+    shutil.copy(own, tmp_path / "copy.model")
+    config["tokenizer"]["path"] = str(tmp_path / "copy.model")
+    (other / "config.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    assert llm_main(["plot", str(two_runs[0]), str(other), "--out", str(tmp_path / "compare.png")]) == 0
+    out = capsys.readouterr().out
+    assert "tokenizer" not in out and out.splitlines()[1].startswith("slow ")
+
+
 def test_without_out_the_figure_goes_under_runs(two_runs, tmp_path, monkeypatch, capsys):
     """It once went to compare.png in the working folder (the repository's root)."""
     monkeypatch.chdir(tmp_path)
@@ -122,6 +183,31 @@ def test_llm_plot_on_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{tmp_path} is not a run" in err, err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_run_stopped_by_sigterm_is_drawn_to_its_checkpoint_not_its_last_logged_step(
+    stopped, two_runs, tmp_path, capsys
+):
+    """`llm plot` drew an interrupted run to its last logged step (100) while its checkpoint was at
+    108 (issue 39): the step it stopped at is now written, marked, and dropped again by the resume."""
+    run_dir, at_stop, resumed = stopped
+    assert [(r["step"], r.get("stopped")) for r in at_stop] == [(2, None), (4, None), (5, True)]
+    assert at_stop[-1]["tokens"] == at_stop[0]["tokens"] * 5 // 2 and "loss" in at_stop[-1]
+    # After the resume, the file is the uninterrupted run's, step for step (no line at 5).
+    uninterrupted = read_metrics(two_runs[0] / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted] == [2, 4, 6, 8]
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in uninterrupted], abs=1e-6)
+    assert not any("stopped" in r for r in resumed)
+    # Drawn to 5 while it stood there: the table's steps and the curve's last point.
+    stopped_records = tmp_path / "at-stop"
+    stopped_records.mkdir()
+    lines = "".join(json.dumps(r) + "\n" for r in at_stop)
+    (stopped_records / "metrics.jsonl").write_text(lines)
+    shutil.copy(run_dir / "config.yaml", stopped_records / "config.yaml")
+    assert llm_main(["plot", str(stopped_records), "--out", str(tmp_path / "c.png")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["slow", "5"]
+    curve = run_figure(load_run(str(stopped_records))).axes[0].lines[0]
+    assert list(curve.get_xdata())[-1] == at_stop[-1]["tokens"]
 
 
 def test_the_first_and_the_last_samples_are_put_side_by_side(tmp_path):

@@ -38,8 +38,28 @@ def test_loss_falls_and_run_files_are_written(tmp_path, train_data, capsys):
     assert (tmp_path / "run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert f"vocab_size: {train_data.vocab_size}" in saved and "lr: 0.003" in saved
-    assert "resolved config" in out and str(tmp_path / "run" / "loss.png") in out
+    assert str(tmp_path / "run" / "loss.png") in out
+    # One line names the saved config; the dump of every key is behind --print-config (issue 39).
+    config_lines = [line for line in out.splitlines() if "config" in line]
+    assert (
+        f"[config] run 'test': the resolved recipe is in {tmp_path / 'run' / 'config.yaml'}" in config_lines
+    )
+    assert "resolved config" not in out and "vocab_size" not in out
     assert result.step == 24 and result.eval_loss == pytest.approx(evals[1]["eval_loss"])
+
+
+def test_print_config_prints_the_resolved_recipe_in_full(tmp_path, train_data, capsys):
+    import train as train_script
+    from llm.config import to_yaml
+    from llm.trainer import announce
+
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data))
+    assert train_script.parse_args([str(tmp_path / "r.yaml"), "--print-config"]).print_config
+    assert not train_script.parse_args([str(tmp_path / "r.yaml")]).print_config
+    announce(cfg, tmp_path / "run", print_config=True)
+    out = capsys.readouterr().out
+    assert to_yaml(cfg) in out and "[config] run 'test'" in out
+    assert (tmp_path / "run" / "config.yaml").read_text() == to_yaml(cfg)
 
 
 class GradRecorder(Callback):

@@ -100,10 +100,12 @@ def unknown_flags(parser: argparse.ArgumentParser, args: list[str]) -> list[str]
 
 def parse_problem(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
     """What argparse says about the whole line (a missing argument, a bad choice or order)."""
+    from llm.commands import parse_command_line  # as the commands parse: overrides on either side
+
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            parser.parse_args(args)
+            parse_command_line(parser, args)
     except SystemExit as stop:
         if stop.code:
             return [err.getvalue().strip().splitlines()[-1]]
@@ -173,10 +175,11 @@ def check_train(args: list[str], full: bool) -> list[str]:
     problems = parse_problem(parser, args)
     recipe = REPO / args[0] if args else None
     if not problems and recipe and recipe.is_file():  # the values too, as train.py would load them
+        import train
         from llm.config import load_config
         from llm.errors import ConfigError
 
-        parsed = parser.parse_args(args)
+        parsed = train.parse_args(args)
         try:
             load_config(recipe, parsed.overrides)
         except ConfigError as err:
@@ -228,7 +231,11 @@ def check_command(args: list[str], full: bool) -> list[str]:
 
 
 def check_pip(args: list[str]) -> list[str]:
-    problems = []
+    problems = [  # the project installs from its checkout; a registry's llm-pretrain is not this one
+        f"{arg} installs from the package registry: install the checkout, pip install -e '.[extra]'"
+        for arg in args
+        if re.fullmatch(r"llm-pretrain(\[[\w,-]+\])?", arg)
+    ]
     for arg in args:
         match = re.fullmatch(r"(?:\.|llm-pretrain)\[([\w,-]+)\]", arg)
         for extra in match.group(1).split(",") if match else []:
@@ -380,13 +387,14 @@ PLANTED = """\
 python -m convert shards in.jsonl --tokenizer t.model --out data/x --made-up-flag 3
 python -m convert shred in.jsonl --out data/x
 llm generate runs/demo/checkpoints --tokenizer t.model --prompt 中国 --top-q 0.9
-llm inspect recipes/demo.yaml --gpus 8 optimizer.lr=1e-3
+llm inspect --gpus 8
 python train.py recipes/demo.yaml optimizer.learning_rate=1e-3
 python train.py recipes/demo.yaml optimizer.lr=-1
 composer -n 8 train.py recipes/7b.yaml --dryrun
 make demo-stf
 python -m bench.no_such_bench
-pip install 'llm-pretrain[no-such-extra]'
+pip install -e '.[no-such-extra]'
+pip install 'llm-pretrain[mlflow]'
 llm eval runs/demo/export --tasks data/t --protocol lm-eval-mmlu
 ```
 
@@ -403,20 +411,21 @@ data:
 
 
 def test_the_checks_catch_planted_drift():
-    """A made-up flag, sub-command, recipe key, make target, module, extra, choice, argument order
+    """A made-up flag, sub-command, recipe key, make target, module, extra, choice, missing argument
     and broken link in a sample page are each reported; a correct page (the README) is not."""
     problems = "\n".join(page_problems(README, PLANTED) + link_problems(README, PLANTED))
     for expected in [
         "no option --made-up-flag",
         "no sub-command `python -m convert shred`",
         "no option --top-q",
-        "unrecognized arguments: optimizer.lr=1e-3",  # overrides after a flag: argparse refuses them
+        "the following arguments are required: recipe",  # `llm inspect` without a recipe
         "no recipe key optimizer.learning_rate",
         "optimizer.lr",  # -1 is out of its range: load_config says so in one line
         "no option --dryrun",
         "no make target demo-stf",
         "no module bench.no_such_bench",
         "no extra [no-such-extra]",
+        "llm-pretrain[mlflow] installs from the package registry",
         "invalid choice: 'lm-eval-mmlu'",
         "no recipe key training.profile.enabled_not",
         "no recipe key checkpoint.upload_wait",
@@ -428,7 +437,7 @@ def test_the_checks_catch_planted_drift():
     ]:
         assert expected in problems, expected
     assert "#sample" not in problems
-    assert len(problems.splitlines()) == 18
+    assert len(problems.splitlines()) == 19
 
 
 # --- the README: a guide with the reference tables ----------------------------------------------

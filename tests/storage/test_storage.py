@@ -146,6 +146,22 @@ def test_temporary_files_of_killed_writers_are_removed_and_a_live_writers_kept(t
         live.join(30)
 
 
+def test_atomic_path_moves_a_library_written_file_in_whole_with_a_new_file_s_mode(tmp_path):
+    target = tmp_path / "w.bin"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), storage.atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("crash while writing")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["w.bin"]
+    with storage.atomic_path(target) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)  # as safetensors' own temporary file
+        os.write(fd, b"new")
+        os.close(fd)
+    probe = tmp_path / "probe"
+    probe.write_text("")
+    assert target.read_bytes() == b"new" and target.stat().st_mode == probe.stat().st_mode
+
+
 def test_an_output_that_cannot_be_a_folder_is_refused_before_any_work(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(StorageError, match="is a file"):

@@ -51,6 +51,71 @@ def test_per_question_log_likelihoods_and_answers_agree_with_lm_eval(exported, s
         assert found.ours[key] == pytest.approx(found.theirs[key], abs=1e-9), key
 
 
+def _documented(program: str) -> list[str]:
+    """The command of docs/eval.md's agreement section that runs `program` (on the demo's task)."""
+    from tests.support import docs
+    from tests.support.paths import REPO
+
+    page = REPO / "docs" / "eval.md"
+    found = [
+        args
+        for snippet in docs.snippets(page)
+        if snippet.fenced
+        for args in docs.commands(snippet)
+        if args[: len(program.split())] == program.split() and any("runs/demo/export" in a for a in args)
+    ]
+    assert found, f"no `{program} ... runs/demo/export` command in docs/eval.md"
+    return found[-1]
+
+
+def test_the_shipped_demo_task_configs_run_offline_in_lm_eval_to_llm_eval_s_numbers(
+    exported, tmp_path, monkeypatch, capsys
+):
+    """The README showed `lm_eval --model hf --model_args pretrained=runs/demo/export`, which stops
+    with "No tasks specified" (issue 39). docs/eval.md's commands, run as written from a folder
+    laid out as the repository after `make demo` (the demo task smaller, the export the small model
+    of this module): lm_eval on recipes/lm-eval's configs gives llm eval's acc and acc_norm."""
+    import json
+    import shutil
+    import sys
+
+    from lm_eval.__main__ import cli_evaluate
+
+    from convert.demo.tasks import write_demo_tasks
+    from llm.commands import main as llm_main
+    from scenarios.lm_eval_compare import DEMO_TASK, demo_task_files
+    from tests.support.paths import REPO
+
+    monkeypatch.chdir(tmp_path)
+    write_demo_tasks(DEMO_TASK, questions=8)
+    shutil.copytree(exported[0], "runs/demo/export")
+    (tmp_path / "recipes").symlink_to(REPO / "recipes")
+    # The shipped files are what the generator writes for the demo's task: they cannot drift.
+    shipped = {p.name: p.read_text(encoding="utf-8") for p in (REPO / "recipes" / "lm-eval").iterdir()}
+    assert shipped == demo_task_files()
+
+    ours = _documented("llm eval")
+    assert llm_main(ours[1:]) == 0
+    scored = json.loads((tmp_path / ours[ours.index("--out") + 1]).read_text())["tasks"]["zh-demo"]
+
+    theirs = _documented("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # as the command sets them
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", theirs)
+    cli_evaluate()
+    (results,) = (tmp_path / theirs[theirs.index("--output_path") + 1]).rglob("results_*.json")
+    found = json.loads(results.read_text())["results"]
+    for subject, figures in scored["subjects"].items():
+        assert figures["questions"] == 8
+        lm = found[f"zh_demo_{subject}"]
+        assert (lm["acc,none"], lm["acc_norm,none"]) == pytest.approx(
+            (figures["acc"], figures["acc_norm"])
+        ), subject
+    group = found["zh_demo"]
+    assert (group["acc,none"], group["acc_norm,none"]) == pytest.approx((scored["acc"], scored["acc_norm"]))
+    capsys.readouterr()
+
+
 def test_lm_eval_scores_a_fully_merged_option_0_beside_a_one_token_option_and_stops_without_one(
     exported, small_tokenizer, monkeypatch
 ):

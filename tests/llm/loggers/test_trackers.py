@@ -362,7 +362,8 @@ def test_a_tracker_that_is_not_installed_is_one_line_and_exit_2_before_any_work(
     recipe = write_train_recipe(tmp_path / "r.yaml", train_data)
     assert train.main([str(recipe), "loggers.mlflow.enabled=true"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "pip install 'llm-pretrain[mlflow]'" in lines[0], lines
+    # Installed from the checkout into .venv, not from the package registry (issue 39)
+    assert len(lines) == 1 and ".venv/bin/pip install -c constraints.txt -e '.[mlflow]'" in lines[0], lines
     assert not (tmp_path / "run").exists()  # nothing was started: no run folder, no config.yaml
 
 

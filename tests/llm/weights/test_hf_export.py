@@ -67,6 +67,24 @@ def test_llama_for_causal_lm_gives_our_logits(tmp_path, tokenizer_path, name):
     assert hf.config.rope_theta == cfg.rope_theta and hf.config.rms_norm_eps == cfg.norm_eps
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_exported_file_gets_the_mode_of_a_new_file(tmp_path, tokenizer_path, umask):
+    """model.safetensors was 0600 (safetensors writes through a temporary file of its own) while
+    the other files were 0644: a serving container or another user could not read the weights."""
+    import os
+    import stat
+
+    previous = os.umask(umask)
+    try:
+        out = export_hf(_perturbed(CONFIGS["tied"]), tmp_path / "hf", tokenizer_path)
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and "config.json" in modes
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask), {k: oct(v) for k, v in modes.items()}
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
 def test_the_exported_tokenizer_encodes_like_ours(tmp_path, tokenizer_path):
     from transformers import AutoTokenizer, LlamaTokenizer
 
