@@ -1,4 +1,4 @@
-"""Shared fixtures: a loopback S3 server, real Chinese text, unique bucket names."""
+"""Shared fixtures: a loopback S3 server (SeaweedFS), real Chinese text, unique bucket names."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ _bucket_counter = itertools.count()
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """One moto S3 server for the whole session; S3_ENDPOINT_URL and dummy AWS_* are exported."""
+    """One SeaweedFS S3 server for the whole session (per xdist worker: its ~5 s start is paid once);
+    S3_ENDPOINT_URL and its AWS_* keys are exported, AWS_SESSION_TOKEN unset."""
     server = S3Server().start()
     previous = apply_env(server.env)
     try:
