@@ -67,7 +67,7 @@ def test_a_bad_number_in_any_environment_variable_is_the_same_one_line(monkeypat
             verify_limit()
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request, tmp_path):
     if request.param == "local":
         return open_store(tmp_path / "ckpt")
@@ -326,8 +326,13 @@ def _all_keys(store) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_second_run_on_the_same_save_folder_is_refused_in_one_line_naming_the_first(tmp_path, shards):
-    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+@pytest.mark.s3
+def test_a_second_run_on_the_same_s3_save_folder_is_refused_in_one_line_naming_the_first(
+    tmp_path, shards, s3_bucket
+):
+    """Two real runs on one checkpoint folder in the real store (SeaweedFS): the second is refused."""
+    save_folder = f"s3://{s3_bucket}/ckpt"
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, save_folder, cache=tmp_path / "cache")
     proc, record, _ = start(recipe, "first", cwd=tmp_path, pause_at=1)  # holds after batch 1 till SIGTERM
     try:
         wait_for_batch(record, 1, proc)
@@ -343,7 +348,7 @@ def test_a_second_run_on_the_same_save_folder_is_refused_in_one_line_naming_the_
     finally:
         kill_group(proc)
     assert proc.returncode == 143, proc.tag_log.read_text()[-3000:]
-    assert not (tmp_path / "ckpt" / LOCK_FILE).exists()
+    assert open_store(save_folder).read_bytes(LOCK_FILE) is None  # given back
 
 
 def _write_many(root: str, text: str) -> None:
