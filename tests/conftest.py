@@ -115,6 +115,7 @@ LONGEST_FIRST = [
     "test_profiling.py",  # 57 s
     "test_storage_outage.py",  # 49 s
     "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
+    "test_s3_demo.py",  # ~70 s here: its own SeaweedFS, a conversion into it, two training runs
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
 ]
