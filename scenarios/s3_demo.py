@@ -67,8 +67,20 @@ def train_command(recipe: Path, tokenizer: Path, out: Path, extra: list[str]) ->
         f"data.eval.0.remote={SHARDS}/val",
         f"data.cache_root={out / 'cache'}",
         f"checkpoint.save_folder={CHECKPOINTS}",
+        *task_folders(recipe),
         *extra,
     ]
+
+
+def task_folders(recipe: Path) -> list[str]:
+    """The recipe's task folders made absolute (the runs start in OUT, the recipe's paths are
+    relative to where the demo was started)."""
+    import yaml
+
+    tasks = ((yaml.safe_load(recipe.read_text()).get("callbacks") or {}).get("eval_tasks") or {}).get("tasks")
+    return (
+        [f"callbacks.eval_tasks.tasks={json.dumps([str(Path(t).resolve()) for t in tasks])}"] if tasks else []
+    )
 
 
 def last_step(metrics: Path) -> int:

@@ -333,7 +333,7 @@ def storage_error(
     return StorageError(f"{where}: {type(err).__name__}: {text} ({tried})")
 
 
-# S3's rule for new bucket names (AWS, MinIO and SeaweedFS refuse others; moto took any). Only
+# S3's rule for new bucket names (AWS and SeaweedFS refuse others; moto took any). Only
 # named in messages, never checked before a request: AWS still serves older buckets named otherwise.
 BUCKET_RULE = "3-63 characters: lowercase letters, digits, dots and hyphens, a letter or digit at each end"
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")

@@ -125,6 +125,7 @@ class Store:
     def list_dirs(self, rel: str = "") -> list[str]:
         """The sub-folders of `rel`. On SeaweedFS a folder whose files were all deleted is still
         named (AWS and moto drop it): read a folder's marker file before taking it as written."""
+
     def delete(self, rels: list[str]) -> None: ...
     def delete_tree(self, rel: str) -> None: ...
 

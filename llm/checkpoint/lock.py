@@ -17,7 +17,7 @@ lease in the folder, local or S3:
   stale lease over at once exactly one proceeds. The replacing write itself (S3 `If-Match`) is
   not enough: SeaweedFS 4.48 (and moto) check the condition and write in two steps, and two of
   eight writers racing from one version both succeeded in about one round in five (the create
-  `If-None-Match: *` is exclusive on both, and on AWS and MinIO). A claim left by a run that died
+  `If-None-Match: *` is exclusive on both, and on AWS as documented). A claim left by a run that died
   is removed when its process on this host is gone or it is as old as a stale lease.
 - A background thread renews it every `LLM_RUN_LOCK_HEARTBEAT_S` seconds (default 30), again
   compare-and-swap: if another run has taken it over meanwhile, this run stops after the current
