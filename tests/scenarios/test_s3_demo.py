@@ -69,7 +69,7 @@ def test_sigterm_saves_in_the_store_and_the_same_command_resumes_from_it(demo):
     )
     assert saved and saved[2] == "s3://demo/checkpoints/demo-s3", printed
     batch = int(saved[1])
-    assert batch in (4, 5), "the batch in flight at the signal, at most one past it"
+    assert 4 <= batch < 8, "saved where SIGTERM stopped it (the demo signals once batch 4 is logged)"
     assert f"[resume] resuming run 'demo-s3' from the checkpoint at batch {batch}:" in runs
     restart = re.search(
         rf"\[restart\] resumed at batch {batch},.* checkpoint [\d.]+ s \(\d+ file\(s\), [\d.]+ MB downloaded",
