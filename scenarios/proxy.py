@@ -15,7 +15,7 @@ Modes, switchable while clients are connected (`set`):
            sockets are open, nothing comes back); a connection that hung stays hung.
 `down()` closes the listener and every open connection, so clients get "connection refused" as
 from a killed server (a network partition); `up()` listens again on the same port. The server
-behind keeps its objects (moto holds them in memory: killing it would lose the bucket).
+behind keeps running and keeps its objects (one server serves a whole test session).
 `requests` counts the requests that reached the proxy since the last `set` (the first chunk of
 each), so a test can check how many attempts a client made.
 

@@ -1,7 +1,7 @@
 """The S3 client every module uses: one endpoint rule, timeouts always set, one retry policy.
 
-The endpoint is `S3_ENDPOINT_URL` (unset: AWS itself), so MinIO, moto or any S3-compatible
-server stands in for AWS; credentials come from the usual `AWS_*` variables. The policy is read
+The endpoint is `S3_ENDPOINT_URL` (unset: AWS itself), so MinIO, SeaweedFS or any S3-compatible
+server stands in for AWS (the suite runs against SeaweedFS: scenarios/local_s3.py); credentials come from the usual `AWS_*` variables. The policy is read
 from the environment each time a request starts:
 
   LLM_S3_OUTAGE_S         how long an unreachable or failing endpoint is retried (default 300)
@@ -41,6 +41,7 @@ import functools
 import logging
 import os
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -311,16 +312,37 @@ def storage_error(
     client_error = next((c for c in causes if isinstance(c, ClientError)), None)
     if client_error is not None:
         code = error_code(client_error)
+        bucket = split_s3_url(url)[0] if is_remote(url) else url
         if code == "NoSuchBucket":
-            bucket = split_s3_url(url)[0] if is_remote(url) else url
-            return StorageError(f"{where}: bucket {bucket!r} does not exist; create it or fix the URL")
+            return no_bucket_error(where, bucket)
+        if code == "InvalidBucketName":
+            return StorageError(
+                f"{where}: {bucket!r} is not a valid bucket name ({BUCKET_RULE}); use another bucket"
+            )
         if code in _MISSING_CODES:
             return StorageError(f"{where}: no such object", missing=True)
         if code in _DENIED_CODES:
-            return StorageError(f"{where}: access denied ({code}); check the AWS credentials")
+            token = (
+                " (AWS_SESSION_TOKEN is set: a server that issued no session token refuses the keys with it)"
+                if os.environ.get("AWS_SESSION_TOKEN")
+                else ""
+            )
+            return StorageError(f"{where}: access denied ({code}); check the AWS credentials{token}")
         return StorageError(f"{where}: S3 error {code or client_error} ({tried})")
     text = " ".join(str(err).split())  # one line, whatever the library put in it
     return StorageError(f"{where}: {type(err).__name__}: {text} ({tried})")
+
+
+# S3's rule for new bucket names (AWS and SeaweedFS refuse others; moto took any). Only
+# named in messages, never checked before a request: AWS still serves older buckets named otherwise.
+BUCKET_RULE = "3-63 characters: lowercase letters, digits, dots and hyphens, a letter or digit at each end"
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def no_bucket_error(where: str, bucket: str) -> StorageError:
+    """The one line for a bucket that is not there (and, if so, that S3 would not take its name)."""
+    refused = "" if _BUCKET_NAME.fullmatch(bucket) else f"; S3 refuses that name too ({BUCKET_RULE})"
+    return StorageError(f"{where}: bucket {bucket!r} does not exist; create it or fix the URL{refused}")
 
 
 def call(operation: str, url: str, fn, *, read_timeout: float | None = None):

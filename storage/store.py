@@ -123,7 +123,10 @@ class Store:
     def upload(self, local: str | os.PathLike, rel: str) -> None: ...
     def download(self, rel: str, local: str | os.PathLike, *, read_timeout: float | None = None) -> None: ...
     def list(self, prefix: str = "") -> dict[str, int]: ...
-    def list_dirs(self, rel: str = "") -> list[str]: ...
+    def list_dirs(self, rel: str = "") -> list[str]:
+        """The sub-folders of `rel`. On SeaweedFS a folder whose files were all deleted is still
+        named (AWS and moto drop it): read a folder's marker file before taking it as written."""
+
     def delete(self, rels: list[str]) -> None: ...
     def delete_tree(self, rel: str) -> None: ...
     def remove_stale_temporaries(self, rel: str = "") -> list[str]:
@@ -136,7 +139,12 @@ class Store:
     def write_if(self, rel: str, data: bytes, expected: str | None) -> str | None:
         """Write `data` only if the file is at version `expected` (None: only if it is absent).
 
-        Returns the new version, or None when another writer changed the file first.
+        Returns the new version, or None when another writer changed the file first (or removed
+        it). Creating (`expected=None`) is exclusive on every store: of writers racing, one wins.
+        Replacing is exclusive locally and on AWS, but SeaweedFS 4.48 and moto check `If-Match`
+        and write in two steps, so two writers replacing one version can both get a version: a
+        caller that needs one winner claims the version first by creating a file named for it
+        (the run lock's takeover, `llm/checkpoint/lock.py`).
         """
 
     def delete_if(self, rel: str, expected: str) -> bool:
@@ -347,7 +355,13 @@ class S3Store(Store):
 
     def check_writable(self) -> None:
         """Fail before any work when the bucket is missing or the endpoint does not answer."""
-        self._call("checking the bucket of", "", lambda c: c.head_bucket(Bucket=self.bucket))
+        try:
+            self._call("checking the bucket of", "", lambda c: c.head_bucket(Bucket=self.bucket))
+        except StorageError as err:
+            if err.missing:  # HEAD has no body: a missing bucket answers a bare 404
+                where = f"checking the bucket of {self.root} at {s3.endpoint_name()}"
+                raise s3.no_bucket_error(where, self.bucket) from None
+            raise
 
     def size(self, rel: str) -> int | None:
         try:
@@ -428,8 +442,9 @@ class S3Store(Store):
         return bool(self._conditional("deleting", rel, delete))
 
     def _conditional(self, operation: str, rel: str, fn):
-        """`fn(client)`, or None when S3 answers that the condition failed (412, or 409 for a
-        concurrent conditional write)."""
+        """`fn(client)`, or None when S3 answers that the condition failed: 412, 409 for a
+        concurrent conditional write, or 404 for an `If-Match` on a file that is gone (AWS and
+        moto answer NoSuchKey there, SeaweedFS 412)."""
 
         def attempt(client):
             try:
@@ -437,7 +452,7 @@ class S3Store(Store):
             except Exception as err:
                 if s3.error_code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                     return None
-                if s3.is_missing(err) and operation == "deleting":
+                if s3.is_missing(err):
                     return None
                 raise
 

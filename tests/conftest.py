@@ -1,4 +1,4 @@
-"""Shared fixtures: a loopback S3 server, real Chinese text, unique bucket names."""
+"""Shared fixtures: a loopback S3 server (SeaweedFS), real Chinese text, unique bucket names."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ _bucket_counter = itertools.count()
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """One moto S3 server for the whole session; S3_ENDPOINT_URL and dummy AWS_* are exported."""
+    """One SeaweedFS S3 server for the whole session (per xdist worker: its ~5 s start is paid once);
+    S3_ENDPOINT_URL and its AWS_* keys are exported, AWS_SESSION_TOKEN unset."""
     server = S3Server().start()
     previous = apply_env(server.env)
     try:
@@ -116,6 +117,7 @@ LONGEST_FIRST = [
     "test_storage_outage.py",  # 49 s
     "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
     "test_eval_lm_harness.py",  # ~25 s (136 s at load 18 on 2 cores): four lm-eval runs
+    "test_s3_demo.py",  # ~70 s here: its own SeaweedFS, a conversion into it, two training runs
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
     "test_hf_import.py",  # ~30 s: transformers' import, random models, two short trainings

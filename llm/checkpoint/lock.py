@@ -12,6 +12,13 @@ lease in the folder, local or S3:
 - It is taken with a compare-and-swap write (`Store.write_if`: an S3 conditional PUT, a local
   write under `flock`), so of two runs starting at once exactly one gets it; the other is refused
   with one line naming the holder (`RunLockHeld`, a ConfigError: exit 2).
+- A takeover (below) first claims the lease it replaces: it creates a claim file named for that
+  lease's version (`.run-lock.json.tmp-takeover-<hash>`) only if absent, so of runs taking one
+  stale lease over at once exactly one proceeds. The replacing write itself (S3 `If-Match`) is
+  not enough: SeaweedFS 4.48 (and moto) check the condition and write in two steps, and two of
+  eight writers racing from one version both succeeded in about one round in five (the create
+  `If-None-Match: *` is exclusive on both, and on AWS as documented). A claim left by a run that died
+  is removed when its process on this host is gone or it is as old as a stale lease.
 - A background thread renews it every `LLM_RUN_LOCK_HEARTBEAT_S` seconds (default 30), again
   compare-and-swap: if another run has taken it over meanwhile, this run stops after the current
   batch (`RunLockHeld`) instead of writing beside it.
@@ -31,6 +38,7 @@ Why our own: Composer and streaming have no lock on a checkpoint folder, and loc
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +53,7 @@ from typing import Any
 from llm.errors import ConfigError
 from storage import Store
 from storage.env_numbers import EnvNumberError, env_number
+from storage.local import TMP_MARK
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +105,10 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         """Take the lease (StorageError if the folder cannot be written, RunLockHeld if in use)."""
-        for _ in range(5):  # another run changed the file between our read and our write: look again
+        for attempt in range(5):  # another run changed the file between our read and our write: look again
             if self._try_take():
                 break
+            time.sleep(0.1 * 2**attempt)  # a takeover in flight ends in a few requests
         else:
             raise RunLockHeld(f"the run lock {self.url} keeps changing hands; is another run starting?")
         atexit.register(self.release)
@@ -157,7 +167,13 @@ class RunLock:
         reason = self._takeover_reason(holder, now)
         if reason is None:
             raise RunLockHeld(self._held_message(holder, now))
-        new_version = self.store.write_if(LOCK_FILE, self._lease(now), expected=version)
+        claim = self._claim(version, now)
+        if claim is None:
+            return False  # another run is taking this lease over
+        try:
+            new_version = self.store.write_if(LOCK_FILE, self._lease(now), expected=version)
+        finally:
+            self._drop(claim)
         if new_version is None:
             return False
         self._version = new_version
@@ -166,6 +182,30 @@ class RunLock:
         log.warning(message)
         print(f"[run-lock] {message}", file=sys.stderr, flush=True)
         return True
+
+    def _claim(self, version: str, now: float) -> tuple[str, str] | None:
+        """The claim on replacing the lease at `version` (its file and version), or None while
+        another run holds it. A claim of a run that died (its process on this host gone, or as old
+        as a stale lease) is removed and claimed again, once."""
+        name = claim_file(version)
+        for _ in range(2):
+            claimed = self.store.write_if(name, self._lease(now), expected=None)
+            if claimed is not None:
+                return name, claimed
+            current = self.store.read_versioned(name)
+            if current is not None:
+                if self._takeover_reason(_parse(current[0]), now) is None:
+                    return None  # a live run's takeover, in flight
+                self.store.delete_if(name, current[1])
+        return None
+
+    def _drop(self, claim: tuple[str, str]) -> None:
+        try:
+            self.store.delete_if(*claim)
+        except Exception as err:  # it names a version no lease has any more: only litter
+            log.warning(
+                "could not remove the run lock's takeover claim %s: %s", self.store.url(claim[0]), err
+            )
 
     def _takeover_reason(self, holder: dict[str, Any], now: float) -> str | None:
         """Why `holder`'s lease may be taken, or None while it is alive."""
@@ -245,6 +285,11 @@ class RunLock:
         )
         log.error(self.lost)
         self._stop.set()
+
+
+def claim_file(version: str) -> str:
+    """The claim on replacing the lease at `version`: a temporary name (local listings skip it)."""
+    return f".{LOCK_FILE}{TMP_MARK}takeover-{hashlib.sha256(version.encode()).hexdigest()[:16]}"
 
 
 def _parse(data: bytes) -> dict[str, Any]:

@@ -1,37 +1,33 @@
-"""A real S3-compatible server (moto in server mode) on loopback, for the test suite.
+"""The suite's S3 servers on loopback: SeaweedFS for every S3 scenario, moto where a test needs it.
 
-The server runs as a separate process so that code under test, its worker processes and
-Composer's spawned uploaders all reach it over HTTP exactly as they would reach AWS or MinIO.
+`S3Server` is the real object store of `scenarios/local_s3.py` (SeaweedFS's `weed server -s3`),
+started once per pytest session and xdist worker by the `s3_server` fixture (tests/conftest.py).
+It runs as its own process, so code under test, its worker processes and Composer's spawned
+uploaders all reach it over HTTP exactly as they would reach AWS or MinIO.
+
+`MotoServer` is moto's emulator in server mode, kept only for what SeaweedFS does not give: the
+answers of AWS itself where the two differ (tests/README.md names each place). Tests start it
+themselves (`moto_server` fixture in the file that needs it); no S3 scenario runs on it.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 
-DUMMY_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-}
+from scenarios.local_s3 import LocalS3, apply_env, free_port, restore_env
 
+__all__ = ["S3Server", "MotoServer", "apply_env", "restore_env", "free_port"]
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+S3Server = LocalS3
 
 
 @dataclass
-class S3Server:
-    """A moto S3 server process; `env` holds the variables clients need to reach it."""
+class MotoServer:
+    """A moto S3 server process (any keys accepted); `client()` talks to it."""
 
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
@@ -41,10 +37,14 @@ class S3Server:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def env(self) -> dict[str, str]:
-        return {"S3_ENDPOINT_URL": self.endpoint, **DUMMY_CREDENTIALS}
+    def env(self) -> dict[str, str | None]:
+        return {
+            "S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "moto",
+            "AWS_SECRET_ACCESS_KEY": "moto",
+        }
 
-    def start(self, timeout: float = 60.0) -> S3Server:
+    def start(self, timeout: float = 60.0) -> MotoServer:
         cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -71,39 +71,10 @@ class S3Server:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, **_boto_credentials())
-
-    def create_bucket(self, name: str) -> str:
-        self.client().create_bucket(Bucket=name)
-        return name
-
-    def keys(self, bucket: str, prefix: str = "") -> list[str]:
-        paginator = self.client().get_paginator("list_objects_v2")
-        out: list[str] = []
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-            out.extend(obj["Key"] for obj in page.get("Contents", []))
-        return sorted(out)
-
-
-def _boto_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        "aws_session_token": DUMMY_CREDENTIALS["AWS_SESSION_TOKEN"],
-        "region_name": DUMMY_CREDENTIALS["AWS_DEFAULT_REGION"],
-    }
-
-
-def apply_env(env: dict[str, str]) -> dict[str, str | None]:
-    """Set `env` in os.environ; return the previous values so they can be restored."""
-    previous = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    return previous
-
-
-def restore_env(previous: dict[str, str | None]) -> None:
-    for key, value in previous.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="moto",
+            aws_secret_access_key="moto",
+            region_name="us-east-1",
+        )

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from llm.checkpoint.lock import HOST, LOCK_FILE, LockTiming, RunLock, RunLockHeld
+from llm.checkpoint.lock import (
+    HOST,
+    LOCK_FILE,
+    LockTiming,
+    RunLock,
+    RunLockHeld,
+    _process_started,
+    claim_file,
+)
 from storage import StorageError, open_store
 from storage.store import LocalStore, guard_file
 from tests.support.resume import REPO, kill_group, run, start, wait_for_batch, write_recipe
@@ -59,7 +67,7 @@ def test_a_bad_number_in_any_environment_variable_is_the_same_one_line(monkeypat
             verify_limit()
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request, tmp_path):
     if request.param == "local":
         return open_store(tmp_path / "ckpt")
@@ -220,9 +228,111 @@ def test_of_processes_starting_at_once_exactly_one_takes_the_lock(store):
     assert outcomes == ["refused", "refused", "refused", "won"]
 
 
+def test_a_takeover_in_flight_makes_a_second_taker_back_off_and_a_dead_takers_claim_is_removed(store):
+    """Of two runs taking one stale lease over, the one that finds the other's claim on its version
+    does not write (SeaweedFS would let both replacing writes through); a claim whose run died is
+    no obstacle."""
+    dead = {"host": "node-gone", "pid": 1, "run_name": "old", "token": "0" * 16, "acquired_at": 1.0}
+    dead |= {"heartbeat_at": time.time() - 3600, "heartbeat_s": 30.0}
+    store.write_bytes(LOCK_FILE, json.dumps(dead).encode())
+    stale_version = store.read_versioned(LOCK_FILE)[1]
+    live = os.getppid()  # a process that outlives this test, as a run in the middle of its takeover
+    claim = {"host": HOST, "pid": live, "pid_started": _process_started(live), "run_name": "other"}
+    store.write_bytes(
+        claim_file(stale_version),
+        json.dumps(claim | {"heartbeat_at": time.time(), "heartbeat_s": 30.0}).encode(),
+    )
+    with pytest.raises(RunLockHeld, match="keeps changing hands"):
+        RunLock(store, "run-b", FAST).acquire()
+    assert lease(store)["run_name"] == "old", "the lease under another's claim was not written"
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    claim["pid"], claim["pid_started"] = int(gone.stdout), None
+    store.write_bytes(
+        claim_file(stale_version),
+        json.dumps(claim | {"heartbeat_at": time.time(), "heartbeat_s": 30.0}).encode(),
+    )
+    lock = RunLock(store, "run-b", FAST).acquire()
+    assert "its last heartbeat was" in lock.took_over and lease(store)["run_name"] == "run-b"
+    assert store.read_bytes(claim_file(stale_version)) is None, (
+        "the dead run's claim is gone with the takeover"
+    )
+    lock.release()
+
+
+class _ReadThenWait:
+    """A store whose first read of the lease waits for every racer's: the worst timing, each has
+    read the stale lease and none has written. (A wrapper: the local store's own writes read
+    the file inside their `flock`, and must not wait there.)"""
+
+    def __init__(self, store, barrier):
+        self._store, self._barrier, self._waited = store, barrier, False
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def read_versioned(self, rel):
+        found = self._store.read_versioned(rel)
+        if rel == LOCK_FILE and not self._waited:
+            self._waited = True
+            self._barrier.wait()
+        return found
+
+
+def _take_over(root: str, rounds: int, barrier, results) -> None:
+    for r in range(rounds):
+        store = _ReadThenWait(open_store(f"{root}/{r}"), barrier)
+        barrier.wait()
+        try:
+            RunLock(store, f"racer-{os.getpid()}", LockTiming(heartbeat_s=60)).acquire().abandon()
+            results.put((r, "won"))  # abandoned: the lease stays, fresh, for the others to find
+        except RunLockHeld:
+            results.put((r, "refused"))
+        barrier.wait()  # every racer has looked before a winner moves on (or exits: its lease dies)
+
+
+def test_of_runs_taking_one_stale_lease_over_at_once_exactly_one_holds_it(store):
+    """The takeover replaces the stale lease at its version. SeaweedFS (and moto) let two racing
+    `If-Match` writes from one version both succeed, so each racer claims the version first."""
+    rounds, racers = 4, 6
+    dead = {"host": "node-gone", "pid": 1, "run_name": "old", "token": "0" * 16, "acquired_at": 1.0}
+    dead |= {"heartbeat_at": time.time() - 3600, "heartbeat_s": 30.0, "beats": 9}
+    for r in range(rounds):
+        open_store(f"{store.root}/{r}").write_bytes(LOCK_FILE, json.dumps(dead).encode())
+    ctx = multiprocessing.get_context("fork")  # each racer makes its own S3 client (per pid)
+    barrier, results = ctx.Barrier(racers), ctx.Queue()
+    procs = [
+        ctx.Process(target=_take_over, args=(store.root, rounds, barrier, results)) for _ in range(racers)
+    ]
+    for proc in procs:
+        proc.start()
+    outcomes: dict[int, list[str]] = {}
+    for _ in range(rounds * racers):
+        r, outcome = results.get(timeout=120)
+        outcomes.setdefault(r, []).append(outcome)
+    for proc in procs:
+        proc.join(timeout=60)
+    doubles = {r: o for r, o in outcomes.items() if sorted(o) != ["refused"] * (racers - 1) + ["won"]}
+    assert not doubles, f"rounds without exactly one holder: {doubles}"
+    assert not [key for key in _all_keys(store) if "takeover" in key], "the claims are removed"
+
+
+def _all_keys(store) -> list[str]:
+    if isinstance(store, LocalStore):
+        return [p.name for p in Path(store.root).rglob("*")]
+    return list(store.list())
+
+
 @pytest.mark.slow
-def test_a_second_run_on_the_same_save_folder_is_refused_in_one_line_naming_the_first(tmp_path, shards):
-    recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
+@pytest.mark.s3
+def test_a_second_run_on_the_same_s3_save_folder_is_refused_in_one_line_naming_the_first(
+    tmp_path, shards, s3_bucket
+):
+    """Two real runs on one checkpoint folder in the real store (SeaweedFS): the second is refused."""
+    save_folder = f"s3://{s3_bucket}/ckpt"
+    recipe = write_recipe(tmp_path / "recipe.yaml", shards, save_folder, cache=tmp_path / "cache")
     proc, record, _ = start(recipe, "first", cwd=tmp_path, pause_at=1)  # holds after batch 1 till SIGTERM
     try:
         wait_for_batch(record, 1, proc)
@@ -238,7 +348,7 @@ def test_a_second_run_on_the_same_save_folder_is_refused_in_one_line_naming_the_
     finally:
         kill_group(proc)
     assert proc.returncode == 143, proc.tag_log.read_text()[-3000:]
-    assert not (tmp_path / "ckpt" / LOCK_FILE).exists()
+    assert open_store(save_folder).read_bytes(LOCK_FILE) is None  # given back
 
 
 def _write_many(root: str, text: str) -> None:
