@@ -60,6 +60,7 @@ from llm.parallelism import (
 from llm.plots import draw_run_plot
 from llm.profiling import memory_snapshot_callbacks, profiler_for
 from llm.run_dir import RunDir, RunRecords
+from storage.scratch import use_own_temp_folder
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -266,6 +267,10 @@ def announce(cfg: TrainConfig, run_dir: Path) -> None:
 
 def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) -> Trainer:
     """A ready-to-fit Composer Trainer for `cfg` (raises ConfigError on unusable settings)."""
+    # Everything this process puts in the temp folder (streaming's file locks, torch's and Composer's
+    # temp folders, the S3 staging folder) goes into one folder of its own, removed when it exits
+    # or, after a SIGKILL, by the next start (storage/scratch.py).
+    use_own_temp_folder()
     check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)

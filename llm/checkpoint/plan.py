@@ -17,7 +17,6 @@ wrong order fails at once instead of at the first save or the first SIGTERM.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
@@ -60,7 +59,7 @@ from llm.errors import ConfigError
 from llm.model import count_params
 from storage import StorageError, Store, open_store
 from storage.s3 import OUTAGES
-from storage.scratch import make_process_folder, remove_dead_process_folders
+from storage.scratch import make_process_folder, remove_at_exit, remove_dead_process_folders
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
 
@@ -368,7 +367,7 @@ def _saving_callbacks(
     # Remote: Composer writes into a private staging folder that the publisher uploads and empties.
     staging = str(make_staging_folder(cfg, rank)) if store.is_remote else ck.save_folder
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
-        atexit.register(shutil.rmtree, staging, ignore_errors=True)
+        remove_at_exit(staging)
     costs = estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
     publisher = CheckpointPublisher(
         store,

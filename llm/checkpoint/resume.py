@@ -8,7 +8,6 @@ Composer an explicit `load_path`; see docs/resume.md for why Composer's own auto
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import logging
@@ -30,7 +29,7 @@ from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer, parameter_name
 from storage import StorageError, Store, open_store
 from storage.env_numbers import EnvNumberError, env_number
-from storage.scratch import make_process_folder, remove_dead_process_folders
+from storage.scratch import make_process_folder, remove_at_exit, remove_dead_process_folders
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +185,7 @@ def _verified_load_path(
     local_root = make_process_folder(f"{RESUME_COPY_PREFIX}{rank}-")
     # A full copy of the checkpoint: removed when this process exits (normally, on an error or on
     # SIGTERM through Composer's handler), once Composer or `llm generate` has read it.
-    atexit.register(shutil.rmtree, local_root, ignore_errors=True)
+    remove_at_exit(local_root)
     download_files(store, sorted(ckpt.files), local_root)
     problem = cm.hash_problem(ckpt.files, local_root) or state_problem(
         local_root / ckpt.load_path, needs, expected

@@ -2,7 +2,8 @@
 
 One local scenario, run once for the module (`killed`): a run with its records on is SIGKILLed at
 batch 7, the same command resumes it from the checkpoint at 4 and finishes, is started again (trains
-nothing), and again with a longer max_duration. The tests assert on what each step left.
+nothing), and again with a longer max_duration, all four with a temp folder (TMPDIR) of their own.
+The tests assert on what each step left.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Killed:
     manifests_after_resume: list[str]
     again: Run  # the finished run started again
     longer: Run  # and again with training.max_duration=14ba
+    tmp_after_kill: list[str]  # what the SIGKILLed run left in TMPDIR
+    tmp_at_end: list[str]  # and what was there after the other three
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +51,20 @@ def killed(tmp_path_factory, shards) -> Killed:
     folder = tmp_path_factory.mktemp("killed")
     recipe = write_recipe(folder / "recipe.yaml", shards, str(folder / "ckpt"), cache=folder / "cache")
     metrics = folder / "runs" / "rs" / "metrics.jsonl"
-    first = interrupt(recipe, "first", cwd=folder, at_batch=7, sig=signal.SIGKILL, overrides=RECORDS)
+    tmp = folder / "tmp"
+    tmp.mkdir()
+    env = {"TMPDIR": str(tmp)}
+    first = interrupt(recipe, "first", cwd=folder, at_batch=7, sig=signal.SIGKILL, overrides=RECORDS, env=env)
+    tmp_after_kill = sorted(p.name for p in tmp.iterdir())
     steps = [r["step"] for r in read_metrics(metrics)]
-    second = run(recipe, "second", cwd=folder, overrides=RECORDS)
+    second = run(recipe, "second", cwd=folder, overrides=RECORDS, env=env)
     assert second.returncode == 0, second.output[-4000:]
     records = read_metrics(metrics)
     manifests = sorted(p.name for p in (folder / "ckpt" / "manifests").iterdir())
-    again = run(recipe, "again", cwd=folder, overrides=RECORDS)
-    longer = run(recipe, "longer", cwd=folder, overrides=[*RECORDS, "training.max_duration=14ba"])
-    return Killed(folder, first, steps, second, records, manifests, again, longer)
+    again = run(recipe, "again", cwd=folder, overrides=RECORDS, env=env)
+    longer = run(recipe, "longer", cwd=folder, overrides=[*RECORDS, "training.max_duration=14ba"], env=env)
+    tmp_at_end = sorted(p.name for p in tmp.iterdir())
+    return Killed(folder, first, steps, second, records, manifests, again, longer, tmp_after_kill, tmp_at_end)
 
 
 @pytest.mark.slow
@@ -71,6 +79,15 @@ def test_sigkill_then_rerun_resumes_from_the_last_periodic_checkpoint_bit_identi
     assert killed.manifests_after_resume == [
         f"ba{b:010d}-rank00000.json" for b in (2 * SAVE_EVERY, MAX_BATCHES)
     ]
+
+
+@pytest.mark.slow
+def test_each_run_keeps_its_temp_files_in_a_folder_of_its_own_removed_at_exit_or_by_the_next_start(killed):
+    # Issue 39 item 9: streaming's file locks (a pair per process) and torch's temp folders piled up
+    # in TMPDIR with every restart. The SIGKILLed run could not remove its folder; the next one did.
+    (left,) = killed.tmp_after_kill
+    assert left.startswith(f"llm-tmp-{killed.first.pid}-"), killed.tmp_after_kill
+    assert killed.tmp_at_end == [], killed.tmp_at_end
 
 
 @pytest.mark.slow
