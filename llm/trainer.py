@@ -44,6 +44,7 @@ from llm.data import (
     build_dataloader,
     check_streams,
     clean_stale_shared_memory,
+    release_shared_memory,
     train_data_spec,
 )
 from llm.errors import ConfigError
@@ -60,7 +61,7 @@ from llm.parallelism import (
 from llm.plots import draw_run_plot
 from llm.profiling import memory_snapshot_callbacks, profiler_for
 from llm.run_dir import RunDir, RunRecords
-from storage.scratch import use_own_temp_folder
+from storage.scratch import on_exit, use_own_temp_folder
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -298,6 +299,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     if dist.get_local_rank() == 0:
         clean_stale_shared_memory(all_stream_locals(cfg))
     dist.barrier()
+    on_exit(release_shared_memory)  # also when a preempted process leaves at once (os._exit)
     train_loader = build_dataloader(cfg, "train", per_rank_batch)
     # One evaluator per eval stream, so each source reports its own loss (EvalSources adds the total).
     evaluators = [

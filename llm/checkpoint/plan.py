@@ -32,6 +32,7 @@ from composer.utils import dist
 
 from llm.checkpoint import restart
 from llm.checkpoint.lock import RunLock, RunLockHeld
+from llm.checkpoint.preemption import StopBudget
 from llm.checkpoint.records_hook import RunRecordsHook
 from llm.checkpoint.resume import (
     ResumePoint,
@@ -145,13 +146,16 @@ def plan_checkpointing(
         "load_weights_only": point.weights_only,
     }
     deadline = Deadline()  # the end's one bound on storage, shared by the publisher and the lock
+    budget = StopBudget(cfg.preemption.notice_s, cfg.preemption.margin_s, ck.upload_wait_s)  # a signal's
     held = (RunLockCallback(lock, deadline),) if lock is not None else ()
     resumed_from = point.batch if point.source == "autoresume" else None
     saving = (
-        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline) if ck.save_folder else ()
+        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline, budget)
+        if ck.save_folder
+        else ()
     )
     timings = RestartTimings(point.batch if point.source == "autoresume" else None)
-    callbacks = (*saving, *held, timings, PreemptionCallback())
+    callbacks = (*saving, *held, timings, PreemptionCallback(budget=budget))
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
 
 
@@ -358,6 +362,7 @@ def _saving_callbacks(
     records: RunRecordsHook | None,
     resumed_from: int | None,
     deadline: Deadline,
+    budget: StopBudget,
 ) -> tuple:
     from llm.checkpoint.publisher import CheckpointPublisher
     from llm.checkpoint.saver import Saver
@@ -381,8 +386,7 @@ def _saving_callbacks(
         deadline=deadline,
         costs=costs,
         when_busy=ck.when_busy,
-        notice_s=cfg.preemption.notice_s,
-        margin_s=cfg.preemption.margin_s,
+        budget=budget,
     )
     saver = Saver(
         folder=staging,

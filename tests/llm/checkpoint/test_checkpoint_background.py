@@ -287,3 +287,6 @@ def test_with_a_notice_too_short_for_a_save_none_is_started_and_the_resume_point
         uploads.f_keys
     )  # no half save
     assert f"manifests/ba{SAVE_EVERY:010d}-rank00000.json" in uploads.f_keys
+    # Issue 39 item 3: the line came in time, then the process lived on (84-87 s waiting for the
+    # older upload, seconds of the interpreter's shutdown): it must end within the notice.
+    assert f.seconds < 3, f"exit took {f.seconds:.1f} s after the signal; the notice is 3 s"
