@@ -30,7 +30,7 @@ from composer.utils import dist
 from llm.callbacks.chat_record import chat_record_callbacks
 from llm.callbacks.eval_sources import EvalSources, eval_sources_callbacks, source_label
 from llm.callbacks.generation import first_and_last_samples, generation_callbacks
-from llm.callbacks.guard import SpikeGuard
+from llm.callbacks.guard import NonFiniteLoss, SpikeGuard
 from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.skip_windows import SkipWindowsCallback
 from llm.callbacks.task_eval import task_eval_callbacks
@@ -171,10 +171,11 @@ def rollback_point(cfg: TrainConfig) -> RollbackPoint:
 
 def guard_callbacks(ctx: BuildContext) -> list[Callback]:
     """The skip windows (always: a resume keeps the windows of a run whose guard was on), and
-    before them the guard when `guard.enabled` (first of all: llm/callbacks/guard.py)."""
+    before them the guard when `guard.enabled` (first of all: llm/callbacks/guard.py), else the
+    stop on a non-finite loss."""
     skips = SkipWindowsCallback(ctx.train_loader, ctx.cfg)
     if not ctx.cfg.guard.enabled:
-        return [skips]
+        return [NonFiniteLoss(), skips]  # a non-finite loss still stops the run, unsaved
     # How far back a rollback goes with exact medians: two save intervals; a wall-clock or `auto`
     # interval has no batch count, then the window once more.
     saves = ctx.schedule.save_batches if ctx.schedule is not None else None

@@ -401,6 +401,7 @@ def _saving_callbacks(
         publisher=publisher,
         costs=costs,
         snapshot=ck.snapshot,
+        check_finite=not cfg.guard.enabled,  # the guard never applies a non-finite update
     )
     return saver, publisher
 
