@@ -149,8 +149,11 @@ def plan_checkpointing(
     budget = StopBudget(cfg.preemption.notice_s, cfg.preemption.margin_s, ck.upload_wait_s)  # a signal's
     held = (RunLockCallback(lock, deadline),) if lock is not None else ()
     resumed_from = point.batch if point.source == "autoresume" else None
+    # What the run before measured of its saves and steps (recorded with the checkpoint): `auto`
+    # saves at the steady interval from the first step, the notice's projection is this run's.
+    carried = SaveCosts.from_record(point.checkpoint.head.save_costs, point.batch) if resumed_from else None
     saving = (
-        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline, budget)
+        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline, budget, carried)
         if ck.save_folder
         else ()
     )
@@ -363,6 +366,7 @@ def _saving_callbacks(
     resumed_from: int | None,
     deadline: Deadline,
     budget: StopBudget,
+    carried: SaveCosts | None = None,
 ) -> tuple:
     from llm.checkpoint.publisher import CheckpointPublisher
     from llm.checkpoint.saver import Saver
@@ -373,7 +377,7 @@ def _saving_callbacks(
     staging = str(make_staging_folder(cfg, rank)) if store.is_remote else ck.save_folder
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
         remove_at_exit(staging)
-    costs = estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
+    costs = carried or estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
     publisher = CheckpointPublisher(
         store,
         staging,

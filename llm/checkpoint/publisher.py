@@ -305,9 +305,11 @@ class CheckpointPublisher(Callback):
             write()
         if records is not None:
             records()
+        digests = self._upload_rank_files(files)
+        # What the next save will take (and what rank 0's manifest keeps for a resumed run's `auto`).
+        self.costs.record(background_s=time.monotonic() - started)
         if files:
-            self._store_rank_files(files, manifest)
-        self.costs.record(background_s=time.monotonic() - started)  # what the next save will take
+            self._write_manifest(files, manifest, digests)
 
     def _settle(self, state: State, *, next_save: int | None = None, final: bool = False) -> bool:
         """Wait for the pending upload (at the end: until the deadline), agree with the other ranks
@@ -473,13 +475,19 @@ class CheckpointPublisher(Callback):
         )
         return files, manifest
 
-    def _store_rank_files(self, files: list[Path], manifest: cm.Manifest) -> None:
-        records = {}
+    def _upload_rank_files(self, files: list[Path]) -> dict[str, cm.FileDigest]:
+        digests = {}
         for path in files:
             rel = path.relative_to(self.staging_root).as_posix()
-            records[rel] = cm.file_digest(path)
+            digests[rel] = cm.file_digest(path)
             self.store.upload(path, rel)
-        manifest = dataclasses.replace(manifest, files=records, saved_at=time.time())
+        return digests
+
+    def _write_manifest(
+        self, files: list[Path], manifest: cm.Manifest, digests: dict[str, cm.FileDigest]
+    ) -> None:
+        costs = self.costs.record_of() if manifest.rank == 0 else None
+        manifest = dataclasses.replace(manifest, files=digests, saved_at=time.time(), save_costs=costs)
         # The manifest goes last: its presence says the files above are completely stored. Not once
         # the process is ending at once (`exit_report`): the line it prints says this save was cut short.
         with self._gate:
