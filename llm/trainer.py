@@ -300,7 +300,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     if dist.get_local_rank() == 0:
         clean_stale_shared_memory(all_stream_locals(cfg))
     dist.barrier()
-    on_exit(release_shared_memory)  # also when a preempted process leaves at once (os._exit)
+    on_exit(release_shared_memory, fast_only=True)  # streaming's atexit hooks, when os._exit skips them
     train_loader = build_dataloader(cfg, "train", per_rank_batch)
     # One evaluator per eval stream, so each source reports its own loss (EvalSources adds the total).
     evaluators = [

@@ -15,7 +15,8 @@ killed in a save or a load), goes with the process at exit or with the next star
 
 `on_exit(chore)`: what the process removes when it exits, run at a normal exit (`atexit`) and at a
 fast one (`run_exit_chores`, before `os._exit`: a preempted process skips the interpreter's
-seconds-long shutdown), newest first, each once.
+seconds-long shutdown), newest first, each once; `fast_only` for what a library's own atexit hook
+does at a normal exit.
 """
 
 from __future__ import annotations
@@ -71,11 +72,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def on_exit(chore: Callable[[], object]) -> None:
-    """Run `chore` once when the process exits (normally, or through `run_exit_chores`)."""
+def on_exit(chore: Callable[[], object], *, fast_only: bool = False) -> None:
+    """Run `chore` once when the process exits (normally, or through `run_exit_chores`); with
+    `fast_only`, only through `run_exit_chores`: what a normal exit does by other means (a
+    library's own atexit hook) and must not do twice."""
     with _chores_lock:
         _chores.append(chore)
-    atexit.register(_run_one, chore)
+    if not fast_only:
+        atexit.register(_run_one, chore)
 
 
 def remove_at_exit(folder: str | os.PathLike) -> None:

@@ -96,7 +96,8 @@ def with_shm_race_retry(make):
 def release_shared_memory() -> None:
     """Unlink the shared memory this process's datasets created, and take it off the resource
     tracker's list, without closing the mappings (another thread may still read them): what
-    streaming's `atexit` clean-ups do, for a process about to end with `os._exit`."""
+    streaming's `atexit` clean-ups do, for a process about to end with `os._exit` (only then: after
+    those hooks ran, a name would be taken off the list twice, a traceback in the tracker)."""
     import gc
     from multiprocessing import resource_tracker
 
@@ -116,6 +117,6 @@ def release_shared_memory() -> None:
         for shm in obj.created_shms:
             try:
                 _posixshmem.shm_unlink(shm._name)
-            except FileNotFoundError:  # streaming's own clean-up ran (a normal exit)
+            except FileNotFoundError:  # released already (streaming cleaned it up and made it anew)
                 continue
             tracker.unregister(shm._name, "shared_memory")

@@ -100,7 +100,7 @@ def test_a_factor_of_zero_turns_its_rule_off():
         ),
         (["guard.window=0"], "guard.window=0 must be at least 1"),
         (["guard.max_rollbacks=-1"], "guard.max_rollbacks=-1 must be 0 or more"),
-        (["model.z_loss=-1e-4"], "model.z_loss=-0.0001 must be 0 (off) or positive"),
+        (["model.z_loss=-1e-4"], "model.z_loss=-0.0001 must be 0 (off) up to 1"),
     ],
 )
 def test_unusable_guard_settings_are_refused_in_one_line(tmp_path, train_data, overrides, message):
