@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
 # What the end of a preempted run needs after its last wait on storage: the close of the Trainer's
 # callbacks and loggers, the exit chores and the exit. Measured on a loaded 2-core machine with the
-# test model: 0.1-0.4 s from the stop's line to the process's end (docs/resume.md).
+# test model: 0.26-0.39 s from the stop's line to the process's end (docs/resume.md).
 SHUTDOWN_S = 1.0
 # The most a stopping run waits for the data of its current batch, after the signal.
 DATA_WAIT_S = 10.0
