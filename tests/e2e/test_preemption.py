@@ -46,7 +46,19 @@ def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_
     assert_same_weights(reference.weights, second.weights)
 
 
-def test_sigint_stops_with_exit_code_130_after_saving_within_the_notice(tmp_path, shards):
+@pytest.fixture
+def real_interpreter(monkeypatch):
+    """The run in a new interpreter, not a fork of the suite's fork server, whose children leave
+    through os._exit: the interpreter's own shutdown (seconds with torch and Composer loaded) is
+    part of what is measured."""
+    import subprocess
+
+    import scenarios.resume
+
+    monkeypatch.setattr(scenarios.resume, "SPAWN", subprocess.Popen)
+
+
+def test_sigint_stops_with_exit_code_130_after_saving_within_the_notice(tmp_path, shards, real_interpreter):
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     notice = ["preemption.notice_s=4", "preemption.margin_s=1"]
     first = interrupt(recipe, "first", cwd=tmp_path, at_batch=2, sig=signal.SIGINT, overrides=notice)
@@ -63,7 +75,9 @@ def test_sigint_stops_with_exit_code_130_after_saving_within_the_notice(tmp_path
     )
 
 
-def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_partial_file(tmp_path, shards):
+def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_partial_file(
+    tmp_path, shards, real_interpreter
+):
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     # Each checkpoint file stalls for 2 s after its first bytes: the second signal lands mid-save,
     # and the save would be complete 2 s later if the process let it.
