@@ -20,7 +20,7 @@ This callback replaces that handler while training runs:
 
 What a signal leaves is one budget (`StopBudget`): every wait on storage ends `storage_s` after
 the signal, and the process has exited `exit_s` after it (with a notice: the notice less
-`preemption.margin_s`; without one: `checkpoint.upload_wait_s` plus the shutdown's `SHUTDOWN_S`).
+`preemption.margin_s`; without one: `checkpoint.upload_wait_s` plus `SHUTDOWN_GRACE_S`).
 The shutdown itself is budgeted: the close of the Trainer's callbacks and loggers (the last
 records, the run lock's release) gets `SHUTDOWN_S` of the notice, and the process then leaves at
 once (`os._exit` after its exit chores, `storage.scratch.run_exit_chores`) instead of through the
@@ -34,7 +34,8 @@ the first signal makes sure of it, whatever the training thread is blocked in:
   lets an upload in flight finish within the storage budget, and exits with the line naming the
   checkpoint the next run resumes from;
 - the process has not exited `exit_s` after the signal (a wait the publisher does not bound, a
-  shutdown that hangs): it stores nothing more and exits with a line saying so;
+  shutdown that hangs): it stores nothing more and exits, with a line saying so unless the stop's
+  line is out already (the shutdown after it is cut short: one line per stop);
 - a second signal: it exits at once (within about a second), storing nothing more, with a line
   that says what is stored: a save cut short is never completed afterwards (no manifest is
   written once the publisher was asked, `CheckpointPublisher.exit_report`), and its local files
@@ -71,6 +72,9 @@ EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
 # callbacks and loggers, the exit chores and the exit. Measured on a loaded 2-core machine with the
 # test model: 0.26-0.39 s from the stop's line to the process's end (docs/resume.md).
 SHUTDOWN_S = 1.0
+# Without a notice nothing outside bounds the shutdown: after the storage's `upload_wait_s`, the
+# watchdog gives it this long (a loaded machine's close, the trackers' last flush).
+SHUTDOWN_GRACE_S = 10.0
 # The most a stopping run waits for the data of its current batch, after the signal.
 DATA_WAIT_S = 10.0
 
@@ -97,7 +101,7 @@ class StopBudget:
     def exit_s(self) -> float:
         """Seconds after the signal by which the process has exited."""
         if self.notice_s is None:
-            return self.upload_wait_s + SHUTDOWN_S
+            return self.upload_wait_s + SHUTDOWN_GRACE_S
         return max(0.0, self.notice_s - self.margin_s)
 
     @property
@@ -312,11 +316,7 @@ class PreemptionCallback(Callback):
         code = EXIT_CODES.get(self.received, 128 + self.received)
         stored = self._stored(None)
         why = [f"{self.budget.exit_s:.3g} s of the signal: {_exit_bound_text(self.budget)}", *_cut(stored)]
-        if self._said:  # the stop's line is out: the shutdown after it overran
-            self._say(
-                f"{name}: the shutdown did not end within {'; '.join(why)}; exiting now with code {code}"
-            )
-        else:
+        if not self._said:  # else the stop's line is out (one line per stop): its shutdown is cut short
             self._say(f"{name}: stopped at batch {self.batch}: nothing more was stored within {'; '.join(why)}; "
                       f"{_next_run(_newest(stored), self.batch)}; exiting with code {code}")  # fmt: skip
         self._leave(code)
@@ -424,7 +424,7 @@ def _batches(first: int, last: int) -> str:
 
 def _exit_bound_text(budget: StopBudget) -> str:
     if budget.notice_s is None:
-        return f"checkpoint.upload_wait_s and {SHUTDOWN_S:g} s for the shutdown"
+        return f"checkpoint.upload_wait_s and {SHUTDOWN_GRACE_S:g} s for the shutdown"
     return "preemption.notice_s less preemption.margin_s"
 
 
