@@ -110,7 +110,7 @@ LONGEST_FIRST = [
     "test_trackers.py",  # ~120 s: MLflow server, outages
     "test_resume_fsdp2.py",  # 81 s
     "test_storage.py",  # 77 s
-    "test_storage_outage.py",  # ~70 s: a frozen data remote and SIGTERM (issue 39)
+    "test_storage_outage.py",  # 70-110 s: a frozen data remote and SIGTERM (issue 39)
     "test_gpu_check_smoke.py",  # 68 s
     "test_profiling.py",  # 57 s
     "test_checkpoint_background.py",  # ~50 s: seven runs of one command behind a proxy
