@@ -45,7 +45,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parse_command_line(build_parser(), list(argv))
 
 
-def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> int:
+def main(
+    argv: Sequence[str] | None = None, extra_callbacks: Sequence = (), *, owns_process: bool = False
+) -> int:
+    """The command; `owns_process`: this call is the whole process (`__main__`), so a SIGTERM may
+    end the process within what it leaves (llm/checkpoint/preemption.py), not only the call."""
     from llm.checkpoint.resume import RunAlreadyComplete
     from llm.errors import ConfigError, SpikeStop
     from shards.errors import ShardsError
@@ -61,6 +65,11 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
 
         cfg = load_config(args.recipe, args.overrides)
         from llm.trainer import train
+
+        if owns_process:
+            from llm.checkpoint.preemption import own_the_process
+
+            own_the_process()
 
         train(cfg, extra_callbacks, print_config=args.print_config)
     except (ConfigError, ShardsError) as err:  # a problem with the recipe or the data: say which
@@ -87,4 +96,4 @@ def main(argv: Sequence[str] | None = None, extra_callbacks: Sequence = ()) -> i
 
 # Composer's checkpoint uploader starts processes with spawn, which re-import __main__.
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(owns_process=True))

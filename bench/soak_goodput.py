@@ -15,7 +15,9 @@ interruptions; a last attempt runs to the end. Printed:
 - goodput = the steps of the uninterrupted schedule / the steps executed over all attempts, and the
   time lost split into redone steps (executed twice), restarts (process start to its first step)
   and stalls (the training thread's part of the saves: each save's gap beyond a plain step's);
-- whether the final weights equal the reference's (bit-identical).
+- whether the final weights equal the reference's (bit-identical);
+- for each SIGTERM, the seconds from the signal to the process's exit, against the notice (the
+  process must be gone before the platform's kill).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
 
     recipe = write_recipe(soak_dir, shards, "s3://soak/run", args.batches)
     notice = [f"preemption.notice_s={args.notice:g}", "preemption.margin_s=1"]
-    executed, restarts, stalls, identical, attempts = 0, [], [], 0, 0
+    executed, restarts, stalls, identical, attempts, exits = 0, [], [], 0, 0, []
     for i in range(args.interruptions + 1):
         last = i == args.interruptions
         sig = None if last else rng.choice([signal.SIGKILL, signal.SIGTERM])
@@ -124,7 +126,7 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
         proc, record, weights = rs.start(
             recipe, tag, cwd=soak_dir, overrides=[*model, *notice], sleep=STEP_S, env=env
         )
-        t0 = time.monotonic()
+        t0, sent = time.monotonic(), None
         if sig is not None:
             try:
                 rs.wait_for_batch(record, 1, proc, timeout=600)  # it trains; then a random moment
@@ -133,7 +135,11 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
                 pass
             if proc.poll() is None:
                 os.killpg(proc.pid, sig)
+                sent = time.monotonic()
         run = rs.finish(proc, record, weights, t0, timeout=1800)
+        gone = time.monotonic() - sent if sig == signal.SIGTERM and sent is not None else None
+        if gone is not None:
+            exits.append(gone)
         attempts += 1
         rows = run.batches()
         executed += len(rows)
@@ -148,6 +154,7 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
             f"attempt {i:2d}: {signal.Signals(sig).name if sig else 'to the end':10s} exit {run.returncode:4d}  "
             f"resumed at {resumed.group(1) if resumed else '-':>3}  batches "
             f"{rows[0]['batch'] if rows else '-'}..{rows[-1]['batch'] if rows else '-'}  identical: {ok}"
+            + (f"  exit {gone:.2f} s after the signal" if gone is not None else "")
             + (f"\n            {told[13:]}" if told else ""),
             flush=True,
         )
@@ -166,6 +173,11 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
     useful = args.batches * plain_step
     lost = redone * plain_step + sum(restarts) + sum(stalls)
     print(f"\nattempts whose batches equal the reference run: {identical}/{attempts}")
+    if exits:
+        print(
+            f"SIGTERM to exit: {min(exits):.2f}-{max(exits):.2f} s over {len(exits)} SIGTERM(s), notice "
+            f"{args.notice:g} s less its 1 s margin: {'all within it' if max(exits) < args.notice - 1 else 'NOT all within it'}"
+        )
     print(
         f"final weights identical to the uninterrupted run: {final_ok} (after {args.interruptions} interruptions)"
     )

@@ -171,7 +171,7 @@ class DataConfig:
         return self.train if split == "train" else self.eval
 
 
-_PENALTY = "0 (off) or positive, e.g. 1e-4"
+_PENALTY = "0 (off) up to 1 (the loss's own weight), e.g. 1e-4"
 
 
 @dataclass
@@ -180,9 +180,9 @@ class ModelSection(ModelConfig):
     logits that the loss adds (`llm.composer_model`; the model itself knows nothing of them)."""
 
     # PaLM's z-loss: z_loss x log(Z)^2 per scored token, Z the softmax normaliser (PaLM: 1e-4); 0: off.
-    z_loss: float = bounded(0.0, ge=0, words=_PENALTY)
+    z_loss: float = bounded(0.0, ge=0, le=1, words=_PENALTY)
     # Baichuan 2's max-z loss: max_z_loss x (the largest logit)^2 per scored token (2e-4); 0: off.
-    max_z_loss: float = bounded(0.0, ge=0, words=_PENALTY)
+    max_z_loss: float = bounded(0.0, ge=0, le=1, words=_PENALTY)
 
 
 @dataclass
@@ -190,16 +190,20 @@ class TokenizerConfig:
     path: str  # SentencePiece .model, Hugging Face tokenizer.json, or a folder holding one
 
 
+_RATE = "in (0, 1]: AdamW moves every weight by about lr per step, e.g. 3e-4"
+
+
 @dataclass
 class OptimizerConfig:
-    lr: float = bounded(3e-4, gt=0)  # AdamW's peak learning rate (reached after scheduler.warmup)
+    # AdamW's peak learning rate (reached after scheduler.warmup); above 1 is a typo, not a schedule
+    lr: float = bounded(3e-4, gt=0, le=1, words=_RATE)
     betas: tuple[float, float] = bounded((0.9, 0.95), ge=0, lt=1)  # each in [0, 1)
     eps: float = bounded(1e-8, gt=0)  # AdamW's epsilon
     # 2-D weights only (matrices, embeddings); norms are not decayed
     weight_decay: float = bounded(0.1, ge=0, words="0 (off) or more, e.g. 0.1")
     # Peak rate of the token embedding matrix, on the same schedule; null: optimizer.lr. A small
     # model on little data learns its embeddings faster at a far higher rate (recipes/demo.yaml).
-    embedding_lr: float | None = bounded(None, gt=0, words="positive, or null (optimizer.lr)")
+    embedding_lr: float | None = bounded(None, gt=0, le=1, words="in (0, 1], or null (optimizer.lr)")
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # OmegaConf 2.3 hands tuple fields over as lists
@@ -288,8 +292,10 @@ class CheckpointConfig:
     # the most fit end, SIGTERM and close wait for a pending upload
     upload_wait_s: float = bounded(
         600.0,
-        gt=0,
-        words="positive seconds (how long the end of training waits for a checkpoint upload), e.g. 600",
+        ge=1,
+        le=86400,
+        words="at least 1 second and at most 86400 (a day): how long the end of training waits for a "
+        "checkpoint upload, e.g. 600",
     )
     staging_folder: str | None = None  # where an s3:// save is written first; None: the temp folder
     # Copy the state to host memory on the training thread, write and store it in the background

@@ -11,3 +11,8 @@ class SpikeStop(Exception):
     `EXIT_CODE`, and the newest checkpoint is the last good state (nothing was saved after it)."""
 
     EXIT_CODE = 3
+
+
+class NonFiniteStop(SpikeStop):
+    """With the guard off, a step whose loss or resulting weights are not finite: the run stops
+    before anything of it is saved (same exit code as the guard's limit: a person looks first)."""

@@ -106,6 +106,7 @@ DEFAULT_GPU_TYPE = "H100"
 # beyond these a number is a typo (or 1e400), not a machine.
 MAX_GPUS = 1_000_000
 MAX_GPU_GB = 1024.0
+MIN_MFU = 0.01
 # Dense bf16 tensor-core peak per GPU (FLOP/s): the denominators of MFU.
 PEAK_BF16_FLOPS = {"H100": 989.5e12, "H200": 989.5e12, "H800": 989.5e12, "A100": 312e12, "A800": 312e12}
 ANCHOR_MFU = 0.40  # llm-foundry 46.4% (MPT-7B, 8 x H100), torchtitan 33.7-39% (Llama-3-8B)
@@ -393,8 +394,8 @@ def describe_run(
         )
     if gpu_type not in PEAK_BF16_FLOPS:
         raise ConfigError(f"--gpu-type {gpu_type!r} is not one of {', '.join(PEAK_BF16_FLOPS)}")
-    if mfu is not None and not 0 < mfu <= 1:
-        raise ConfigError(f"--mfu must be a fraction in (0, 1], e.g. 0.45, got {mfu}")
+    if mfu is not None and not MIN_MFU <= mfu <= 1:  # below 1% a GPU does not train: a typo (1e-300)
+        raise ConfigError(f"--mfu must be a fraction in [{MIN_MFU:g}, 1], e.g. 0.45, got {mfu:g}")
     cfg.check_profile_ranks(gpus)
     t = cfg.training
     seq_len = cfg.model.max_seq_len

@@ -511,14 +511,6 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
     return ParamCounts(total=total, block=block, root=total - cfg.n_layers * block, largest=largest)
 
 
-def state_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every key of `cfg`'s model state dict (our names) and its shape, from a meta-device build:
-    what a checkpoint of this model must hold (resume checks it before loading)."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
-
 # Our parameter names start with one of these. A checkpoint's keys may carry wrapper levels
 # (torch.compile, DDP, FSDP, activation checkpointing) and the ComposerModel's `model.` before them.
 ROOT_NAMES = ("tok_embeddings.", "layers.", "norm.", "output.")

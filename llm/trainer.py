@@ -30,7 +30,7 @@ from composer.utils import dist
 from llm.callbacks.chat_record import chat_record_callbacks
 from llm.callbacks.eval_sources import EvalSources, eval_sources_callbacks, source_label
 from llm.callbacks.generation import first_and_last_samples, generation_callbacks
-from llm.callbacks.guard import SpikeGuard
+from llm.callbacks.guard import NonFiniteLoss, SpikeGuard
 from llm.callbacks.loss_plot import LossPlot
 from llm.callbacks.skip_windows import SkipWindowsCallback
 from llm.callbacks.task_eval import task_eval_callbacks
@@ -44,6 +44,7 @@ from llm.data import (
     build_dataloader,
     check_streams,
     clean_stale_shared_memory,
+    release_shared_memory,
     train_data_spec,
 )
 from llm.errors import ConfigError
@@ -60,6 +61,7 @@ from llm.parallelism import (
 from llm.plots import draw_run_plot
 from llm.profiling import memory_snapshot_callbacks, profiler_for
 from llm.run_dir import RunDir, RunRecords
+from storage.scratch import on_exit, use_own_temp_folder
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
 
@@ -169,10 +171,11 @@ def rollback_point(cfg: TrainConfig) -> RollbackPoint:
 
 def guard_callbacks(ctx: BuildContext) -> list[Callback]:
     """The skip windows (always: a resume keeps the windows of a run whose guard was on), and
-    before them the guard when `guard.enabled` (first of all: llm/callbacks/guard.py)."""
+    before them the guard when `guard.enabled` (first of all: llm/callbacks/guard.py), else the
+    stop on a non-finite loss."""
     skips = SkipWindowsCallback(ctx.train_loader, ctx.cfg)
     if not ctx.cfg.guard.enabled:
-        return [skips]
+        return [NonFiniteLoss(), skips]  # a non-finite loss still stops the run, unsaved
     # How far back a rollback goes with exact medians: two save intervals; a wall-clock or `auto`
     # interval has no batch count, then the window once more.
     saves = ctx.schedule.save_batches if ctx.schedule is not None else None
@@ -273,6 +276,10 @@ def build_trainer(
 ) -> Trainer:
     """A ready-to-fit Composer Trainer for `cfg` (raises ConfigError on unusable settings);
     `print_config`: print the resolved config in full, not only the line naming its file."""
+    # Everything this process puts in the temp folder (streaming's file locks, torch's and Composer's
+    # temp folders, the S3 staging folder) goes into one folder of its own, removed when it exits
+    # or, after a SIGKILL, by the next start (storage/scratch.py).
+    use_own_temp_folder()
     check_extras(cfg)  # a tracker the recipe asks for but is not installed: one line, before any work
     device = resolve_device(cfg)
     precision = resolve_precision(cfg, device)
@@ -300,6 +307,7 @@ def build_trainer(
     if dist.get_local_rank() == 0:
         clean_stale_shared_memory(all_stream_locals(cfg))
     dist.barrier()
+    on_exit(release_shared_memory, fast_only=True)  # streaming's atexit hooks, when os._exit skips them
     train_loader = build_dataloader(cfg, "train", per_rank_batch)
     # One evaluator per eval stream, so each source reports its own loss (EvalSources adds the total).
     evaluators = [

@@ -9,7 +9,8 @@ Modes, switchable while clients are connected (`set`):
   "error"  answer each request with `503 Slow Down` (S3's throttling reply) and close, `errors`
            times, then pass again (`status=`: another answer, e.g. 403, with a plain-text body;
            `methods=("PUT",)`: only requests of those methods, the others pass: writes refused
-           while reads succeed);
+           while reads succeed; `paths=("/bkt/ckpt/",)`: only requests whose path starts with one
+           of those: checkpoint uploads refused while other writes succeed);
   "slow"   hold each answer chunk `delay` seconds, then forward it;
   "hang"   accept and read requests, never answer (a frozen server: the process is alive, its
            sockets are open, nothing comes back); a connection that hung stays hung.
@@ -74,6 +75,7 @@ class Proxy:
         self.delay = 0.0
         self.requests = 0
         self.methods: frozenset[bytes] = frozenset()  # "error" only for these methods (empty: all)
+        self.paths: tuple[bytes, ...] = ()  # "error" only for paths starting with one of these (empty: all)
         self.port = 0
         self._buckets = (_Bucket(rate), _Bucket(rate)) if rate else (None, None)
         self._open: list[socket.socket] = []
@@ -85,7 +87,14 @@ class Proxy:
     # --- control -------------------------------------------------------------------------------
 
     def set(
-        self, mode: str, *, errors: int = 0, delay: float = 0.0, status: int = 503, methods: tuple = ()
+        self,
+        mode: str,
+        *,
+        errors: int = 0,
+        delay: float = 0.0,
+        status: int = 503,
+        methods: tuple = (),
+        paths: tuple = (),
     ) -> Proxy:
         if mode not in ("pass", "error", "slow", "hang"):
             raise ValueError(f"unknown proxy mode {mode!r}")
@@ -93,6 +102,7 @@ class Proxy:
             self.mode, self.errors, self.delay, self.requests = mode, errors, delay, 0
             self.answer = _503 if status == 503 else _answer(status)
             self.methods = frozenset(m.encode() for m in methods)
+            self.paths = tuple(p.encode() for p in paths)
         return self
 
     def freeze(self) -> None:
@@ -143,17 +153,20 @@ class Proxy:
         try:
             while chunk := client.recv(CHUNK):
                 with self._lock:
-                    method = chunk.split(b" ", 1)[0]
+                    method, _, rest = chunk.partition(b" ")
                     if method in _METHODS:  # a new request: the mode now applies to it
                         self.requests += 1
                         mode = self.mode
-                        if mode == "error" and self.methods and method not in self.methods:
+                        spared = (self.methods and method not in self.methods) or (
+                            self.paths and not rest.startswith(self.paths)
+                        )
+                        if mode == "error" and spared:
                             mode = "pass"
                         elif mode == "error":
                             self.errors -= 1
                             if self.errors <= 0:
                                 self.mode = "pass"
-                    elif self.mode == "hang" or (self.mode == "error" and not self.methods):
+                    elif self.mode == "hang" or (self.mode == "error" and not (self.methods or self.paths)):
                         mode = self.mode  # a request's body: cut as it goes, as before
                 if mode == "error":
                     client.sendall(self.answer)

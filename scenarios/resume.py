@@ -96,6 +96,7 @@ class Run:
     record: Path
     weights: Path
     seconds: float
+    pid: int | None = None  # the process's (a launcher's: the first node's)
 
     def batches(self) -> list[dict]:
         if not self.record.exists():
@@ -150,7 +151,7 @@ def _spawn(cmd: list[str], log: Path, *, cwd: Path, env: dict):
 def finish(proc, record: Path, weights: Path, started: float, timeout: float = 300) -> Run:
     proc.wait(timeout=timeout)
     output = Path(proc.tag_log).read_text()
-    return Run(proc.returncode, output, record, weights, time.monotonic() - started)
+    return Run(proc.returncode, output, record, weights, time.monotonic() - started, proc.pid)
 
 
 def run(

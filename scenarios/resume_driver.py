@@ -336,7 +336,7 @@ def main() -> int:
         )
     if os.environ.get("LLM_TEST_LR_SPIKE"):
         extra.append(LearningRateSpike.from_env(os.environ["LLM_TEST_LR_SPIKE"]))
-    return train.main(sys.argv[1:], extra_callbacks=extra)
+    return train.main(sys.argv[1:], extra_callbacks=extra, owns_process=True)
 
 
 class _LazyRecorder(Callback):

@@ -17,7 +17,10 @@ There are two clocks per endpoint and process, one for reads (downloads, reads, 
 one for writes (uploads, writes, deletes), each shared by every request and thread of its kind:
 a clock starts at the first failure of its kind and is reset only by an answer to that kind. So
 writes that keep failing while reads succeed (a bucket refusing PUTs, a full quota) spend their
-budget as a dead remote does, instead of being reset by every shard download. Once a clock has
+budget as a dead remote does, instead of being reset by every shard download. And one request
+never retries for longer than the budget after its own first failure, whatever other requests of
+its kind answer meanwhile: checkpoint uploads refused while the records and the run lock's
+heartbeat are written end within the budget too. Once a clock has
 run out its kind is given up for the rest of the process: every later request of that kind (the
 clean-up after the failure: records, lock release) fails at once with the same line instead of
 waiting its own bound. So a remote that never comes back ends a request, and the run, within
@@ -355,6 +358,7 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
     endpoint = os.environ.get("S3_ENDPOINT_URL") or ""
     kind = request_kind(operation)
     attempts = 0
+    first_failure: float | None = None
     while True:
         gone = OUTAGES.given_up(endpoint, kind)
         if gone is not None:
@@ -374,7 +378,10 @@ def call(operation: str, url: str, fn, *, read_timeout: float | None = None):
             gone = OUTAGES.given_up(endpoint, kind)  # given up while this attempt waited
             if gone is not None:
                 raise StorageError(f"{operation} {url}: not tried again, {gone}") from err
-            since = OUTAGES.failed(endpoint, began, kind)  # the outage began when this attempt did
+            # The outage began when this attempt did; for this request, at its own first failure at
+            # the latest, whatever other requests of its kind answered since (the clock they reset).
+            first_failure = began if first_failure is None else first_failure
+            since = min(OUTAGES.failed(endpoint, began, kind), first_failure)
             left = since + policy.outage_s - now
             capped = policy.max_attempts is not None and attempts >= policy.max_attempts
             if left <= 0 or capped:

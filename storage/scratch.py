@@ -7,15 +7,36 @@ SIGKILL cannot, and a 7B staging folder holds 10 GB per rank. So the next proces
 such a folder first removes every one whose process is gone (its pid no longer runs here). A pid
 reused by a live process keeps its folder: nothing that may still be in use is ever removed.
 Python's `tempfile` names its folders at random, with nothing that says whose they are.
+
+A training process also makes one such folder its temp folder (`use_own_temp_folder`: TMPDIR and
+`tempfile`), so that what libraries leave there, which has no owner's name (mosaicml-streaming's
+file locks, a pair per dataset, never removed; torch's and Composer's temp folders of a process
+killed in a save or a load), goes with the process at exit or with the next start.
+
+`on_exit(chore)`: what the process removes when it exits, run at a normal exit (`atexit`) and at a
+fast one (`run_exit_chores`, before `os._exit`: a preempted process skips the interpreter's
+seconds-long shutdown), newest first, each once; `fast_only` for what a library's own atexit hook
+does at a normal exit.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import getpass
 import os
 import re
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+
+OWN_TEMP_PREFIX = "llm-tmp-"  # + "<pid>-<random>": a process's own temp folder
+_own_temp: Path | None = None
+_chores: list[Callable[[], object]] = []
+_chores_lock = threading.Lock()
 
 
 def make_process_folder(prefix: str, parent: str | os.PathLike | None = None) -> Path:
@@ -49,3 +70,59 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def on_exit(chore: Callable[[], object], *, fast_only: bool = False) -> None:
+    """Run `chore` once when the process exits (normally, or through `run_exit_chores`); with
+    `fast_only`, only through `run_exit_chores`: what a normal exit does by other means (a
+    library's own atexit hook) and must not do twice."""
+    with _chores_lock:
+        _chores.append(chore)
+    if not fast_only:
+        atexit.register(_run_one, chore)
+
+
+def remove_at_exit(folder: str | os.PathLike) -> None:
+    """Remove `folder` (and what it holds) when the process exits."""
+    on_exit(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+
+
+def run_exit_chores() -> None:
+    """Run the chores not run yet, newest first (a fast exit: `os._exit` runs no atexit hooks)."""
+    with _chores_lock:
+        pending = list(reversed(_chores))
+    for chore in pending:
+        _run_one(chore)
+
+
+def _run_one(chore: Callable[[], object]) -> None:
+    with _chores_lock:
+        if chore not in _chores:
+            return
+        _chores.remove(chore)
+    with contextlib.suppress(Exception):  # a chore at exit has nobody left to report to
+        chore()
+
+
+def use_own_temp_folder() -> Path:
+    """Make a folder of this process (`llm-tmp-<pid>-<random>` in the temp folder) the temp folder
+    of everything the process does (`tempfile`, and TMPDIR for what it starts), removed when it
+    exits; first remove those of processes that are gone. Once per process: later calls return it.
+
+    torch's compiled-kernel cache, which lives in the temp folder unless told otherwise, stays
+    where it was (TORCHINDUCTOR_CACHE_DIR), so that a restart does not compile again."""
+    global _own_temp
+    if _own_temp is not None and _own_temp.is_dir():
+        return _own_temp
+    parent = tempfile.gettempdir()
+    remove_dead_process_folders(re.escape(OWN_TEMP_PREFIX), parent)
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR",
+        os.path.join(parent, "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())),
+    )
+    folder = make_process_folder(OWN_TEMP_PREFIX, parent)
+    remove_at_exit(folder)
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = str(folder)
+    _own_temp = folder
+    return folder

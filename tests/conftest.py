@@ -112,9 +112,11 @@ LONGEST_FIRST = [
     "test_trackers.py",  # ~120 s: MLflow server, outages
     "test_resume_fsdp2.py",  # 81 s
     "test_storage.py",  # 77 s
+    "test_storage_outage.py",  # 70-110 s: a frozen data remote and SIGTERM (issue 39)
     "test_gpu_check_smoke.py",  # 68 s
     "test_profiling.py",  # 57 s
-    "test_storage_outage.py",  # 49 s
+    "test_checkpoint_background.py",  # ~50 s: seven runs of one command behind a proxy
+    "test_preemption.py",  # ~45 s: two of its runs in a new interpreter
     "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
     "test_eval_lm_harness.py",  # ~25 s (136 s at load 18 on 2 cores): four lm-eval runs
     "test_s3_demo.py",  # ~70 s here: its own SeaweedFS, a conversion into it, two training runs

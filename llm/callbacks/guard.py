@@ -59,7 +59,7 @@ from composer.utils import dist
 from llm.callbacks.skip_windows import SkipWindowsCallback
 from llm.checkpoint.rollback import RollbackPoint
 from llm.config import GuardConfig
-from llm.errors import SpikeStop
+from llm.errors import NonFiniteStop, SpikeStop
 from llm.loggers import MetricsFile
 
 
@@ -276,3 +276,25 @@ class SpikeGuard(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.detector.load_state_dict(state)
         self.rollbacks = [Rollback(**r) for r in _records(state.get("rollbacks"))]
+
+
+class NonFiniteLoss(Callback):
+    """With the guard off (`guard.enabled: false`): a step whose loss is not finite stops the run
+    with one line and exit 3 at its batch end, before Composer's saver can save its state (a run
+    with `model.z_loss=1e300` trained on NaN and saved it). Composer all-reduces the loss and reads
+    it on the host every step, so the check costs nothing; the weights an update left non-finite
+    behind a finite loss are the saver's to refuse (`llm.checkpoint.saver`, at each save)."""
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        loss = state.total_loss_dict.get("loss/train/total")
+        if loss is None or math.isfinite(loss):
+            return
+        for destination in logger.destinations:
+            if isinstance(destination, MetricsFile):  # its line is written at BATCH_CHECKPOINT: not reached
+                destination.flush(state)
+        raise NonFiniteStop(
+            f"[guard] loss {loss} at batch {int(state.timestamp.batch)} with guard.enabled=false: stopping "
+            f"with exit code {NonFiniteStop.EXIT_CODE} before anything of this step is saved; the newest "
+            "checkpoint is the last good state. Lower optimizer.lr or model.z_loss, or set "
+            "guard.enabled=true to skip non-finite steps and roll back spikes"
+        )

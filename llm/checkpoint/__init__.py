@@ -13,7 +13,7 @@
   restart.py     the `[restart]` line: where a resumed run's start-up time went
   lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)
   preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch (if it fits preemption.notice_s),
-                 then exit 143/130
+                 then exit 143/130 within what the signal leaves (`StopBudget`, a watchdog)
   rollback.py    where the guard rolls back to after a loss spike: `RollbackPoint`, the newest checkpoint
   records_hook.py  `RunRecordsHook`: what checkpointing asks of the run's records (a protocol)
 

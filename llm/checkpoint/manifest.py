@@ -6,9 +6,13 @@ has stored its files, it writes a manifest next to them:
     <save_folder>/manifests/ba0000000012-rank00000.json
         {"batch": 12, "rank": 0, "writers": 2, "world_size": 2, "sharded": true,
          "load_path": "ep0-ba12", "files": {"ep0-ba12/__0_0.distcp": {"size": ..., "sha256": ...}},
-         "timestamp": {...}, "saved_at": 1700000000.0, "recipe": {...}}
+         "timestamp": {...}, "saved_at": 1700000000.0, "recipe": {...},
+         "save_costs": {"stall_s": 0.9, "background_s": 109.2, "step_s": 31.0}}
 
-`Manifest` is that record, field for field (`to_json` / `from_dict`; the recipe only in rank 0's).
+`Manifest` is that record, field for field (`to_json` / `from_dict`; the recipe and what this run
+measured of its saves and steps, `llm.checkpoint.schedule.SaveCosts`, only in rank 0's: a run
+resumed from it saves by `auto` at the steady interval from its first step; manifests written
+before it have no `save_costs`).
 
 A checkpoint is complete when all of its `writers` manifests exist (one for a monolithic
 checkpoint, one per writing rank for a sharded one: every rank, or the first replica group's
@@ -75,6 +79,7 @@ class Manifest:
     files: dict[str, FileDigest] = field(default_factory=dict)  # this rank's files of the save
     saved_at: float | None = None  # time.time() once this rank's files were stored
     recipe: dict[str, Any] | None = None  # the redacted recipe, in rank 0's manifest
+    save_costs: dict[str, Any] | None = None  # rank 0's: a save's and a step's seconds as measured
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -87,7 +92,11 @@ class Manifest:
             "timestamp": self.timestamp,
             "files": {rel: {"size": f.size, "sha256": f.sha256} for rel, f in self.files.items()},
         }
-        for key in ("saved_at", "recipe"):  # absent rather than null, as manifests always had them
+        for key in (
+            "saved_at",
+            "recipe",
+            "save_costs",
+        ):  # absent rather than null, as manifests always had them
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         return dumps(data)
@@ -106,6 +115,7 @@ class Manifest:
             files={rel: FileDigest(size=f["size"], sha256=f["sha256"]) for rel, f in data["files"].items()},
             saved_at=data.get("saved_at"),
             recipe=data.get("recipe"),
+            save_costs=data.get("save_costs") if isinstance(data.get("save_costs"), dict) else None,
         )
 
 

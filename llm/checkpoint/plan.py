@@ -17,7 +17,6 @@ wrong order fails at once instead of at the first save or the first SIGTERM.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
@@ -33,6 +32,7 @@ from composer.utils import dist
 
 from llm.checkpoint import restart
 from llm.checkpoint.lock import RunLock, RunLockHeld
+from llm.checkpoint.preemption import StopBudget
 from llm.checkpoint.records_hook import RunRecordsHook
 from llm.checkpoint.resume import (
     ResumePoint,
@@ -60,7 +60,7 @@ from llm.errors import ConfigError
 from llm.model import count_params
 from storage import StorageError, Store, open_store
 from storage.s3 import OUTAGES
-from storage.scratch import make_process_folder, remove_dead_process_folders
+from storage.scratch import make_process_folder, remove_at_exit, remove_dead_process_folders
 
 CHECKPOINT_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
 
@@ -146,13 +146,19 @@ def plan_checkpointing(
         "load_weights_only": point.weights_only,
     }
     deadline = Deadline()  # the end's one bound on storage, shared by the publisher and the lock
+    budget = StopBudget(cfg.preemption.notice_s, cfg.preemption.margin_s, ck.upload_wait_s)  # a signal's
     held = (RunLockCallback(lock, deadline),) if lock is not None else ()
     resumed_from = point.batch if point.source == "autoresume" else None
+    # What the run before measured of its saves and steps (recorded with the checkpoint): `auto`
+    # saves at the steady interval from the first step, the notice's projection is this run's.
+    carried = SaveCosts.from_record(point.checkpoint.head.save_costs, point.batch) if resumed_from else None
     saving = (
-        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline) if ck.save_folder else ()
+        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline, budget, carried)
+        if ck.save_folder
+        else ()
     )
     timings = RestartTimings(point.batch if point.source == "autoresume" else None)
-    callbacks = (*saving, *held, timings, PreemptionCallback())
+    callbacks = (*saving, *held, timings, PreemptionCallback(budget=budget))
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
 
 
@@ -359,6 +365,8 @@ def _saving_callbacks(
     records: RunRecordsHook | None,
     resumed_from: int | None,
     deadline: Deadline,
+    budget: StopBudget,
+    carried: SaveCosts | None = None,
 ) -> tuple:
     from llm.checkpoint.publisher import CheckpointPublisher
     from llm.checkpoint.saver import Saver
@@ -368,8 +376,8 @@ def _saving_callbacks(
     # Remote: Composer writes into a private staging folder that the publisher uploads and empties.
     staging = str(make_staging_folder(cfg, rank)) if store.is_remote else ck.save_folder
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
-        atexit.register(shutil.rmtree, staging, ignore_errors=True)
-    costs = estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
+        remove_at_exit(staging)
+    costs = carried or estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
     publisher = CheckpointPublisher(
         store,
         staging,
@@ -382,8 +390,7 @@ def _saving_callbacks(
         deadline=deadline,
         costs=costs,
         when_busy=ck.when_busy,
-        notice_s=cfg.preemption.notice_s,
-        margin_s=cfg.preemption.margin_s,
+        budget=budget,
     )
     saver = Saver(
         folder=staging,
@@ -398,6 +405,7 @@ def _saving_callbacks(
         publisher=publisher,
         costs=costs,
         snapshot=ck.snapshot,
+        check_finite=not cfg.guard.enabled,  # the guard never applies a non-finite update
     )
     return saver, publisher
 

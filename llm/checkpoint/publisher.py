@@ -48,6 +48,7 @@ import functools
 import logging
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,15 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint import manifest as cm
-from llm.checkpoint.preemption import StopSave, preemption_callback, second_signal, stop_requested
+from llm.checkpoint.preemption import (
+    StopBudget,
+    StopSave,
+    Stored,
+    preemption_callback,
+    second_signal,
+    signalled,
+    stop_requested,
+)
 from llm.checkpoint.records_hook import RunRecordsHook
 from llm.checkpoint.saver import DiskFull
 from llm.checkpoint.schedule import SaveCosts
@@ -85,8 +94,7 @@ class CheckpointPublisher(Callback):
         deadline: Deadline | None = None,
         costs: SaveCosts | None = None,
         when_busy: str = "wait",
-        notice_s: float | None = None,
-        margin_s: float = 5.0,
+        budget: StopBudget | None = None,
     ):
         self.store = store
         self.records = records  # stored by rank 0 with every checkpoint, before its manifests
@@ -98,8 +106,7 @@ class CheckpointPublisher(Callback):
         self.deadline = deadline or Deadline()  # the end's one bound (shared with the run lock's release)
         self.costs = costs or SaveCosts(stall_s=0.0, background_s=0.0)  # measured here and by the saver
         self.when_busy = when_busy
-        self.notice_s = notice_s  # preemption.notice_s: the time a SIGTERM leaves (None: unknown)
-        self.margin_s = margin_s
+        self.budget = budget or StopBudget(upload_wait_s=wait_limit_s)  # what a signal leaves
         self.uploader = Uploader()
         self.last_batch: int | None = None
         self.last_stored_at: float | None = None  # time.monotonic() of the last completed save
@@ -111,9 +118,18 @@ class CheckpointPublisher(Callback):
         self._abandoned: Upload | None = None  # an upload still running after the wait bound
         self._stop_reason = ""  # why the save on a signal was not stored
         self._bound_text = f"{wait_limit_s:g} s (checkpoint.upload_wait_s)"  # what the end's wait is
+        # Once the process is ending at once (`exit_report`), no manifest is written any more: a save
+        # cut short never becomes complete behind the line that says so.
+        self._gate = threading.Lock()
+        self._exiting = False
+        self._manifest_writing: int | None = None  # the batch whose manifest is being written
+        self._manifests: dict[int, int] = {}  # batch -> writers, of the manifests this rank stored
 
     def init(self, state: State, logger: Logger) -> None:
         check_order(state.callbacks)  # Event.INIT runs inside Trainer(): a wrong order fails there
+        cb = preemption_callback(state)
+        if cb is not None:
+            cb.exit_report = self.exit_report
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._start_batch = int(state.timestamp.batch)
@@ -239,11 +255,11 @@ class CheckpointPublisher(Callback):
         """With a notice: whether a save started now (after the one in flight) is projected to be
         stored before the notice, less its margin, runs out; every rank must agree. If not, the
         upload in flight is waited for within the notice, and the preemption line says why."""
-        if self.notice_s is None:
+        if self.budget.notice_s is None:
             return True
         cb = preemption_callback(state)
         since = cb.received_at if cb is not None and cb.received_at is not None else time.monotonic()
-        left = since + self.notice_s - self.margin_s - time.monotonic()
+        left = since + self.budget.storage_s - time.monotonic()
         upload = self.uploader.pending
         ahead = 0.0
         if upload is not None and not upload.finished.is_set():
@@ -254,7 +270,8 @@ class CheckpointPublisher(Callback):
         reason = (
             f"no save started: it would take about {projected:.1f} s at this run's rates "
             f"({'measured' if self.costs.measured else 'estimated'}), more than the {max(left, 0):.1f} s "
-            f"the {self.notice_s:g} s notice leaves (preemption.notice_s less preemption.margin_s)"
+            f"the {self.budget.notice_s:g} s notice leaves (preemption.notice_s less preemption.margin_s "
+            "and the shutdown)"
         )
         if upload is not None and not self._settle(state, final=True):
             reason += f"; and {self._stop_reason}"
@@ -268,13 +285,17 @@ class CheckpointPublisher(Callback):
         if elapsed is None or not elapsed >= 1.0:
             return False
         cb = preemption_callback(state)
-        since = cb.received_at if cb is not None and cb.stop_signal is not None else None
-        bound = self.wait_limit_s
-        if since is not None and self.notice_s is not None and self.notice_s - self.margin_s < bound:
-            bound = max(0.0, self.notice_s - self.margin_s)  # the notice is what the signal leaves
-            self._bound_text = f"{bound:g} s (preemption.notice_s less preemption.margin_s)"
-        self.deadline.start(bound, since=since)
+        if cb is not None and cb.stop_signal is not None:
+            self._start_signal_deadline(cb.received_at)
+        else:
+            self.deadline.start(self.wait_limit_s)
         return True
+
+    def _start_signal_deadline(self, since: float | None) -> None:
+        """The end's deadline after a signal: what the signal leaves for storage (`StopBudget`)."""
+        if self.deadline.at is None and self.budget.notice_s is not None:
+            self._bound_text = self.budget.storage_text()
+        self.deadline.start(self.budget.storage_s, since=since)
 
     def _store(self, write, records, files: list[Path], manifest: cm.Manifest | None) -> None:
         """The upload thread's job: the snapshot's write (the saver's), the run's records (rank 0),
@@ -284,9 +305,11 @@ class CheckpointPublisher(Callback):
             write()
         if records is not None:
             records()
+        digests = self._upload_rank_files(files)
+        # What the next save will take (and what rank 0's manifest keeps for a resumed run's `auto`).
+        self.costs.record(background_s=time.monotonic() - started)
         if files:
-            self._store_rank_files(files, manifest)
-        self.costs.record(background_s=time.monotonic() - started)  # what the next save will take
+            self._write_manifest(files, manifest, digests)
 
     def _settle(self, state: State, *, next_save: int | None = None, final: bool = False) -> bool:
         """Wait for the pending upload (at the end: until the deadline), agree with the other ranks
@@ -304,22 +327,24 @@ class CheckpointPublisher(Callback):
                 upload.batch,
                 time.monotonic() - upload.started,
             )
-        limit = self.deadline.left() if final else None
-        stored = upload.stored.wait(limit)
+        stored = self._wait(upload.stored, state, final)
         if _all_ranks_ok(state, stored and upload.error is None):
             upload.all_stored.set()  # rank 0's thread moves latest.json without asking the store
-            completed = dist.get_global_rank() != 0 or (upload.finished.wait(limit) and upload.completed)
-            if completed:
-                self.uploader.pending = None
-                self.newest_complete = upload.batch
-                return True
-            reason = upload.error or f"latest.json was not moved within {self._bound_text}"
-        else:
-            reason = upload.error or (
-                f"its upload did not finish within {self._bound_text}"
-                if not stored
-                else "another rank failed to store its part"
-            )
+            # Every writer's manifest is stored: the checkpoint is complete (resume reads the
+            # manifests, not latest.json), whatever becomes of rank 0's follow-up below.
+            self.newest_complete = upload.batch
+            if dist.get_global_rank() == 0 and not self._wait(upload.finished, state, final):
+                self._abandoned = upload  # latest.json and retention still running: left to the next save
+                log.info("latest.json was not moved to batch %d within %s", upload.batch, self._bound_text)
+            elif dist.get_global_rank() == 0 and upload.error is not None:
+                log.warning("could not move latest.json to batch %d: %s", upload.batch, upload.error)
+            self.uploader.pending = None
+            return True
+        reason = upload.error or (
+            f"its upload did not finish within {self._bound_text}"
+            if not stored
+            else "another rank failed to store its part"
+        )
         upload.stop.set()
         self.uploader.pending = None
         if not upload.finished.is_set():
@@ -331,7 +356,7 @@ class CheckpointPublisher(Callback):
         )
         if final:  # the end stopped waiting for the storage: nothing may wait on it, or print, after
             close_storage(f"the run stopped waiting for it at the end ({failure})")
-        if stop_requested(state):
+        if stop_requested(state) or signalled(state):
             cb = preemption_callback(state)
             before = (
                 ""
@@ -341,6 +366,44 @@ class CheckpointPublisher(Callback):
             self._stop_reason = f"{before}{_short(reason)}"
             return False
         raise failure
+
+    def _wait(self, event: threading.Event, state: State, final: bool) -> bool:
+        """Wait for `event`: at the end until the end's deadline; else until it is set, but once this
+        rank caught a signal only until what the signal leaves for storage (the ranks agree on the
+        stop only at the next batch's end: a save that waits for an upload must not hold it)."""
+        if final:
+            return event.wait(self.deadline.left())
+        while not event.wait(0.1):
+            cb = preemption_callback(state)
+            if cb is not None and cb.received_at is not None:
+                self._start_signal_deadline(cb.received_at)
+                return event.wait(self.deadline.left())
+        return True
+
+    def exit_report(self, wait_until: float | None) -> Stored:
+        """Asked by the preemption watchdog (another thread) as it ends the process at once: let the
+        upload in flight finish until `wait_until` (None: not at all), then store nothing more (no
+        manifest is written after this), remove this run's unfinished saves from a local folder,
+        and say what is stored."""
+        upload = self.uploader.pending
+        if upload is not None and wait_until is not None:
+            upload.finished.wait(max(0.0, wait_until - time.monotonic()))
+        with self._gate:
+            self._exiting = True
+            writing = self._manifest_writing
+        newest = self.newest_complete
+        alone = [batch for batch, writers in self._manifests.items() if writers == 1]
+        if alone and (newest is None or max(alone) > newest):
+            newest = max(alone)  # its manifest is stored: complete (latest.json is only a pointer)
+        cut = (
+            upload.batch
+            if upload is not None and upload.batch != newest and upload.batch != writing
+            else None
+        )
+        if writing is None and not self.store.is_remote and dist.get_global_rank() == 0:
+            with contextlib.suppress(Exception):  # the next start removes what is left
+                self._remove_interrupted_saves()
+        return Stored(newest, cut, writing)
 
     def _report_stop(
         self, state: State, batch: int, *, stored: bool, reason: str, started: bool = True
@@ -412,15 +475,32 @@ class CheckpointPublisher(Callback):
         )
         return files, manifest
 
-    def _store_rank_files(self, files: list[Path], manifest: cm.Manifest) -> None:
-        records = {}
+    def _upload_rank_files(self, files: list[Path]) -> dict[str, cm.FileDigest]:
+        digests = {}
         for path in files:
             rel = path.relative_to(self.staging_root).as_posix()
-            records[rel] = cm.file_digest(path)
+            digests[rel] = cm.file_digest(path)
             self.store.upload(path, rel)
-        manifest = dataclasses.replace(manifest, files=records, saved_at=time.time())
-        # The manifest goes last: its presence says the files above are completely stored.
-        self.store.write_text(cm.manifest_name(manifest.batch, manifest.rank), manifest.to_json())
+        return digests
+
+    def _write_manifest(
+        self, files: list[Path], manifest: cm.Manifest, digests: dict[str, cm.FileDigest]
+    ) -> None:
+        costs = self.costs.record_of() if manifest.rank == 0 else None
+        manifest = dataclasses.replace(manifest, files=digests, saved_at=time.time(), save_costs=costs)
+        # The manifest goes last: its presence says the files above are completely stored. Not once
+        # the process is ending at once (`exit_report`): the line it prints says this save was cut short.
+        with self._gate:
+            if self._exiting:
+                raise StorageError(
+                    f"the process is ending: the checkpoint at batch {manifest.batch} was cut short"
+                )
+            self._manifest_writing = manifest.batch
+        try:
+            self.store.write_text(cm.manifest_name(manifest.batch, manifest.rank), manifest.to_json())
+            self._manifests[manifest.batch] = manifest.writers
+        finally:
+            self._manifest_writing = None
         if self.store.is_remote:
             for path in files:
                 path.unlink(missing_ok=True)

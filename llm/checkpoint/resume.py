@@ -8,7 +8,6 @@ Composer an explicit `load_path`; see docs/resume.md for why Composer's own auto
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import logging
@@ -27,10 +26,10 @@ from llm.checkpoint import manifest as cm
 from llm.checkpoint import restart
 from llm.config import TrainConfig, flatten, parse_duration, schema_default
 from llm.errors import ConfigError
-from llm.model import ModelConfig, parameter_name, state_shapes
+from llm.model import ModelConfig, Transformer, parameter_name
 from storage import StorageError, Store, open_store
 from storage.env_numbers import EnvNumberError, env_number
-from storage.scratch import make_process_folder, remove_dead_process_folders
+from storage.scratch import make_process_folder, remove_at_exit, remove_dead_process_folders
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,9 @@ def run_folder_checkpoint(path: str, *, rank: int = 0) -> str | None:
 
 
 TRAINING_STATE = ("model", "optimizers")  # what a resume needs; reading weights needs only "model"
+# Composer stores each optimizer's state under its class's name and silently skips (a warning) an
+# optimizer whose name is missing: the one `llm.optim.build_optimizer` builds.
+OPTIMIZER = "AdamW"
 
 
 def newest_usable_checkpoint(
@@ -114,7 +116,7 @@ def newest_usable_checkpoint(
     store = open_store(save_folder)
     ckpts, listing = cm.scan(store)
     ckpts = [c for c in ckpts if at_most is None or c.batch <= at_most]
-    expected = state_shapes(model) if model is not None else None
+    expected = ModelLayout.of(model) if model is not None else None
     rejected = []
     for ckpt in ckpts:
         problem = cm.size_problem(ckpt, listing)
@@ -167,7 +169,7 @@ def _refuse_changed_model(ckpt: cm.Checkpoint, model: ModelConfig, problem: str)
 
 
 def _verified_load_path(
-    store: Store, ckpt: cm.Checkpoint, rank: int, needs: tuple[str, ...], expected: Shapes | None = None
+    store: Store, ckpt: cm.Checkpoint, rank: int, needs: tuple[str, ...], expected: ModelLayout | None = None
 ) -> tuple[str | None, str | None]:
     """(path to give Composer, None) or (None, why the checkpoint cannot be used)."""
     small = sum(f.size for f in ckpt.files.values()) <= verify_limit()
@@ -183,7 +185,7 @@ def _verified_load_path(
     local_root = make_process_folder(f"{RESUME_COPY_PREFIX}{rank}-")
     # A full copy of the checkpoint: removed when this process exits (normally, on an error or on
     # SIGTERM through Composer's handler), once Composer or `llm generate` has read it.
-    atexit.register(shutil.rmtree, local_root, ignore_errors=True)
+    remove_at_exit(local_root)
     download_files(store, sorted(ckpt.files), local_root)
     problem = cm.hash_problem(ckpt.files, local_root) or state_problem(
         local_root / ckpt.load_path, needs, expected
@@ -276,17 +278,39 @@ Shapes = dict[str, tuple[int, ...]]
 MODEL_MISMATCH = "its model state does not fit"  # the problem `state_problem` names a wrong model with
 
 
+@dataclass(frozen=True)
+class ModelLayout:
+    """What a checkpoint of the recipe's model holds: every key of its state dict and its shape, and
+    its parameters (what the optimizer state names: a tied output weight is no parameter of its own)."""
+
+    state: Shapes
+    params: Shapes
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> ModelLayout:
+        import torch
+
+        with torch.device("meta"):  # nothing allocated
+            net = Transformer(cfg)
+        return cls(
+            state={name: tuple(t.shape) for name, t in net.state_dict().items()},
+            params={name: tuple(p.shape) for name, p in net.named_parameters()},
+        )
+
+
 def state_problem(
-    path: Path, needs: tuple[str, ...] = TRAINING_STATE, expected: Shapes | None = None
+    path: Path, needs: tuple[str, ...] = TRAINING_STATE, expected: ModelLayout | None = None
 ) -> str | None:
     """Why a monolithic Composer checkpoint cannot be used although its bytes verify; else None:
 
     - it is not a torch.save file, or holds no state for one of `needs` (a resume without model or
       optimizer state would silently start from step 1; `llm generate` needs only the model);
-    - its model state holds none of our parameters, or (with `expected`: `llm.model.state_shapes`
-      of the recipe's model) other keys or shapes than the model: Composer loads model weights
-      non-strictly, so a re-signed checkpoint with unrelated keys would train on from fresh
-      weights while saying it resumed.
+    - its model state holds none of our parameters, or (with `expected`, the recipe's model) other
+      keys or shapes than the model: Composer loads model weights non-strictly, so a re-signed
+      checkpoint with unrelated keys would train on from fresh weights while saying it resumed;
+    - its optimizer state is not AdamW's state of our parameters (`_optimizer_problem`): Composer
+      skips an optimizer state stored under another name, so a re-signed `{"junk": ...}` would
+      resume with fresh moments.
 
     Only the pickle is read (never the tensors' bytes, and nothing in it is run)."""
     try:
@@ -308,7 +332,48 @@ def state_problem(
     ]
     if wrong:
         return f"{' and '.join(wrong)}, not a state dict"
-    return _model_problem(state["model"], expected) if "model" in needs else None
+    problem = (
+        _model_problem(state["model"], expected.state if expected else None) if "model" in needs else None
+    )
+    if problem is None and "optimizers" in needs:
+        problem = _optimizer_problem(state["optimizers"], expected.params if expected else None)
+    return problem
+
+
+def _optimizer_problem(optimizers: dict, expected: Shapes | None) -> str | None:
+    """Why a checkpoint's optimizer state is not AdamW's of the model (`expected`: our parameters'
+    names and shapes; None: only that it names parameters of ours)."""
+    adamw = optimizers.get(OPTIMIZER)
+    if adamw is None:
+        keys = ", ".join(map(str, list(optimizers)[:3]))
+        return f"its optimizer state holds no {OPTIMIZER} state (it holds {keys})"
+    groups = adamw.get("param_groups") if isinstance(adamw, dict) else None
+    moments = adamw.get("state") if isinstance(adamw, dict) else None
+    if not isinstance(groups, list) or not isinstance(moments, dict):
+        return f"its {OPTIMIZER} optimizer state is not an optimizer state dict (no state and param_groups)"
+    named = [n for g in groups if isinstance(g, dict) for n in (g.get("params") or [])]
+    ours = {str(n): parameter_name(str(n)) for n in named}
+    foreign = [n for n, name in ours.items() if name is None]
+    if foreign or not named:
+        example = f" (e.g. {foreign[0]})" if foreign else ""
+        return f"its {OPTIMIZER} optimizer state names {len(foreign)} of {len(named)} entries that are not our parameters{example}"
+    if expected is None:
+        return None
+    missing = sorted(set(expected) - set(ours.values()))
+    unknown = sorted(n for n in ours.values() if n not in expected)
+    resized = [
+        f"{ours[str(key)]}: {list(value.shape)} here, {list(expected[ours[str(key)]])} in the model"
+        for key, entry in moments.items()
+        if str(key) in ours and ours[str(key)] in expected and isinstance(entry, dict)
+        for value in entry.values()
+        if isinstance(value, _TensorShape) and value.shape and value.shape != expected[ours[str(key)]]
+    ]
+    if not (missing or unknown or resized):
+        return None
+    parts = [f"{len(missing)} of the model's parameters missing (e.g. {missing[0]})"] if missing else []
+    parts += [f"{len(unknown)} it does not have (e.g. {unknown[0]})"] if unknown else []
+    parts += [f"moments of another shape (e.g. {resized[0]})"] if resized else []
+    return f"its {OPTIMIZER} optimizer state does not fit the recipe's model: {', '.join(parts)}"
 
 
 def _model_problem(model: dict, expected: Shapes | None) -> str | None:

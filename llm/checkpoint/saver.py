@@ -71,6 +71,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from llm.checkpoint.schedule import SaveCosts
 from llm.checkpoint.sizes import format_bytes
+from llm.errors import NonFiniteStop
 from storage import StorageError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -112,6 +113,7 @@ class Saver(CheckpointSaver):
         publisher: Any = None,
         costs: SaveCosts | None = None,
         snapshot: bool = True,
+        check_finite: bool = False,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -120,6 +122,7 @@ class Saver(CheckpointSaver):
         self.publisher = publisher
         self.costs = costs
         self.snapshot = snapshot
+        self.check_finite = check_finite  # the guard is off: refuse to save non-finite weights
         self.stager = HostStager()
         self.pending: PendingWrite | None = None  # taken by the publisher at the same event
         self.held: HeldSnapshot | None = None  # this rank's newest snapshot: the guard's rollback point
@@ -128,6 +131,14 @@ class Saver(CheckpointSaver):
 
     def _save_checkpoint(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)
+        if self.check_finite and not _weights_finite(state):
+            raise NonFiniteStop(
+                f"[guard] the weights after batch {batch} are not finite (its loss was "
+                f"{state.total_loss_dict.get('loss/train/total')}: its update made them so) with "
+                f"guard.enabled=false: not saved; stopping with exit code {NonFiniteStop.EXIT_CODE}, the newest "
+                "checkpoint is the last good state. Lower optimizer.lr, or set guard.enabled=true to skip "
+                "non-finite steps and roll back spikes"
+            )
         if self.publisher is not None and not self.publisher.make_room(state, batch):
             return  # skipped (checkpoint.when_busy: skip), or no time for it (preemption.notice_s)
         started = time.monotonic()
@@ -227,6 +238,15 @@ class Saver(CheckpointSaver):
             f"{keeps}; free some space or give checkpoint.save_folder (or checkpoint.staging_folder for "
             "an s3:// save) a larger disk, then rerun the same command"
         )
+
+
+def _weights_finite(state: State) -> bool:
+    """Whether every rank's parameters (its shards) are finite: one pass over them, one sync."""
+    flags = [torch.isfinite(getattr(p, "_local_tensor", p).detach()).all() for p in state.model.parameters()]
+    ok = torch.stack(flags).all() if flags else torch.tensor(True)
+    flag = state.device.tensor_to_device(torch.tensor([int(bool(ok))], dtype=torch.int32))
+    dist.all_reduce(flag, reduce_operation="MIN")
+    return bool(flag.item())
 
 
 def _env_once() -> None:

@@ -10,9 +10,12 @@
   time and each save's background part (the write and the upload) ends before the next save
   (`SaveCosts.interval`), from what this run measured: the last save's stall and background
   seconds (`SaveCosts`, kept by the saver and the publisher) and the median time of recent steps
-  without a save. Before the first save the costs are estimated from the checkpoint's size at the
-  default rates of `llm.checkpoint.sizes`. The interval is printed at the first save and whenever
-  it changes by more than 2x.
+  without a save. A run resumed from a checkpoint whose manifest records what the run before it
+  measured (`SaveCosts.record_of`, in rank 0's manifest) starts from those figures, step time
+  included, so its first save comes at the steady interval, not after three new steps and a save
+  measured anew; otherwise, before the first save, the costs are estimated from the checkpoint's
+  size at the default rates of `llm.checkpoint.sizes`. The interval is printed at the first save
+  and whenever it changes by more than 2x.
 
 Composer's `CheckpointSaver` takes a callable interval; `SaveSchedule` is one. Every save falls on
 a batch boundary (Composer's BATCH_CHECKPOINT event), so a resume is exact whatever the interval.
@@ -43,12 +46,16 @@ FIRST_STEPS = 3  # steps measured before `auto` may save
 @dataclass
 class SaveCosts:
     """What one save costs this rank: estimated until the first save is measured, then the last
-    save's figures (the saver records the stall, the publisher the background part)."""
+    save's figures (the saver records the stall, the publisher the background part), and the step
+    time `auto` last used (the schedule's); or, after a resume, what the run before measured
+    (`from_record`, `carried_from`: the checkpoint's batch) until this run measures its own."""
 
     stall_s: float  # the training thread's part: the snapshot (without it, the local write)
     background_s: float  # the rest, off the training thread: the write from the snapshot, the upload
     measured: bool = False
     saves: int = 0
+    step_s: float | None = None  # the median step without a save, as `auto` measured it
+    carried_from: int | None = None  # measured before the restart, recorded at this checkpoint
 
     def record(self, *, stall_s: float | None = None, background_s: float | None = None) -> None:
         if stall_s is not None:
@@ -57,6 +64,26 @@ class SaveCosts:
             self.background_s = background_s
             self.measured = True
             self.saves += 1
+            self.carried_from = None
+
+    def record_of(self) -> dict[str, float] | None:
+        """What a checkpoint's manifest keeps of these figures (None: nothing measured yet)."""
+        if not self.measured:
+            return None
+        record = {"stall_s": round(self.stall_s, 6), "background_s": round(self.background_s, 6)}
+        return record | ({"step_s": round(self.step_s, 6)} if self.step_s is not None else {})
+
+    @classmethod
+    def from_record(cls, record: dict | None, batch: int) -> SaveCosts | None:
+        """The figures a checkpoint's manifest kept (`record_of`), or None when it kept none or they
+        are not positive finite numbers (a manifest written before them, or edited)."""
+        record = record or {}
+        numbers = [record.get(k) for k in ("stall_s", "background_s", "step_s")]
+        given = [n for n in numbers if n is not None]
+        if numbers[0] is None or numbers[1] is None or not all(_seconds(n) for n in given):
+            return None
+        step = float(numbers[2]) if numbers[2] is not None else None
+        return cls(float(numbers[0]), float(numbers[1]), measured=True, step_s=step, carried_from=batch)
 
     @property
     def projected_s(self) -> float:
@@ -100,6 +127,8 @@ class SaveSchedule:
         now, batch = time.monotonic(), int(state.timestamp.batch)
         if self._tick is not None and not self._saved_at_tick:
             self._steps.append(now - self._tick)
+            if len(self._steps) >= FIRST_STEPS:  # what the checkpoints record, whatever the interval
+                self.costs.step_s = statistics.median(self._steps)
         if self.last_save_batch is None:  # the first batch of this process: count from its start
             self.last_save_batch, self.last_save_at = batch - 1, now
         due = _agree(state, self._due(batch, now))
@@ -116,7 +145,11 @@ class SaveSchedule:
 
     @property
     def step_s(self) -> float | None:
-        return statistics.median(self._steps) if len(self._steps) >= FIRST_STEPS else None
+        """The median of this process's recent steps, or before it has `FIRST_STEPS` of them, the
+        step time carried over from before the restart (None: none)."""
+        if len(self._steps) < FIRST_STEPS:
+            return self.costs.step_s  # None in a fresh run; after a resume, the run before's
+        return statistics.median(self._steps)
 
     def auto_interval(self) -> int | None:
         """`auto`'s interval in batches from the costs and step time known now (None: too early)."""
@@ -132,7 +165,10 @@ class SaveSchedule:
 
     def describe(self, every: int, step_s: float) -> str:
         c = self.costs
-        basis = "measured" if c.measured else "estimated from the checkpoint's size, no save measured yet"
+        if c.carried_from is not None:
+            basis = f"measured before the restart (recorded with the checkpoint at batch {c.carried_from})"
+        else:
+            basis = "measured" if c.measured else "estimated from the checkpoint's size, no save measured yet"
         stall = c.stall_s / (c.stall_s + every * step_s)
         return (
             f"save_interval auto: every {every} batch(es) ({every * step_s:.1f} s); a save stalls training "
@@ -140,6 +176,10 @@ class SaveSchedule:
             f"checkpoint.max_stall) and is written and stored in {c.background_s:.2f} s in the background; "
             f"a step takes {step_s:.3f} s; costs {basis}"
         )
+
+
+def _seconds(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
 
 
 def _agree(state: State, due: bool) -> bool:

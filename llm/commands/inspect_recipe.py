@@ -57,7 +57,7 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mfu",
         type=float,
-        help="measured MFU as a fraction (e.g. 0.45 from make gpu-check); default: 40%% and 50%%",
+        help="measured MFU as a fraction from 0.01 to 1 (e.g. 0.45 from make gpu-check); default: 40%% and 50%%",
     )
     parser.add_argument(
         "--upload-bandwidth",

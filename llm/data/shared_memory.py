@@ -1,10 +1,12 @@
 """Streaming's shared memory: stale registrations of our cache folders, and the prefix race.
 
 streaming registers each live dataset's folders in shared memory under a numbered prefix
-(`/dev/shm/000123_locals` ...). Two things go wrong with it that this module handles: a run killed
-with its whole process group leaves its registrations behind (`clean_stale_shared_memory`), and
-two processes building datasets at the same instant can pick the same prefix
-(`with_shm_race_retry`).
+(`/dev/shm/000123_locals` ...). Three things go wrong with it that this module handles: a run killed
+with its whole process group leaves its registrations behind (`clean_stale_shared_memory`), two
+processes building datasets at the same instant can pick the same prefix (`with_shm_race_retry`),
+and a process that ends with `os._exit` (a preempted run, llm/checkpoint/preemption.py) runs none
+of streaming's `atexit` clean-ups, so Python's resource tracker unlinks the segments after it and
+prints a warning below the run's last line (`release_shared_memory`).
 """
 
 from __future__ import annotations
@@ -89,3 +91,32 @@ def with_shm_race_retry(make):
                 raise
             time.sleep(random.uniform(0.05, 0.3))
     raise AssertionError("unreachable")
+
+
+def release_shared_memory() -> None:
+    """Unlink the shared memory this process's datasets created, and take it off the resource
+    tracker's list, without closing the mappings (another thread may still read them): what
+    streaming's `atexit` clean-ups do, for a process about to end with `os._exit` (only then: after
+    those hooks ran, a name would be taken off the list twice, a traceback in the tracker)."""
+    import gc
+    from multiprocessing import resource_tracker
+
+    from streaming.base.shared.memory import SharedMemory
+
+    try:
+        import _posixshmem  # what multiprocessing.shared_memory unlinks with on POSIX
+    except ImportError:  # not POSIX: nothing we can release safely
+        return
+
+    # The tracker itself, not the module's `unregister`: streaming swaps that for a no-op while it
+    # closes attached segments (in whichever thread collects a dataset).
+    tracker = resource_tracker._resource_tracker
+    for obj in gc.get_objects():
+        if type(obj) is not SharedMemory:  # not isinstance: it asks some lazy objects for their class
+            continue
+        for shm in obj.created_shms:
+            try:
+                _posixshmem.shm_unlink(shm._name)
+            except FileNotFoundError:  # released already (streaming cleaned it up and made it anew)
+                continue
+            tracker.unregister(shm._name, "shared_memory")

@@ -46,21 +46,40 @@ def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_
     assert_same_weights(reference.weights, second.weights)
 
 
-def test_sigint_stops_with_exit_code_130_after_saving(tmp_path, shards):
+@pytest.fixture
+def real_interpreter(monkeypatch):
+    """The run in a new interpreter, not a fork of the suite's fork server, whose children leave
+    through os._exit: the interpreter's own shutdown (seconds with torch and Composer loaded) is
+    part of what is measured."""
+    import subprocess
+
+    import scenarios.resume
+
+    monkeypatch.setattr(scenarios.resume, "SPAWN", subprocess.Popen)
+
+
+def test_sigint_stops_with_exit_code_130_after_saving_within_the_notice(tmp_path, shards, real_interpreter):
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=2, sig=signal.SIGINT)
+    notice = ["preemption.notice_s=3", "preemption.margin_s=1"]
+    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=2, sig=signal.SIGINT, overrides=notice)
 
     assert first.returncode == 130, first.output[-4000:]
     stop = first.batches()[-1]["batch"]
     assert f"[preemption] SIGINT: checkpoint at batch {stop} stored" in first.output
     manifest = tmp_path / "ckpt" / "manifests" / f"ba{stop:010d}-rank00000.json"
     assert json.loads(manifest.read_text())["batch"] == stop
+    # Issue 39 item 3: the checkpoint was stored within a second, but the process took 4-10 s more
+    # to end (the interpreter's shutdown) and was killed at the end of the notice.
+    assert first.seconds < 3, f"exit took {first.seconds:.1f} s after the signal; the platform kills at 3 s"
 
 
-def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_partial_file(tmp_path, shards):
+def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_partial_file(
+    tmp_path, shards, real_interpreter
+):
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    # Each checkpoint file stalls for 120 s after its first bytes: the second signal lands mid-save.
-    proc, record, _ = start(recipe, "first", cwd=tmp_path, pause_at=2, env={"LLM_TEST_SAVE_STALL": "120"})
+    # Each checkpoint file stalls for 2 s after its first bytes: the second signal lands mid-save,
+    # and the save would be complete 2 s later if the process let it.
+    proc, record, _ = start(recipe, "first", cwd=tmp_path, pause_at=2, env={"LLM_TEST_SAVE_STALL": "2"})
     try:
         wait_for_batch(record, 2, proc)  # before the first periodic save (batch 4)
         os.killpg(proc.pid, signal.SIGTERM)
@@ -75,12 +94,17 @@ def test_a_second_sigterm_during_the_save_exits_143_without_a_traceback_or_a_par
         seconds = time.monotonic() - sent
     finally:
         kill_group(proc)
-    # At once, not after the stalled write: closing the Trainer and streaming's threads is all
-    # that is left (seconds; the bound leaves room for a loaded machine).
-    assert seconds < 60, f"exit took {seconds:.1f} s after the second SIGTERM"
+    # Issue 39 item 4: the line said "stopped at once ... without storing a checkpoint", then the
+    # process lived 45 s more and the checkpoint was stored anyway. At once, and as the line says.
+    assert seconds < 2, f"exit took {seconds:.1f} s after the second SIGTERM"
+    time.sleep(3)  # past the stall: a save the process let go on would be complete by now
     output = proc.tag_log.read_text()
     assert proc.returncode == 143, output[-3000:]
     assert "Traceback" not in output and "unexpected pos" not in output, output[-3000:]
-    assert "[preemption] second SIGTERM: stopped at once at batch" in output
+    last = [line for line in output.splitlines() if line.strip()][-1]
+    assert last.startswith("[preemption] second SIGTERM: stopped at once at batch 2 without storing"), last
+    assert "(the save at batch 2 was cut short: it is not complete)" in last
+    assert "no checkpoint is complete: the next run starts from scratch and redoes batches 1-2" in last
     leftovers = [p.name for p in (tmp_path / "ckpt").iterdir()]
     assert not [name for name in leftovers if name.startswith("ep")], leftovers  # the partial .pt is gone
+    assert not list((tmp_path / "ckpt").glob("manifests/*")), "a manifest was written after the line"

@@ -50,7 +50,8 @@ def _torch_bytes(tag: str) -> bytes:
 
     import torch
 
-    state = {"model": {"model.tok_embeddings.weight": torch.ones(2)}, "optimizers": {"AdamW": {}}}
+    adamw = {"state": {}, "param_groups": [{"lr": 1e-3, "params": ["model.tok_embeddings.weight"]}]}
+    state = {"model": {"model.tok_embeddings.weight": torch.ones(2)}, "optimizers": {"AdamW": adamw}}
     buffer = io.BytesIO()
     torch.save({"state": state, "tag": tag}, buffer)
     return buffer.getvalue()
@@ -87,7 +88,7 @@ def test_a_verified_checkpoint_without_model_or_optimizer_state_is_refused_and_t
 
     store = open_store(tmp_path / "run")
     for batch, state in (
-        (4, {"model": {"model.norm.weight": torch.ones(2)}, "optimizers": {"AdamW": {"state": {0: {}}}}}),
+        (4, {"model": {"model.norm.weight": torch.ones(2)}, "optimizers": _adamw(["model.norm.weight"])}),
         (8, {"model": {}, "optimizers": {}, "timestamp": None}),  # what a resume must not trust
     ):
         path = tmp_path / f"ba{batch}.pt"
@@ -179,16 +180,31 @@ def _recipe(tmp_path, save_folder, *extra):
     return load_config(path, list(extra))
 
 
-def _composer_checkpoint(path, model):
-    """What Composer writes for our model (its state dict keys), with an optimizer state."""
+def _adamw(names: list[str]) -> dict:
+    """An AdamW state of Composer's layout naming `names`, before its first step (no moments yet)."""
+    return {"AdamW": {"state": {}, "param_groups": [{"lr": 1e-3, "params": list(names)}]}}
+
+
+def _composer_checkpoint(path, model, optimizers=None):
+    """What Composer writes for our model (its state dict keys), with the optimizer state after one
+    AdamW step (Composer's layout: parameter names as keys), or `optimizers` instead."""
     import torch
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from llm.composer_model import LanguageModel
 
     if model is None:
         return
-    weights = LanguageModel.from_config(model, seed=1).state_dict() if not isinstance(model, dict) else model
-    torch.save({"state": {"model": weights, "optimizers": {"AdamW": {"state": {0: {}}}}}}, path)
+    if isinstance(model, dict):
+        weights, optimizers = model, optimizers or _adamw(list(model))
+    else:
+        net = LanguageModel.from_config(model, seed=1)
+        adamw = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        sum(p.sum() for p in net.parameters()).backward()
+        adamw.step()
+        weights = net.state_dict()
+        optimizers = optimizers or {"AdamW": get_optimizer_state_dict(net, adamw)}
+    torch.save({"state": {"model": weights, "optimizers": optimizers}}, path)
 
 
 def _foreign_checkpoints(cfg):
@@ -223,10 +239,10 @@ def test_a_re_signed_checkpoint_whose_model_state_is_not_the_model_is_skipped_fo
     _composer_checkpoint(good, cfg.model)
     foreign = _foreign_checkpoints(cfg)[kind]
     if foreign == "legacy":
-        state = {"model": {"encoder.weight": torch.ones(2)}, "optimizers": {"AdamW": {}}}
+        state = {"model": {"encoder.weight": torch.ones(2)}, "optimizers": _adamw(["encoder.weight"])}
         torch.save({"state": state}, bad, _use_new_zipfile_serialization=False)
     elif isinstance(foreign, dict) or foreign == 1:
-        torch.save({"state": {"model": foreign, "optimizers": {"AdamW": {"state": {0: {}}}}}}, bad)
+        torch.save({"state": {"model": foreign, "optimizers": _adamw(["model.norm.weight"])}}, bad)
     else:
         _composer_checkpoint(bad, foreign)
     _fake_checkpoint(store, 4, good.read_bytes(), tmp_path)
@@ -237,6 +253,56 @@ def test_a_re_signed_checkpoint_whose_model_state_is_not_the_model_is_skipped_fo
     lines = [r.getMessage() for r in caplog.records if "checkpoint at batch 8" in r.getMessage()]
     assert len(lines) == 1 and "unusable" in lines[0] and "trying an older one" in lines[0], caplog.text
     assert "model" in lines[0] or "not a torch checkpoint" in lines[0], lines[0]
+
+
+def _foreign_optimizers(cfg, tmp_path) -> dict:
+    """Optimizer states that are not this model's AdamW, each in a checkpoint whose model state is."""
+    import dataclasses
+
+    import torch
+
+    wider = dataclasses.replace(cfg.model, dim=2 * cfg.model.dim)
+    _composer_checkpoint(tmp_path / "wider.pt", wider)
+    other = torch.load(tmp_path / "wider.pt", weights_only=False)["state"]["optimizers"]
+    return {
+        "junk": {"junk": {"state": {}, "param_groups": []}},  # Composer skips it with a warning
+        "not a state dict": {"AdamW": {"junk": 1}},
+        "unrelated parameter names": _adamw(["encoder.weight", "decoder.bias"]),
+        "another model's moments": other,
+        "some parameters missing": _adamw(["model.norm.weight"]),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "junk",
+        "not a state dict",
+        "unrelated parameter names",
+        "another model's moments",
+        "some parameters missing",
+    ],
+)
+def test_a_re_signed_checkpoint_whose_optimizer_state_is_foreign_is_skipped_for_the_previous_one(
+    tmp_path, kind, caplog
+):
+    # Issue 39 item 6: `{"junk": ...}` resumed with fresh AdamW moments, no warning (Composer skips
+    # an optimizer state it does not find under the optimizer's name).
+    from llm.checkpoint.resume import choose_resume_point
+
+    cfg = _recipe(tmp_path, tmp_path / "run")
+    store = open_store(tmp_path / "run")
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    _composer_checkpoint(good, cfg.model)
+    _composer_checkpoint(bad, cfg.model, optimizers=_foreign_optimizers(cfg, tmp_path)[kind])
+    _fake_checkpoint(store, 4, good.read_bytes(), tmp_path)
+    _fake_checkpoint(store, 8, bad.read_bytes(), tmp_path)  # signed: its manifest records its hash
+
+    point = choose_resume_point(cfg)
+    assert point.batch == 4, kind
+    lines = [r.getMessage() for r in caplog.records if "checkpoint at batch 8" in r.getMessage()]
+    assert len(lines) == 1 and "unusable" in lines[0] and "trying an older one" in lines[0], caplog.text
+    assert "optimizer state" in lines[0], lines[0]
 
 
 def test_a_checkpoint_of_another_model_recipe_is_refused_as_a_recipe_change_not_skipped(tmp_path):

@@ -5,6 +5,7 @@ the storage is back. Reduced settings: a budget of 4 s, timeouts of 1 s."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from scenarios.outage import LAZY, SHARD_BYTES, upload_split
 from scenarios.proxy import Proxy
 from tests.support.resume import (
     SAVE_EVERY,
@@ -118,8 +120,6 @@ def test_a_remote_that_freezes_during_a_save_ends_in_one_line_and_keeps_the_prev
 def test_a_corrupt_remote_shard_ends_in_one_line_with_both_hashes_and_once_repaired_the_same_command_finishes(
     tmp_path, s3_server, s3_bucket
 ):
-    import json
-
     import xxhash
 
     split = write_shards(tmp_path / "shards", shard_bytes=600)
@@ -157,6 +157,9 @@ class FrozenEnd:
     end: Run  # frozen before the last save (batch 12; the checkpoint at 8 stored)
     term: Run  # frozen after batch 5 (the checkpoint at 4 stored), then SIGTERM
     after: Run  # the same command once the remote answers again
+    data: Run  # shards on the remote too: frozen after batch 5, SIGTERM once the loader waits
+    data_stuck_at: int  # the last batch trained before the loader waited
+    data_seconds: float  # from that SIGTERM to the process's exit
 
 
 def _until_exit(proc, record, weights, seconds: float) -> Run:
@@ -200,9 +203,39 @@ def frozen_end(tmp_path_factory, s3_server) -> FrozenEnd:
 
         proxy.set("pass")
         after = run(recipe, "after", cwd=root, env=env)
+
+        # data: the shards are read from the remote too (small, fetched as training goes); frozen
+        # after batch 5, the run trains on from its cache until the loader waits, then SIGTERM.
+        small = write_shards(root / "small-shards", shard_bytes=SHARD_BYTES)
+        remote = upload_split(s3_server.client(), bucket, small, "data/train")
+        recipe = write_recipe(root / "data.yaml", remote, f"s3://{bucket}/data", cache=root / "cache-data")
+        proc, record, weights = start(
+            recipe, "data", cwd=root, pause_at=SAVE_EVERY + 1, env=env, overrides=[*bound, *LAZY]
+        )
+        wait_for_batch(record, SAVE_EVERY + 1, proc)
+        proxy.freeze()
+        release(record, SAVE_EVERY + 1)
+        stuck_at = _until_stuck(record, proc)
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        data = _until_exit(proc, record, weights, ENDS_WITHIN)
+        data_seconds = time.monotonic() - sent
     finally:
         proxy.cut()
-    return FrozenEnd(save, end, term, after)
+    return FrozenEnd(save, end, term, after, data, stuck_at, data_seconds)
+
+
+def _until_stuck(record, proc, quiet: float = 2.0) -> int:
+    """The last batch recorded once no new one came for `quiet` seconds (the loader waits)."""
+    last, since = None, time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert proc.poll() is None, proc.tag_log.read_text()[-3000:]
+        rows = [x for x in record.read_text().splitlines() if x.strip()] if record.exists() else []
+        batch = json.loads(rows[-1])["batch"] if rows else None
+        if batch != last:
+            last, since = batch, time.monotonic()
+        time.sleep(0.1)
+    return last
 
 
 def _lines(run: Run) -> list[str]:
@@ -244,3 +277,20 @@ def test_sigterm_with_the_remote_frozen_names_the_resume_checkpoint_and_exits_14
     after = frozen_end.after
     assert after.returncode == 0, after.output[-3000:]
     assert f"resuming run 'rs' from the checkpoint at batch {SAVE_EVERY}" in after.output
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_sigterm_while_the_loader_waits_on_a_frozen_remote_exits_143_naming_the_resume_checkpoint(frozen_end):
+    # Issue 39 item 1: no preemption line, and 316 s later rc 1 ("reading the training data failed
+    # ... stopped answering"): the signal was not honoured while the loader waited.
+    data, stuck = frozen_end.data, frozen_end.data_stuck_at
+    assert data.returncode == 143, data.output[-3000:]
+    last = _lines(data)[-1]
+    assert last.startswith(f"[preemption] SIGTERM: stopped at batch {stuck} without saving it"), last
+    assert f"the data of batch {stuck + 1} did not come within 1.5 s of the signal" in last
+    assert f"the next run resumes from the checkpoint at batch {SAVE_EVERY} and redoes" in last
+    assert "error:" not in data.output and "Traceback" not in data.output
+    # Within what the signal leaves: checkpoint.upload_wait_s (an upload in flight may finish) and
+    # the shutdown's second.
+    assert frozen_end.data_seconds < WAIT + 1 + 1, frozen_end.data_seconds

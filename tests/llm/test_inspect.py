@@ -112,7 +112,7 @@ def test_hsdp_dry_run_shards_within_a_replica_group_and_a_measured_mfu_replaces_
 
 def test_dry_run_cost_options_are_checked_in_one_line(capsys):
     for args, message in [
-        (["--mfu", "1.5"], "--mfu must be a fraction in (0, 1]"),
+        (["--mfu", "1.5"], "--mfu must be a fraction in [0.01, 1]"),
         (["--gpu-type", "B200"], "--gpu-type 'B200' is not one of H100, H200"),
         (["fsdp.replicate=3", "--gpus", "8"], "fsdp.replicate=3 does not divide 8 GPUs"),
     ]:
@@ -201,6 +201,9 @@ RATE_RANGE = "bytes per second; give a node's rate between 1MB/s and 1TB/s"
         (["--gpus", "0"], "--gpus=0 must be a number of GPUs from 1 to 1,000,000"),
         (["--gpu-gb", "nan"], "--gpu-gb=nan must be a GPU's memory in GB, above 0 and at most 1024"),
         (["--gpu-gb", "1e400"], "--gpu-gb=inf must be a GPU's memory in GB"),
+        # Issue 39 item 7: a wall time of 10^80 days.
+        (["--mfu", "1e-300"], "--mfu must be a fraction in [0.01, 1], e.g. 0.45, got 1e-300"),
+        (["--mfu", "0.001"], "--mfu must be a fraction in [0.01, 1]"),
         (
             ["training.profile.enabled=true", "training.profile.ranks=[8]", "--gpus", "8"],
             "training.profile.ranks=[8]: rank 8 does not exist in a world of 8 rank(s)",
@@ -220,3 +223,5 @@ def test_the_plausible_extremes_are_planned(capsys):
     assert "write 0.1 s at 1TB/s per node" in out and "store 84006.7 s at 1MB/s per node" in out
     assert llm_main(["inspect", recipe, "--gpus", "1000000", "--gpu-gb", "1024"]) == 0
     assert "=> this recipe fits on 1000000 x 1024 GB GPUs" in capsys.readouterr().out
+    assert llm_main(["inspect", recipe, "--gpus", "1", "--mfu", "0.01"]) == 0
+    assert "at  1.0% MFU" in capsys.readouterr().out

@@ -183,3 +183,42 @@ def test_writes_that_keep_failing_while_reads_succeed_spend_their_own_budget(sto
     with pytest.raises(StorageError, match="not tried, .* has failed for over 2s .* on writes"):
         store.write_text("records/metrics.jsonl", "{}")
     assert store.read_text("a.txt") == "before"
+
+
+@pytest.mark.s3
+def test_an_upload_refused_while_other_writes_succeed_ends_within_its_own_budget(
+    store, switch, s3_bucket, monkeypatch
+):
+    # Issue 39 item 2: checkpoint PUTs answered 503 while the run's other writes (records, the run
+    # lock's heartbeat) succeeded; each success reset the writes' clock ("answers again after 9-30 s
+    # (writes)"), so the upload was retried for ever. A request's own failures count from its first.
+    budget = 2.0
+    monkeypatch.setenv("LLM_S3_OUTAGE_S", str(budget))
+    switch.set("error", errors=10**6, methods=("PUT",), paths=(f"/{s3_bucket}/budget/ckpt/",))
+    stop, writes, outcome = threading.Event(), [], {}
+
+    def keep_writing() -> None:
+        while not stop.is_set():
+            store.write_text("records/heartbeat.json", str(len(writes)))  # other writes answer
+            writes.append(time.monotonic())
+            time.sleep(0.1)
+
+    def upload() -> None:
+        started = time.monotonic()
+        try:
+            store.write_text("ckpt/ep0-ba8-rank0.pt", "weights")
+        except StorageError as err:
+            outcome["error"], outcome["seconds"] = str(err), time.monotonic() - started
+
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    uploader = threading.Thread(target=upload, daemon=True)
+    writer.start()
+    uploader.start()
+    uploader.join(timeout=40)  # liveness: the shared clock never ran out while other writes answered
+    stop.set()
+    writer.join(timeout=10)
+    assert not uploader.is_alive(), "the upload was retried for as long as other writes answered"
+    assert "SlowDown" in outcome["error"] and "LLM_S3_OUTAGE_S" in outcome["error"], outcome
+    assert "\n" not in outcome["error"]
+    assert outcome["seconds"] <= budget + TIMEOUT + 1.0, outcome
+    assert len(writes) > 5  # the other writes answered all along

@@ -100,7 +100,7 @@ def test_a_factor_of_zero_turns_its_rule_off():
         ),
         (["guard.window=0"], "guard.window=0 must be at least 1"),
         (["guard.max_rollbacks=-1"], "guard.max_rollbacks=-1 must be 0 or more"),
-        (["model.z_loss=-1e-4"], "model.z_loss=-0.0001 must be 0 (off) or positive"),
+        (["model.z_loss=-1e-4"], "model.z_loss=-0.0001 must be 0 (off) up to 1"),
     ],
 )
 def test_unusable_guard_settings_are_refused_in_one_line(tmp_path, train_data, overrides, message):
@@ -210,3 +210,73 @@ def test_a_loss_spike_rolls_back_and_past_max_rollbacks_the_run_stops_with_exit_
     assert rows[8]["guard/rolled_back_to"] == 4 and rows[8]["guard/skip_to"] == 11 and rows[8]["loss"] > 50
     assert rows[-1]["guard/stopped"] == 1 and rows[-1]["guard/spike_batch"] == 12
     assert math.isnan(rows[-1]["loss"])
+
+
+# --- the guard off: a non-finite step still never reaches a checkpoint --------------------------
+
+
+@dataclass
+class Unguarded:
+    code: int
+    stderr: str
+    ckpt: Path
+
+
+def _unguarded(root: Path, train_data, spike: Callback) -> Unguarded:
+    """`train.py` in this process with the guard off (the default), a local checkpoint every 4
+    batches, and `spike` derailing one batch."""
+    import train
+
+    recipe = write_recipe(
+        root / "r.yaml",
+        train_data,
+        checkpoint={"save_folder": str(root / "ckpt"), "save_interval": "4ba"},
+        training={
+            "global_batch_size": 8,
+            "device_microbatch_size": 8,
+            "max_duration": "12ba",
+            "log_interval": 1,
+        },
+    )
+    stderr = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        code = train.main([str(recipe)], extra_callbacks=[spike])
+    return Unguarded(code, stderr.getvalue(), root / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def unguarded(tmp_path_factory, train_data) -> tuple[Unguarded, Unguarded]:
+    """Two runs: batch 6's loss is NaN (as from model.z_loss=1e300), and batch 4's update is
+    non-finite with a finite loss (its learning rate x inf), on a save batch."""
+    from scenarios.resume_driver import LearningRateSpike
+
+    nan_loss = _unguarded(tmp_path_factory.mktemp("unguarded-loss"), train_data, LossSpike({6: math.nan}))
+    bad_update = _unguarded(
+        tmp_path_factory.mktemp("unguarded-update"), train_data, LearningRateSpike(3, 4, math.inf)
+    )
+    return nan_loss, bad_update
+
+
+def _manifest_batches(ckpt: Path) -> list[int]:
+    return sorted(int(p.name[2:12]) for p in (ckpt / "manifests").glob("ba*.json"))
+
+
+def test_with_the_guard_off_a_non_finite_loss_stops_the_run_before_its_step_is_saved(unguarded):
+    # Issue 39 item 5: loss nan from step 2, checkpoints of NaN weights, rc 0.
+    run = unguarded[0]
+    assert run.code == SpikeStop.EXIT_CODE == 3, run.stderr[-3000:]
+    (line,) = [x for x in run.stderr.splitlines() if x.startswith("[guard]")]
+    assert line.startswith("[guard] loss nan at batch 6 with guard.enabled=false: stopping with exit code 3")
+    assert "the newest checkpoint is the last good state" in line and "guard.enabled=true" in line
+    assert "Traceback" not in run.stderr
+    assert _manifest_batches(run.ckpt) == [4]  # nothing of batch 6 or later
+
+
+def test_with_the_guard_off_non_finite_weights_after_a_finite_loss_are_never_saved(unguarded):
+    run = unguarded[1]
+    assert run.code == 3, run.stderr[-3000:]
+    (line,) = [x for x in run.stderr.splitlines() if x.startswith("[guard]")]
+    assert line.startswith("[guard] the weights after batch 4 are not finite (its loss was ")
+    assert "not saved; stopping with exit code 3" in line
+    assert _manifest_batches(run.ckpt) == []
+    assert not list(run.ckpt.glob("ep*"))  # no file of the refused save either

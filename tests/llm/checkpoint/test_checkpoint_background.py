@@ -17,6 +17,8 @@ d: another folder; the upload of the checkpoint at 4 is held for good, and SIGTE
    finds it pending: the wait is bounded (`checkpoint.upload_wait_s=2`), one line says so.
 f: another folder behind a 100 kB/s cap (a save takes ~6 s to store), `preemption.notice_s=3`:
    SIGTERM after batch 6 starts no save that cannot end within the notice.
+g: behind the same cap, `preemption.notice_s=4`: SIGTERM while the upload of 4 is in flight; the
+   process ends within the notice without it.
 a, b, c and e stage their saves in the scenario's own staging folder (`checkpoint.staging_folder`),
 where the SIGKILLed a leaves its folder behind.
 The tests assert on each step.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -74,6 +77,7 @@ class Uploads:
     d: Run
     f: Run
     f_keys: list[str]  # what f's folder in the bucket held after it
+    g: Run  # seconds: from its SIGTERM to its exit
     a_staging: list[str]  # the staging folder's entries once a was killed, and after b and c
     e_staging: list[str]
     a_pid: int
@@ -157,10 +161,23 @@ def uploads(tmp_path_factory, shards, s3_server) -> Uploads:
         overrides=notice,
     )  # fmt: skip
     f_keys = sorted(k.split("runs/f/", 1)[1] for k in s3_server.keys(bucket, "runs/f/"))
+
+    # g: SIGTERM while the upload of 4 is still in flight behind the cap (steps of 0.5 s, no pause)
+    # with a 4 s notice: that upload cannot end in time, and the process must not wait for it.
+    later = write_recipe(root / "g.yaml", shards, f"s3://{bucket}/runs/g", cache=root / "cache-g")
+    proc, record, weights = start(
+        later, "g", cwd=root, sleep=0.5, env={"S3_ENDPOINT_URL": capped.endpoint},
+        overrides=["preemption.notice_s=4", "preemption.margin_s=1"],
+    )  # fmt: skip
+    wait_for_batch(record, SAVE_EVERY + 1, proc)
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    g = finish(proc, record, weights, 0.0)
+    g.seconds = time.monotonic() - sent
     capped.cut()
     return Uploads(
         save, a, reached, a_manifests, a_latest, b, f"waits for the upload of batch {HELD}" in b.output,
-        c, c_reached, e, e_manifests, d, f, f_keys, a_staging, e_staging, a_pid,
+        c, c_reached, e, e_manifests, d, f, f_keys, g, a_staging, e_staging, a_pid,
     )  # fmt: skip
 
 
@@ -287,3 +304,18 @@ def test_with_a_notice_too_short_for_a_save_none_is_started_and_the_resume_point
         uploads.f_keys
     )  # no half save
     assert f"manifests/ba{SAVE_EVERY:010d}-rank00000.json" in uploads.f_keys
+    assert f.seconds < 3, f"exit took {f.seconds:.1f} s after the signal; the platform kills at 3 s"
+
+
+def test_with_a_notice_the_process_ends_within_it_even_while_an_older_upload_is_in_flight(uploads):
+    # Issue 39 item 3: with notice_s=4, margin_s=1 the line said no save would fit, then the process
+    # lived 84-87 s more: its exit waited for the older upload's transfer threads.
+    g = uploads.g
+    assert g.returncode == 143, g.output[-4000:]
+    last = [line for line in g.output.splitlines() if line.strip()][-1]
+    assert last.startswith(
+        f"[preemption] SIGTERM: the checkpoint at batch {SAVE_EVERY + 1} was not stored"
+    ), last
+    assert f"(the checkpoint at batch {SAVE_EVERY} before it: its upload did not finish within" in last
+    assert "no checkpoint is complete: the next run starts from scratch" in last
+    assert g.seconds < 4, f"exit took {g.seconds:.1f} s after the signal; the platform kills at 4 s"

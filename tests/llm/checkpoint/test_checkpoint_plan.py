@@ -196,7 +196,7 @@ def test_a_staging_folder_that_cannot_be_written_is_refused_before_training(tmp_
 
 
 def test_a_wait_bound_that_is_not_positive_is_refused_at_load(tmp_path):
-    with pytest.raises(ConfigError, match=r"checkpoint\.upload_wait_s=0.0 must be positive"):
+    with pytest.raises(ConfigError, match=r"checkpoint\.upload_wait_s=0.0 must be at least 1 second"):
         recipe(tmp_path, **{"checkpoint.upload_wait_s": "0"})
 
 
