@@ -66,7 +66,9 @@ def killed(tmp_path_factory, shards) -> Killed:
     changed = run(recipe, "changed", cwd=folder, overrides=[*RECORDS, "optimizer.lr=1e-3"], env=env)
     longer = run(recipe, "longer", cwd=folder, overrides=[*RECORDS, "training.max_duration=14ba"], env=env)
     tmp_at_end = sorted(p.name for p in tmp.iterdir())
-    return Killed(folder, first, steps, second, records, manifests, again, changed, longer, tmp_after_kill, tmp_at_end)
+    return Killed(
+        folder, first, steps, second, records, manifests, again, changed, longer, tmp_after_kill, tmp_at_end
+    )
 
 
 @pytest.mark.slow

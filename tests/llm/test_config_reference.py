@@ -104,7 +104,7 @@ def test_the_reference_says_type_default_range_and_what_a_resume_does():
     assert keys["model.n_kv_heads"].resume.startswith("the model shape must match")
     assert keys["model.z_loss"].resume == "yes"  # the loss's penalty, not the shape
     assert "optimizer state in the checkpoint" in keys["optimizer.lr"].resume
-    assert keys["optimizer.lr"].bounds == "positive" and keys["optimizer.betas"].type == "2 x float"
+    assert keys["optimizer.lr"].bounds.startswith("in (0, 1]") and keys["optimizer.betas"].type == "2 x float"
     assert keys["training.max_duration"].resume == "yes" and keys["checkpoint.save_folder"].resume == "yes"
     assert keys["data.train"].default == "required" and keys["tokenizer.path"].default == "required"
     assert keys["remote"].meaning  # the streams' keys, listed once for data.train and data.eval
