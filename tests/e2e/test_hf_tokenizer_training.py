@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import yaml
 from llm.commands import main as llm_main
 from shards.tokenizer import HUGGINGFACE, Tokenizer
 from tests.support import forkserver, paths
+from tests.support.export import transformers_warnings
 from tests.support.hf_tokenizer import MIXED_TEXTS, english_and_code
 from tests.support.training import TrainData, load, read_metrics, recipe_dict
 
@@ -88,38 +88,20 @@ def test_the_export_carries_the_same_tokenizer_json_and_transformers_reads_our_i
     assert config.pad_token_id == theirs.pad_token_id == ours.pad_id != ours.eos_id
 
 
-class Warnings(logging.Handler):
-    """The warnings transformers logs (its loggers do not propagate to the root logger)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def test_transformers_greedy_generation_equals_llm_generate(run, capsys):
     """`llm generate EXPORT --temperature 0` with no --tokenizer (the export's tokenizer.json);
     transformers loads the export and generates from it without a warning."""
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     export = run["export"]
     logging.Logger.warning_once.cache_clear()  # transformers says some things once per process
-    caught = Warnings()
-    transformers.logging.get_logger().addHandler(caught)
-    try:
-        with warnings.catch_warnings(record=True) as python_warnings:
-            warnings.simplefilter("always")
-            hf = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
-            hf_tok = AutoTokenizer.from_pretrained(export)
-            ids = hf_tok(PROMPTS[0], return_tensors="pt").input_ids
-            with torch.no_grad():
-                hf.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS)
-    finally:
-        transformers.logging.get_logger().removeHandler(caught)
-    assert caught.messages == [] and [str(w.message) for w in python_warnings] == []
+    with transformers_warnings() as said:
+        hf = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+        hf_tok = AutoTokenizer.from_pretrained(export)
+        ids = hf_tok(PROMPTS[0], return_tensors="pt").input_ids
+        with torch.no_grad():
+            hf.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS)
+    assert said == []
     args = ["generate", str(export), "--temperature", "0", "--max-new-tokens", str(NEW_TOKENS), "--json"]
     assert llm_main([*args, *(a for p in PROMPTS for a in ("--prompt", p))]) == 0
     ours = [json.loads(line)["continuation"] for line in capsys.readouterr().out.splitlines()]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -21,3 +25,26 @@ def perturbed_export(folder: Path, tokenizer: str, *, max_seq_len: int, seed: in
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
     return export_hf(model, folder, tokenizer)
+
+
+@contextlib.contextmanager
+def transformers_warnings() -> Iterator[list[str]]:
+    """Collects every warning said inside the block: Python's and those transformers logs (its
+    loggers do not propagate to the root logger, so pytest would not show them)."""
+    import transformers
+
+    said: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    transformers.logging.get_logger().addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as python_warnings:
+            warnings.simplefilter("always")
+            yield said
+    finally:
+        transformers.logging.get_logger().removeHandler(handler)
+        said.extend(str(w.message) for w in python_warnings)

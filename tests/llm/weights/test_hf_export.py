@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from llm.model import ModelConfig, Transformer
 from llm.weights.composer_layout import save_composer_weights
 from llm.weights.hf_export import export_hf
 from llm.weights.read import load_model
+from tests.support.export import transformers_warnings
 
 CONFIGS = {
     "tied": ModelConfig(vocab_size=2000, dim=64, n_layers=2, n_heads=4, max_seq_len=32, tie_embeddings=True),
@@ -154,20 +154,8 @@ def test_the_exports_files_name_the_same_special_ids(tmp_path, tokenizer_path):
     assert hf_tok.pad_token_id != hf_tok.eos_token_id  # so generate() needs no attention mask
 
 
-class Warnings(logging.Handler):
-    """The warnings transformers logs (its loggers do not propagate to the root logger)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def test_transformers_loads_the_export_and_generates_greedily_without_a_warning(tmp_path, tokenizer_path):
     """Untouched: no "generation flags are not valid: ['temperature']", no "attention mask is not set"."""
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llm.generate import generate
@@ -176,19 +164,13 @@ def test_transformers_loads_the_export_and_generates_greedily_without_a_warning(
     model = _perturbed(CONFIGS["untied-gqa"])
     out = export_hf(model, tmp_path / "hf", tokenizer_path)
     logging.Logger.warning_once.cache_clear()  # transformers says some things once per process
-    caught = Warnings()
-    transformers.logging.get_logger().addHandler(caught)
-    try:
-        with warnings.catch_warnings(record=True) as python_warnings:
-            warnings.simplefilter("always")
-            hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-            ids = AutoTokenizer.from_pretrained(out)("我们要发展经济", return_tensors="pt").input_ids
-            with torch.no_grad():
-                greedy = hf.generate(ids, do_sample=False, max_new_tokens=12)[0, ids.shape[1] :].tolist()
-                by_default = hf.generate(ids)[0, ids.shape[1] :].tolist()  # greedy, up to the context
-    finally:
-        transformers.logging.get_logger().removeHandler(caught)
-    assert caught.messages == [] and [str(w.message) for w in python_warnings] == []
+    with transformers_warnings() as said:
+        hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+        ids = AutoTokenizer.from_pretrained(out)("我们要发展经济", return_tensors="pt").input_ids
+        with torch.no_grad():
+            greedy = hf.generate(ids, do_sample=False, max_new_tokens=12)[0, ids.shape[1] :].tolist()
+            by_default = hf.generate(ids)[0, ids.shape[1] :].tolist()  # greedy, up to the context
+    assert said == []
     tok = Tokenizer(tokenizer_path)
     ours = generate(model, [ids[0].tolist()], max_new_tokens=12, temperature=0, eos_id=tok.eos_id)[0]
     assert greedy[: len(ours)] == ours and by_default[:12] == greedy

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import yaml
 from llm.commands import main as llm_main
 from llm.generate import generate
 from llm.weights.read import load_model
+from tests.support.export import transformers_warnings
 
 DIM, LAYERS, HEADS, KV_HEADS, HIDDEN, VOCAB, SEQ = 64, 2, 4, 2, 96, 300, 64
 THETA, EPS = 50000.0, 1e-6
@@ -253,20 +253,8 @@ def test_model_section_and_a_missing_recipe_are_one_line(tmp_path, capsys):
 # --- import -> train -> export -> transformers -------------------------------------------------
 
 
-class TransformersWarnings(logging.Handler):
-    """The warnings transformers logs (its loggers do not propagate to the root logger)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.mark.parametrize("arch, tied", [("llama", False), ("qwen2", True)])
 def test_import_train_export_and_transformers_loads_it_without_a_warning(tmp_path, train_data, arch, tied):
-    import transformers
     from transformers import AutoModelForCausalLM
 
     from llm.trainer import train
@@ -296,15 +284,9 @@ def test_import_train_export_and_transformers_loads_it_without_a_warning(tmp_pat
     rc = llm_main(["export", str(checkpoints), "--recipe", str(recipe), "--out", str(export)])
     assert rc == 0
     logging.Logger.warning_once.cache_clear()  # transformers says some things once per process
-    caught = TransformersWarnings()
-    transformers.logging.get_logger().addHandler(caught)
-    try:
-        with warnings.catch_warnings(record=True) as python_warnings:
-            warnings.simplefilter("always")
-            reloaded = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
-    finally:
-        transformers.logging.get_logger().removeHandler(caught)
-    assert caught.messages == [] and [str(w.message) for w in python_warnings] == []
+    with transformers_warnings() as said:
+        reloaded = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    assert said == []
     assert type(reloaded).__name__ == ("Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM")
     tokens = torch.randint(0, train_data.vocab_size, (2, train_data.seq_len), generator=torch.Generator())
     with torch.no_grad():
