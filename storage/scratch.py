@@ -11,7 +11,10 @@ Python's `tempfile` names its folders at random, with nothing that says whose th
 A training process also makes one such folder its temp folder (`use_own_temp_folder`: TMPDIR and
 `tempfile`), so that what libraries leave there, which has no owner's name (mosaicml-streaming's
 file locks, a pair per dataset, never removed; torch's and Composer's temp folders of a process
-killed in a save or a load), goes with the process at exit or with the next start.
+killed in a save or a load), goes with the process at exit or with the next start. The ranks a
+launcher started on one node share one such folder, named by the launcher's pid: streaming's file
+locks guard the shared memory all of them use, and ranks locking files of their own would race on
+it (its barrier then never opens). That folder goes with the next start after the launcher's end.
 
 `on_exit(chore)`: what the process removes when it exits, run at a normal exit (`atexit`) and at a
 fast one (`run_exit_chores`, before `os._exit`: a preempted process skips the interpreter's
@@ -108,6 +111,8 @@ def use_own_temp_folder() -> Path:
     """Make a folder of this process (`llm-tmp-<pid>-<random>` in the temp folder) the temp folder
     of everything the process does (`tempfile`, and TMPDIR for what it starts), removed when it
     exits; first remove those of processes that are gone. Once per process: later calls return it.
+    A rank of a multi-process launch (LOCAL_WORLD_SIZE > 1) shares its launcher's folder with the
+    node's other ranks (`llm-tmp-<launcher pid>-ranks`), which is left for the next start to remove.
 
     torch's compiled-kernel cache, which lives in the temp folder unless told otherwise, stays
     where it was (TORCHINDUCTOR_CACHE_DIR), so that a restart does not compile again."""
@@ -120,8 +125,12 @@ def use_own_temp_folder() -> Path:
         "TORCHINDUCTOR_CACHE_DIR",
         os.path.join(parent, "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())),
     )
-    folder = make_process_folder(OWN_TEMP_PREFIX, parent)
-    remove_at_exit(folder)
+    if int(os.environ.get("LOCAL_WORLD_SIZE") or 1) > 1:
+        folder = Path(parent) / f"{OWN_TEMP_PREFIX}{os.getppid()}-ranks"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = make_process_folder(OWN_TEMP_PREFIX, parent)
+        remove_at_exit(folder)
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = str(folder)
     _own_temp = folder

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +147,26 @@ def test_temporary_files_of_killed_writers_are_removed_and_a_live_writers_kept(t
     finally:
         live.kill()
         live.join(30)
+
+
+def _temp_folder_of_a_process(tmp_path, **env) -> Path:
+    """The temp folder a new process takes (`use_own_temp_folder`), as it reports it."""
+    code = "import tempfile; from storage.scratch import use_own_temp_folder as u; u(); print(tempfile.gettempdir())"
+    environ = {k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"}
+    environ.update(TMPDIR=str(tmp_path), **env)
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def test_the_ranks_of_one_launch_share_a_temp_folder_and_a_lone_process_has_its_own(tmp_path):
+    """mosaicml-streaming keeps the file locks of the shared memory all ranks of a node use in the
+    temp folder: with a folder of each rank's own, the ranks locked different files and raced on
+    its barrier, which then never opened (CI: multi-rank runs hung in their first epoch)."""
+    first, second = (_temp_folder_of_a_process(tmp_path, LOCAL_WORLD_SIZE="2") for _ in range(2))
+    assert first == second == tmp_path / f"llm-tmp-{os.getpid()}-ranks"
+    lone = [_temp_folder_of_a_process(tmp_path) for _ in range(2)]
+    assert lone[0] != lone[1] and all(p.parent == tmp_path for p in lone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]  # the lone ones removed theirs
 
 
 def test_atomic_path_moves_a_library_written_file_in_whole_with_a_new_file_s_mode(tmp_path):
