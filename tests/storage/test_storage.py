@@ -154,7 +154,9 @@ def _temp_folder_of_a_process(tmp_path, **env) -> Path:
     code = "import tempfile; from storage.scratch import use_own_temp_folder as u; u(); print(tempfile.gettempdir())"
     environ = {k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"}
     environ.update(TMPDIR=str(tmp_path), **env)
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+    )
     return Path(out.stdout.strip())
 
 
