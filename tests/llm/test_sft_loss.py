@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from composer.metrics import LanguageCrossEntropy
 
-from llm.composer_model import LanguageModel, packed_attention
-from llm.model import ModelConfig
+from llm.composer_model import LanguageModel, segment_documents
+from llm.model import ModelConfig, document_mask, document_positions
 
 CFG = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, max_seq_len=16, tie_embeddings=True)
 BOS, EOS, PAD = 1, 2, 0
@@ -99,8 +99,10 @@ def test_a_packed_sample_scores_each_example_exactly_as_alone(model):
     assert loss_packed.item() == pytest.approx(loss_alone.item(), abs=1e-5)
 
 
-def test_packed_attention_sees_only_the_own_example_and_restarts_positions():
-    mask, positions = packed_attention(torch.tensor([[1, 1, 2, 2, 2, 0]]))
+def test_packed_examples_see_only_their_own_example_and_restart_positions():
+    documents = segment_documents(torch.tensor([[1, 1, 2, 2, 2, 0]]))
+    assert documents.tolist() == [[0, 0, 1, 1, 1, 2]]  # the padding is one more document
+    mask, positions = document_mask(documents, "sdpa")[:, 0], document_positions(documents)
     assert positions.tolist() == [[0, 1, 0, 1, 2, 0]]
     expected = [
         [1, 0, 0, 0, 0, 0],
