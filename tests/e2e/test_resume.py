@@ -212,6 +212,11 @@ def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp
     assert "recipe's new value applies" in by_key["training.max_duration"]
     assert "RNG state in the checkpoint" in by_key["seed"]
     assert warn_recipe_changes(json.loads(json.dumps(saved)), saved) == []
+    # Documents kept apart from the resume point on: no part of the model's shape.
+    apart = _cfg(tmp_path, "model.attention=document", "model.positions=document").to_dict()
+    messages = warn_recipe_changes(json.loads(json.dumps(saved)), apart)
+    assert [m.split(": ")[1] for m in messages] == ["model.attention", "model.positions"], messages
+    assert all("new value applies from the resume point on" in m for m in messages)
 
 
 def test_setting_or_unsetting_embedding_lr_since_the_checkpoint_is_refused_in_one_line(tmp_path):
