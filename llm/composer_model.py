@@ -6,9 +6,12 @@ A batch is `{"input_ids": LongTensor[B, L]}` of packed token samples; the model 
 Documents in a packed sample (`Documents`, the recipe's `model.attention` and `model.positions`):
 by default every token attends to every earlier token of the window, the previous documents
 included (causal over the window: SDPA's causal kernel). With `model.attention=document` a token
-attends only to earlier tokens of its own document, a document ending at the EOS id the shards'
-meta.json names (the EOS belongs to the document it ends); with `model.positions=document` its
-rotary positions also restart at 0 on each document's first token. The model gets the document of
+attends only to earlier tokens of its own document, documents being separated by the EOS id the
+shards' meta.json names; with `model.positions=document` rotary positions also restart at 0 on each
+document's first token. The EOS between two documents opens the second: our prompts start with it
+too (shards/tokenizer.py, `encode_prompt`), so each document is trained in the context a prompt
+gives it, its last token learns to predict the EOS, and that EOS, seeing nothing before it,
+predicts how a document begins. The model gets the document of
 every token (`documents`) and builds the mask once per batch (`llm.model.document_mask`:
 FlexAttention on GPUs, SDPA with a boolean mask on CPUs). A batch whose rows each hold one
 document takes the causal kernel: the mask would be the same.
@@ -51,7 +54,7 @@ from llm.model import ModelConfig, Transformer, TransformerBlock, document_posit
 class Documents:
     """Pretraining samples' documents kept apart (`model.attention=document`; module docstring)."""
 
-    eos_id: int  # the token that ends each document: the shards' meta.json eos_id
+    eos_id: int  # the token between documents, which opens the next one: the shards' meta.json eos_id
     restart_positions: bool = False  # `model.positions=document`: rotary position 0 at each document
 
 
@@ -118,7 +121,7 @@ class LanguageModel(ComposerModel):
         if self.documents is None:
             return None, False
         documents = eos_documents(batch["input_ids"][:, :-1], self.documents.eos_id)
-        if not bool(documents[:, -1].any()):  # one document per row: the causal mask
+        if not bool((documents[:, -1] != documents[:, 0]).any()):  # one document per row: the causal mask
             return None, False
         return documents, self.documents.restart_positions
 
@@ -187,9 +190,8 @@ def penalised_loss(logits: Tensor, targets: Tensor, z_loss: float, max_z_loss: f
 
 
 def eos_documents(tokens: Tensor, eos_id: int) -> Tensor:
-    """The document of each token of `tokens [B, T]`, counted from 0: a document ends with its EOS."""
-    ends = (tokens == eos_id).long()
-    return ends.cumsum(dim=1) - ends
+    """The document of each token of `tokens [B, T]`: each EOS opens the next one (module docstring)."""
+    return (tokens == eos_id).long().cumsum(dim=1)
 
 
 def segment_documents(segments: Tensor) -> Tensor:

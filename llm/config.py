@@ -178,8 +178,9 @@ class ModelSection(ModelConfig):
     none of them is part of the model's shape, so checkpoints and exports do not depend on them)."""
 
     # What a token attends to: causal (every earlier token of the sample, the previous documents
-    # included) or document (earlier tokens of its own document only; a document ends with the
-    # EOS id of the shards' meta.json). SFT samples always attend per conversation. Training only.
+    # included) or document (earlier tokens of its own document only; documents are separated by
+    # the EOS id of the shards' meta.json, which opens the next one, as it starts our prompts).
+    # SFT samples always attend per conversation. Training only: exports and generation are the same.
     attention: str = "causal"
     # Rotary positions: window (counted from the sample's first token) or document (0 at each
     # document's first token; with attention=document only).

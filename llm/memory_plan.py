@@ -535,7 +535,7 @@ def attention_lines(cfg: TrainConfig) -> list[str]:
             "restart at each document" if m.positions == "document" else "count from the sample's start"
         )
         head = [
-            "within each document (model.attention=document; a document ends at the shards' EOS id)",
+            "within each document (model.attention=document; the shards' EOS id separates them)",
             f"positions {positions} (model.positions={m.positions})",
             kernels,
         ]

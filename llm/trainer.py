@@ -44,7 +44,7 @@ from llm.data import (
     build_dataloader,
     check_streams,
     clean_stale_shared_memory,
-    document_end,
+    document_eos,
     train_data_spec,
 )
 from llm.errors import ConfigError
@@ -115,7 +115,7 @@ def documents_for(cfg: TrainConfig, eos_id: int | None) -> Documents | None:
 
 
 def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> LanguageModel:
-    """The model; `eos_id` ends each document when the recipe keeps them apart (`document_end`)."""
+    """The model; `eos_id` separates documents when the recipe keeps them apart (`document_eos`)."""
     # On the meta device nothing is allocated; FSDP materialises each rank's shard through the
     # model's `param_init_fn`, giving the same weights as an ordinary build with this seed.
     # Composer's meta initialisation targets CUDA, so the CPU path always builds for real.
@@ -315,7 +315,7 @@ def build_trainer(cfg: TrainConfig, extra_callbacks: Sequence[Callback] = ()) ->
     ]
     schedule = resolve_schedule(cfg, len(train_loader))
 
-    model = build_model(cfg, device, document_end(cfg, metas))
+    model = build_model(cfg, device, document_eos(cfg, metas))
     optimizer = build_optimizer(model, cfg.optimizer)
     ctx = BuildContext(
         cfg=cfg,

@@ -16,8 +16,9 @@ from llm.parallelism import apply_activation_checkpointing
 
 CFG = ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, hidden_dim=48)
 EOS = 2
-# Three documents (each ends with its EOS) and the head of a fourth, cut by the window's end.
-DOCS = [[5, 9, 14, 7, EOS], [11, 3, 8, 21, 30, 17, 6, EOS], [40, 41, EOS], [12, 13, 15, 16]]
+# A window of packed documents: the tail of one cut by the window's start, then three, each opened
+# by the EOS that ends the one before (as our prompts open with it), the last cut by the window's end.
+DOCS = [[5, 9, 14, 7], [EOS, 11, 3, 8, 21, 30, 17, 6], [EOS, 40, 41], [EOS, 12, 13, 15, 16]]
 
 
 def packed() -> torch.Tensor:
@@ -38,22 +39,14 @@ def wrapper(restart: bool, seed: int = 3) -> LanguageModel:
     )
 
 
-def within_documents(per_position: torch.Tensor) -> torch.Tensor:
-    """The positions whose target is in the same document (not an EOS: it predicts the next one)."""
-    keep = torch.ones(per_position.shape[0], dtype=torch.bool)
-    for start, doc in zip(offsets(), DOCS, strict=True):
-        if doc[-1] == EOS:
-            keep[start + len(doc) - 1] = False
-    return per_position[keep]
-
-
 def alone(model: Transformer, restart: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each document run by itself (at position 0, or at its offset in the window): the logits and
-    losses of its positions, documents one after another."""
+    """Each document run by itself (from position 0, or from its offset in the window) and scored on
+    its next tokens, the last one on the EOS after it: the logits and losses of every position,
+    documents one after another."""
     logits, losses = [], []
-    for start, doc in zip(offsets(), DOCS, strict=True):
-        tokens = torch.tensor([doc])
-        positions = None if restart else torch.arange(start, start + len(doc) - 1)
+    for k, (start, doc) in enumerate(zip(offsets(), DOCS, strict=True)):
+        tokens = torch.tensor([doc + ([EOS] if k + 1 < len(DOCS) else [])])
+        positions = None if restart else torch.arange(start, start + tokens.shape[1] - 1)
         out = model(tokens[:, :-1], positions=positions)[0]
         logits.append(out)
         losses.append(F.cross_entropy(out, tokens[0, 1:], reduction="none"))
@@ -61,11 +54,10 @@ def alone(model: Transformer, restart: bool) -> tuple[torch.Tensor, torch.Tensor
 
 
 def packed_run(lm: LanguageModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """The wrapper's logits and losses over the packed row, at the positions within a document."""
+    """The wrapper's logits and losses at every position of the packed row."""
     batch = {"input_ids": packed()}
     logits = lm(batch)[0]
-    losses = F.cross_entropy(logits, packed()[0, 1:], reduction="none")
-    return within_documents(logits), within_documents(losses)
+    return logits, F.cross_entropy(logits, packed()[0, 1:], reduction="none")
 
 
 @pytest.mark.parametrize("restart", [True, False], ids=["positions restart", "positions of the window"])
@@ -75,7 +67,7 @@ def test_a_packed_sample_scores_and_trains_each_document_as_if_run_alone(restart
     lm, reference = wrapper(restart), wrapper(restart)
     lm.model.document_kernel = kernel
     (logits, got), (want_logits, want) = packed_run(lm), alone(reference.model, restart)
-    assert got.shape == want.shape == (sum(len(d) for d in DOCS) - 4,)
+    assert got.shape == want.shape == (packed().shape[1] - 1,)
     assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
     assert torch.allclose(logits, want_logits, atol=1e-5, rtol=0), (logits - want_logits).abs().max()
     got.sum().backward()
@@ -96,20 +88,22 @@ def test_by_default_documents_see_each_other_exactly_as_before():
 
 def test_rows_holding_one_document_each_take_the_causal_kernel():
     lm = wrapper(restart=True)
-    one = torch.tensor([[5, 9, 14, 7, 8, EOS], [4, 4, 4, 4, 4, 4]])  # an EOS only as the last token
+    # An EOS first (it opens the row's only document) or last (the next document is not an input).
+    one = torch.tensor([[EOS, 9, 14, 7, 8, 3], [4, 4, 4, 4, 4, EOS]])
     assert lm.documents_of({"input_ids": one}) == (None, False)
     documents, restart = lm.documents_of({"input_ids": packed()})
-    assert restart and documents.tolist() == [[0] * 5 + [1] * 8 + [2] * 3 + [3] * 3]
+    assert restart and documents.tolist() == [[0] * 4 + [1] * 8 + [2] * 3 + [3] * 4]
 
 
-def test_documents_end_with_their_eos_and_positions_restart_after_it():
+def test_each_eos_opens_a_document_and_positions_restart_there():
     tokens = torch.tensor([[7, EOS, 8, 9, EOS, EOS, 3]])
     documents = eos_documents(tokens, EOS)
-    assert documents.tolist() == [[0, 0, 1, 1, 1, 2, 3]]
-    assert document_positions(documents).tolist() == [[0, 1, 0, 1, 2, 0, 0]]
+    assert documents.tolist() == [[0, 1, 1, 1, 2, 3, 3]]
+    assert document_positions(documents).tolist() == [[0, 0, 1, 2, 0, 0, 1]]
     mask = document_mask(documents, "sdpa")[0, 0].int()
-    assert mask[4].tolist() == [0, 0, 1, 1, 1, 0, 0]  # the second EOS sees its own document
-    assert mask[6].tolist() == [0, 0, 0, 0, 0, 0, 1]
+    assert mask[3].tolist() == [0, 1, 1, 1, 0, 0, 0]  # the document the first EOS opened
+    assert mask[4].tolist() == [0, 0, 0, 0, 1, 0, 0]  # an EOS right after an EOS: a document of one
+    assert mask[6].tolist() == [0, 0, 0, 0, 0, 1, 1]
 
 
 @pytest.mark.parametrize(("length", "tile"), [(255, 128), (256, 128), (1000, 128), (70, 16)])

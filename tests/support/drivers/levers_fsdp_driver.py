@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from llm.composer_model import eos_documents  # noqa: E402
 from llm.model import ModelConfig, Transformer, document_positions  # noqa: E402
 from llm.parallelism import apply_activation_checkpointing  # noqa: E402
 
@@ -31,8 +32,7 @@ WRAPPER = "._checkpoint_wrapped_module"
 def _loss(model: Transformer, tokens: torch.Tensor, documents: bool) -> torch.Tensor:
     inputs = tokens[:, :-1]
     if documents:
-        ends = (inputs == 2).long()
-        ids = ends.cumsum(1) - ends
+        ids = eos_documents(inputs, 2)
         logits = model(inputs, documents=ids, positions=document_positions(ids))
     else:
         logits = model(inputs)
