@@ -367,9 +367,10 @@ class DocumentAttention:
 
 
 def document_attention(
-    cfg: ModelConfig, seq_len: int, mean_tokens: float, windows: int = 64
+    cfg: ModelConfig, seq_len: int, mean_tokens: float, windows: int = 64, per_token: float | None = None
 ) -> DocumentAttention:
-    """The attention FLOPs documents of `mean_tokens` save in windows of `seq_len` (module docstring)."""
+    """The attention FLOPs documents of `mean_tokens` save in windows of `seq_len` (module docstring);
+    `per_token`: the model's counted FLOPs per token, when the caller has them."""
     generator = torch.Generator().manual_seed(0)
     ends = (torch.rand(windows * seq_len, generator=generator) < 1.0 / max(mean_tokens, 1.0)).long()
     documents = (ends.cumsum(0) - ends).view(windows, seq_len)
@@ -379,8 +380,9 @@ def document_attention(
     share = float((partial | full).sum()) / causal
     # The counted attention term (12 L h T, not halved) of which the causal kernel visits half the tiles.
     attention = 12.0 * cfg.n_layers * cfg.dim * seq_len * (tiles + 1) / (2 * tiles)
-    with torch.device("meta"):
-        per_token = Transformer(cfg).flops_per_token(seq_len)
+    if per_token is None:
+        with torch.device("meta"):
+            per_token = Transformer(cfg).flops_per_token(seq_len)
     saved = attention * (1 - share)
     return DocumentAttention(mean_tokens, share, saved, saved / per_token)
 
@@ -549,8 +551,10 @@ def attention_lines(cfg: TrainConfig) -> list[str]:
     verb = "saves" if m.attention == "document" or cfg.data.kind == "sft" else "would save"
     lines.append(f"{indent}documents apart, of a mean length of ... tokens: the share of causal's 128 x 128")
     lines.append(f"{indent}tiles the block mask visits, and the FLOPs per token it {verb}:")
+    with torch.device("meta"):
+        per_token = Transformer(m).flops_per_token(seq_len)
     for tokens, note in lengths:
-        d = document_attention(m, seq_len, tokens)
+        d = document_attention(m, seq_len, tokens, per_token=per_token)
         lines.append(
             f"{indent}  {tokens:>7,.0f}: {100 * d.tile_share:3.0f}% of the tiles, "
             f"{100 * d.step_share:4.1f}% of the FLOPs{note}"
