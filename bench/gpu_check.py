@@ -19,13 +19,21 @@ recipe's precision), each check in its own process, and the script ends with one
 - resume:     a save, SIGTERM and resume of the tiny recipe, compared bit for bit with an
               uninterrupted run (the CPU soak's check: scenarios/resume.py), fewer steps.
 - generation: the generation callback in that uninterrupted run, on the GPU.
+- documents:  the tiny recipe and the 7b-slice (AC selective, the 7B recipe's policy) with documents
+              kept apart (model.attention=document, positions restarting: FlexAttention over a
+              block mask) against the same runs causal: tokens/s, MFU, peak memory. The shards'
+              documents average a quarter of the window (an EOS opens each); MFU counts the causal
+              window's FLOPs for both, so its ratio is the tokens/s ratio.
+- kernels:    the GPU's kernel for documents (FlexAttention, compiled) against the CPU's (SDPA with
+              a boolean mask) on the same GPU, 4,095-token rows: loss and gradient differences.
 - snapshot:   the device-to-host rate of a checkpoint's snapshot (llm/checkpoint/saver.py's
               `HostStager`: pinned host buffers allocated once and reused) for 4 GiB of state, the
               stall of a save; against the 7B's 10.5 GB per rank in <= 2 s (issue 32). One GPU
               alone: on an 8-GPU node two GPUs share a PCIe link to the host, so the dry run's
               `--snapshot-bandwidth` should take about half of this figure.
 
-Tokens are uniform random ids written as real MDS shards: speed does not depend on their values.
+Tokens are uniform random ids written as real MDS shards (speed does not depend on their values),
+with an EOS opening a document every seq_len / 4 tokens on average (geometric lengths).
 The tokenizer (for generation only) is trained on the repository's own documentation.
 
 `--smoke` runs the same checks on the CPU at toy sizes (fp32, no compile, a few steps; the test
@@ -166,8 +174,12 @@ def write_tokenizer(out: Path) -> Path:
     return out
 
 
+EOS_ID = 2  # the synthetic shards' EOS: it opens each document
+
+
 def write_token_shards(split: Path, samples: int, seq_len: int, vocab: int, tokenizer: Path) -> Path:
-    """`samples` uniform random token samples as an MDS split with its meta.json (shards/FORMAT.md)."""
+    """`samples` uniform random token samples as an MDS split with its meta.json (shards/FORMAT.md),
+    documents of seq_len / 4 tokens on average, an EOS between two."""
     from shards.meta import SplitMeta, now
     from shards.writer import write_token_split
     from storage import open_store
@@ -176,11 +188,14 @@ def write_token_shards(split: Path, samples: int, seq_len: int, vocab: int, toke
         return split
     rng = np.random.default_rng(0)
     dtype = "uint16" if vocab <= 1 << 16 else "uint32"
-    rows = (rng.integers(0, vocab, size=(1, seq_len), dtype=dtype) for _ in range(samples))
+    tokens = rng.integers(EOS_ID + 1, vocab, size=(samples, seq_len), dtype=dtype)
+    tokens[rng.random(size=tokens.shape) < 4 / seq_len] = EOS_ID
+    documents = int((tokens == EOS_ID).sum()) + 1
+    rows = (tokens[i : i + 1] for i in range(samples))
     meta = SplitMeta(
-        split="train", seq_len=seq_len, dtype=dtype, vocab_size=vocab, eos_id=2, bos_id=1, add_bos=False,
+        split="train", seq_len=seq_len, dtype=dtype, vocab_size=vocab, eos_id=EOS_ID, bos_id=1, add_bos=False,
         tokenizer_sha256=_sha256(tokenizer), num_samples=samples, num_tokens=samples * seq_len,
-        num_documents=samples, dropped={}, created_at=now(), command="bench.gpu_check",
+        num_documents=documents, dropped={}, created_at=now(), command="bench.gpu_check",
     )  # fmt: skip
     write_token_split(open_store(split), rows, meta, size_limit=1 << 26)
     return split
@@ -296,17 +311,23 @@ class Context:
     slice_checkpointing: bool
 
 
-def check_tiny(ctx: Context, compiled: bool, timeout: float) -> Row:
+DOCUMENTS = ["model.attention=document", "model.positions=document"]
+
+
+def check_tiny(ctx: Context, compiled: bool, timeout: float, documents: bool = False) -> Row:
     sizes = ctx.sizes
     row = Row(
-        "tiny", f"compile {'on' if compiled else 'off'}", target=f">= {TINY_TARGET_TOKENS_PER_S:,} tokens/s"
+        "tiny",
+        f"compile {'on' if compiled else 'off'}{', documents' if documents else ''}",
+        target=f">= {TINY_TARGET_TOKENS_PER_S:,} tokens/s",
     )
-    tag = f"tiny-compile-{'on' if compiled else 'off'}"
+    tag = f"tiny-compile-{'on' if compiled else 'off'}{'-documents' if documents else ''}"
     overrides = [
         *common_overrides(ctx.work, tag, ctx.data["tiny"], ctx.data["tokenizer"], ctx.device),
         *sizes.tiny_model,
         f"training.max_duration={sizes.tiny_warmup + sizes.tiny_steps}ba",
         f"training.compile={str(compiled).lower()}",
+        *(DOCUMENTS if documents else []),
     ]
     f = speed_figures(train_probe("recipes/tiny.yaml", overrides, sizes.tiny_warmup, ctx.work, tag, timeout))
     row.figures = f
@@ -329,13 +350,16 @@ def slice_layers(sizes: Sizes, memory_bytes: float, checkpointing: bool) -> int:
     return best
 
 
-def slice_plan(sizes: Sizes, layers: int, checkpointing: bool | str, float8: bool = False):
+def slice_plan(
+    sizes: Sizes, layers: int, checkpointing: bool | str, float8: bool = False, documents: bool = False
+):
     """The dry-run memory plan of the slice on one GPU (the prediction the peak is compared with)."""
     shape = replace(sizes.slice_shape, n_layers=layers)
     policy = checkpointing if isinstance(checkpointing, str) else "full" if checkpointing else "none"
     return plan_memory(
         shape, n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len,
         compute="fp32" if sizes.smoke else "bf16", activation_checkpointing=policy, float8=float8,
+        documents="document+positions" if documents else "causal",
     )  # fmt: skip
 
 
@@ -345,16 +369,18 @@ PROFILE_STEPS = {"wait": 1, "warmup": 1, "active": 1}  # within the slice's warm
 
 def check_slice(
     ctx: Context, compiled: bool, timeout: float, policy: str | None = None, float8: bool = False,
-    profile: bool = False,
+    profile: bool = False, documents: bool = False,
 ) -> Row:  # fmt: skip
     """The 7b-slice at one checkpointing policy (the layers fixed by the no-recompute plan), float8 on/off."""
     sizes, shape = ctx.sizes, ctx.sizes.slice_shape
     layers = slice_layers(sizes, ctx.memory_bytes, ctx.slice_checkpointing)
     ac = policy or ("full" if ctx.slice_checkpointing else "none")
     setting = (f"{layers} layers, AC {ac}, {'float8' if float8 else 'bf16' if not sizes.smoke else 'fp32'}, "
-               f"compile {'on' if compiled else 'off'}{', profiled' if profile else ''}")  # fmt: skip
+               f"compile {'on' if compiled else 'off'}{', profiled' if profile else ''}"
+               f"{', documents' if documents else ''}")  # fmt: skip
     row = Row("7b-slice", setting, target=f"MFU >= {100 * SLICE_TARGET_MFU:.0f}%")
-    tag = f"slice-{ac}-{'f8' if float8 else 'hp'}-compile-{'on' if compiled else 'off'}{'-prof' if profile else ''}"
+    tag = (f"slice-{ac}-{'f8' if float8 else 'hp'}-compile-{'on' if compiled else 'off'}{'-prof' if profile else ''}"
+           f"{'-documents' if documents else ''}")  # fmt: skip
     toy_shape = [f"model.vocab_size={shape.vocab_size}", f"model.dim={shape.dim}", f"model.n_heads={shape.n_heads}",
                  f"model.hidden_dim={shape.hidden_dim}", f"model.max_seq_len={shape.max_seq_len}",
                  "training.precision=auto"]  # fmt: skip
@@ -370,6 +396,7 @@ def check_slice(
         "fsdp.checkpoint_full_every=0",
         f"training.float8.enabled={str(float8).lower()}",
         f"training.float8.emulate={str(sizes.smoke).lower()}",  # no float8 hardware on the CPU
+        *(DOCUMENTS if documents else []),
     ]
     if profile:
         overrides += [
@@ -379,7 +406,7 @@ def check_slice(
     f = speed_figures(train_probe("recipes/7b.yaml", overrides, sizes.slice_warmup, ctx.work, tag, timeout))
     if profile:
         f["trace"] = collect_trace(ctx.work / "runs" / tag / "profile")
-    planned = slice_plan(sizes, layers, ac, float8).total
+    planned = slice_plan(sizes, layers, ac, float8, documents).total
     measured = f["peak_memory_bytes"]
     f.update(planned_bytes=planned, layers=layers, memory_ratio=measured / planned if measured else None)
     ratio = f"{measured / planned:.2f} x the plan's {_gib(planned)}" if measured else f"plan {_gib(planned)}"
@@ -427,6 +454,68 @@ def speedup_row(rows: list[Row]) -> Row:
     row.figures = {"speedup": ratio}
     row.result = f"{ratio:.2f}x ({by[f8]['tokens_per_s']:,.0f} vs {by[base]['tokens_per_s']:,.0f} tokens/s)"
     row.ok = None if "fp32" in base else ratio > 1
+    return row
+
+
+def documents_row(rows: list[Row]) -> Row:
+    """Documents apart against causal, for the tiny recipe and the 7b-slice: tokens/s, MFU, memory."""
+    row = Row("documents", "against causal, same runs", target=">= 0.9 x causal's tokens/s")
+    pairs = []
+    for check, base in (("tiny", "compile off"), ("7b-slice", None)):
+        found = {r.setting: r.figures for r in rows if r.check == check and r.figures}
+        apart = next((k for k in found if k.endswith(", documents")), None)
+        causal = apart and (base or apart.removesuffix(", documents"))
+        if apart and causal in found:
+            pairs.append((check, found[apart], found[causal]))
+    if len(pairs) < 2:
+        row.error = "needs the tiny and 7b-slice rows with documents and their causal ones"
+        return row
+    parts, ratios = [], {}
+    for check, apart, causal in pairs:
+        ratios[check] = apart["tokens_per_s"] / causal["tokens_per_s"]
+        parts.append(
+            f"{check} {ratios[check]:.2f}x ({apart['tokens_per_s']:,.0f} vs {causal['tokens_per_s']:,.0f} "
+            f"tokens/s, MFU {_mfu(apart)} vs {_mfu(causal)}, peak {_gib(apart['peak_memory_bytes'])} vs "
+            f"{_gib(causal['peak_memory_bytes'])})"
+        )
+    row.figures = {"ratios": ratios}
+    row.result = "; ".join(parts)
+    row.ok = None if any(c["device_name"] == "cpu" for _, c, _ in pairs) else min(ratios.values()) >= 0.9
+    return row
+
+
+def check_kernels(ctx: Context, timeout: float) -> Row:
+    """Documents on the GPU's kernel (FlexAttention over the block mask; compiled on a GPU, eager on
+    the CPU) against the CPU's (SDPA with a boolean mask), in this process on the same device."""
+    import torch
+
+    from llm.composer_model import Documents, LanguageModel
+    from llm.model import ModelConfig
+
+    device = "cuda" if ctx.device == "gpu" else "cpu"
+    length = 4096 if ctx.device == "gpu" else 64
+    dtype = torch.float32 if ctx.sizes.smoke else torch.bfloat16
+    cfg = ModelConfig(vocab_size=512, dim=256, n_layers=2, n_heads=2, max_seq_len=length)
+    tokens = torch.randint(EOS_ID + 1, 512, (2, length), generator=torch.Generator().manual_seed(0))
+    tokens[torch.rand(tokens.shape, generator=torch.Generator().manual_seed(1)) < 4 / length] = EOS_ID
+    batch = {"input_ids": tokens.to(device)}
+    results = {}
+    for kernel in ("sdpa", "flex"):
+        lm = LanguageModel.from_config(cfg, seed=3, documents=Documents(EOS_ID, True)).to(device, dtype)
+        lm.model.document_kernel = kernel
+        loss = lm.loss(lm(batch), batch)
+        loss.backward()
+        grad = torch.cat([p.grad.float().flatten() for p in lm.parameters()])
+        results[kernel] = (loss.float().item(), grad)
+    (loss_a, grad_a), (loss_b, grad_b) = results["sdpa"], results["flex"]
+    worst = float((grad_a - grad_b).abs().max() / grad_a.abs().max())
+    name = str(dtype).removeprefix("torch.")
+    row = Row("kernels", f"FlexAttention vs SDPA + mask, {name}, 2 x {length - 1} tokens")
+    row.target = "equal within the dtype's rounding (relative 1e-4 fp32, 2e-2 bf16)"
+    bound = 1e-4 if dtype == torch.float32 else 2e-2
+    row.figures = {"loss_sdpa": loss_a, "loss_flex": loss_b, "grad_relative_difference": worst}
+    row.result = f"loss {loss_b:.6f} vs {loss_a:.6f}, gradients differ by up to {worst:.2g} of their largest"
+    row.ok = abs(loss_a - loss_b) <= bound * abs(loss_a) and worst <= bound
     return row
 
 
@@ -632,6 +721,13 @@ def plan_checks(ctx: Context) -> list:
         ("7b-slice, float8", 60, lambda t: [check_slice(ctx, False, t, policy="selective", float8=True)]),
         ("7b-slice, profiled", 60, lambda t: [check_slice(ctx, False, t, policy="selective", profile=True)]),
         ("tiny, compile off", 40, lambda t: [check_tiny(ctx, False, t)]),
+        ("tiny, documents", 40, lambda t: [check_tiny(ctx, False, t, documents=True)]),
+        (
+            "7b-slice, documents",
+            60,
+            lambda t: [check_slice(ctx, False, t, policy="selective", documents=True)],
+        ),
+        ("kernels", 30, lambda t: [check_kernels(ctx, t)]),
         ("7b-init", 90, lambda t: [check_init(ctx, t)]),
         ("resume + generation", 90, lambda t: check_resume_and_generation(ctx, t)),
         ("snapshot", 20, lambda t: [check_snapshot(ctx, t)]),
@@ -720,6 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(sizes, work, prepare(sizes, work), device, memory, args.slice_checkpointing == "on")
     rows = run_checks(plan_checks(ctx), budget, args.smoke)
     rows.insert(5, speedup_row(rows))
+    rows.insert(next(i for i, r in enumerate(rows) if r.check == "kernels"), documents_row(rows))
     failed = [r for r in rows if r.error or r.ok is False]
     if not args.work and not failed:  # a failure keeps its logs (named in the table)
         shutil.rmtree(work, ignore_errors=True)

@@ -7,7 +7,11 @@ Same model (seed), same data (the recipe's shards, same per-device batches), sam
 contenders take turns: after the warmup, each round times `--steps` steps of ours, then
 `--steps` of the plain loop (A B A B ...), so load from other processes on a shared machine hits
 both alike. Prints the best and the spread of tokens/s of both, their ratio (target >= 0.95), the
-time the trainer waited for data as a share of step time (target <= 2%), and peak memory. Both
+time the trainer waited for data as a share of step time (target <= 2%), and peak memory. A third
+contender, the plain loop with documents kept apart (`model.attention=document`,
+`model.positions=document`: on the CPU, SDPA with a boolean mask), takes its turn after the plain
+loop in every round: its tokens/s against the plain loop's is what keeping documents apart costs
+(target >= 0.8). All
 read through fresh stream caches, so the data wait includes copying each shard into the cache
 and checking its hash (`data.validate_hash`, xxh64 by default); the cost of that check alone is
 measured apart (the split read cold with and without it, in turns) and printed as a share of
@@ -46,7 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def bench_config(args: argparse.Namespace, run_name: str = "bench-train"):
+DOCUMENTS = ["model.attention=document", "model.positions=document"]
+
+
+def bench_config(args: argparse.Namespace, run_name: str = "bench-train", extra: list[str] = ()):
     """The recipe trimmed to a bare training run; `run_name` also names the stream cache folder."""
     from llm.config import load_config
 
@@ -65,6 +72,7 @@ def bench_config(args: argparse.Namespace, run_name: str = "bench-train"):
         "loggers.progress_bar=false",
         f"training.log_interval={total}",
         *args.overrides,
+        *extra,
     ]
     return load_config(REPO / args.recipe, overrides)
 
@@ -91,18 +99,21 @@ class Segment:
 class Results:
     ours: list[Segment] = field(default_factory=list)
     plain: list[Segment] = field(default_factory=list)
+    documents: list[Segment] = field(default_factory=list)  # the plain loop, documents apart
 
 
 class PlainLoop:
     """The reference: the same model, loss, clipping and optimizer in a bare loop."""
 
-    def __init__(self, cfg, device: str):
+    def __init__(self, cfg, device: str, eos_id: int | None = None):
         from llm.composer_model import LanguageModel
         from llm.data import build_dataloader
         from llm.optim import build_optimizer
+        from llm.trainer import documents_for
 
         self.device = device
-        self.wrapper = LanguageModel.from_config(cfg.model, seed=cfg.seed).to(device)
+        documents = documents_for(cfg, eos_id)  # None: causal over the window
+        self.wrapper = LanguageModel.from_config(cfg.model, seed=cfg.seed, documents=documents).to(device)
         self.wrapper.train()
         self.optimizer = build_optimizer(self.wrapper, cfg.optimizer)
         self.micro = cfg.training.device_microbatch_size
@@ -139,8 +150,9 @@ class Interleave(Callback):
     loop's segments (run inside this callback) do not.
     """
 
-    def __init__(self, plain: PlainLoop, warmup: int, steps: int, device: str):
+    def __init__(self, plain: PlainLoop, documents: PlainLoop, warmup: int, steps: int, device: str):
         self.plain, self.warmup, self.steps, self.device = plain, warmup, steps, device
+        self.documents = documents
         self.results = Results()
         self._done = 0
         self._resume = self._resume_cpu = 0.0
@@ -165,11 +177,13 @@ class Interleave(Callback):
             self._segment.cpu_seconds += cpu_now - self._resume_cpu
         if self._done == self.warmup:
             self.plain.run(self.warmup)
+            self.documents.run(self.warmup)
             self._start_segment()
         elif self._done > self.warmup and self._segment.steps == self.steps:
             self._segment.peak_bytes = _peak(self.device)
             self.results.ours.append(self._segment)
             self.results.plain.append(self.plain.run(self.steps))
+            self.results.documents.append(self.documents.run(self.steps))
             self._start_segment()
         self._resume, self._resume_cpu = time.perf_counter(), time.process_time()
 
@@ -179,14 +193,16 @@ class Interleave(Callback):
 
 
 def run_bench(args: argparse.Namespace, device: str) -> Results:
-    from llm.data import all_stream_locals, clean_stale_shared_memory
+    from llm.data import all_stream_locals, check_streams, clean_stale_shared_memory, document_eos
     from llm.trainer import build_trainer
 
     cfg = bench_config(args)
     plain_cfg = bench_config(args, run_name="bench-train-plain")  # its own stream cache folder
-    clean_stale_shared_memory(all_stream_locals(plain_cfg))
+    apart_cfg = bench_config(args, run_name="bench-train-documents", extra=DOCUMENTS)
+    clean_stale_shared_memory([*all_stream_locals(plain_cfg), *all_stream_locals(apart_cfg)])
     plain = PlainLoop(plain_cfg, device)
-    clock = Interleave(plain, args.warmup, args.steps, device)
+    documents = PlainLoop(apart_cfg, device, eos_id=document_eos(apart_cfg, check_streams(apart_cfg)))
+    clock = Interleave(plain, documents, args.warmup, args.steps, device)
     trainer = build_trainer(cfg, extra_callbacks=[clock])
     try:
         trainer.fit()
@@ -263,6 +279,8 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results, hashing
 
     best_ours = max(tps(s) for s in results.ours)
     best_plain = max(tps(s) for s in results.plain)
+    best_apart = max(tps(s) for s in results.documents)
+    apart_pairs = [tps(a) / tps(b) for a, b in zip(results.documents, results.plain, strict=True)]
     step_ratio = fastest_step(results.ours) / fastest_step(results.plain)
 
     def per_cpu_second(segments: list[Segment]) -> float:
@@ -282,9 +300,14 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results, hashing
         f"{torch.get_num_threads()} torch threads\n"
         f"{line('ours (Composer trainer)', results.ours)}\n"
         f"{line('plain PyTorch loop', results.plain)}\n"
+        f"{line('plain, documents apart', results.documents)}\n"
         f"  ratio ours / plain       {best_ours / best_plain:>10.3f}   best vs best (target >= 0.95); "
         f"per round: {', '.join(f'{r:.3f}' for r in pairs)}\n"
         f"  ratio, fastest steps     {step_ratio:>10.3f}   (the least disturbed step of each)\n"
+        f"  documents apart / causal {best_apart / best_plain:>10.3f}   plain loops, best vs best (target >= 0.8); "
+        f"per round: {', '.join(f'{r:.3f}' for r in apart_pairs)}; fastest steps "
+        f"{fastest_step(results.documents) / fastest_step(results.plain):.3f}; CPU time "
+        f"{per_cpu_second(results.documents) / per_cpu_second(results.plain):.3f}\n"
         f"  ratio, CPU time          {cpu_ratio:>10.3f}   tokens per CPU-second of this process "
         f"(ours {per_cpu_second(results.ours):,.0f}, plain {per_cpu_second(results.plain):,.0f})\n"
         f"  data wait, ours          {wait:>10.2%}   of step time (target <= 2%)\n"

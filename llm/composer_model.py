@@ -3,12 +3,26 @@
 A batch is `{"input_ids": LongTensor[B, L]}` of packed token samples; the model reads
 `input_ids[:, :-1]` and is scored on `input_ids[:, 1:]`.
 
+Documents in a packed sample (`Documents`, the recipe's `model.attention` and `model.positions`):
+by default every token attends to every earlier token of the window, the previous documents
+included (causal over the window: SDPA's causal kernel). With `model.attention=document` a token
+attends only to earlier tokens of its own document, documents being separated by the EOS id the
+shards' meta.json names; with `model.positions=document` rotary positions also restart at 0 on each
+document's first token. The EOS between two documents opens the second: our prompts start with it
+too (shards/tokenizer.py, `encode_prompt`), so each document is trained in the context a prompt
+gives it, its last token learns to predict the EOS, and that EOS, seeing nothing before it,
+predicts how a document begins. The model gets the document of
+every token (`documents`) and builds the mask once per batch (`llm.model.document_mask`:
+FlexAttention on GPUs, SDPA with a boolean mask on CPUs). A batch whose rows each hold one
+document takes the causal kernel: the mask would be the same.
+
 SFT batches (`llm.data`, data.kind=sft) add `loss_mask [B, L]` (True on the tokens to learn:
 the answers and their EOS) and `segments [B, L]` (the example of each token, 1, 2, ...; 0 =
 padding). The loss is then the mean over the masked targets only (`loss_mask[:, 1:]`): prompt
-tokens and padding contribute nothing, whatever their ids. When a sample packs several examples,
-each token attends only to earlier tokens of its own example and rotary positions restart at
-every example, so a packed example gets the logits it would get alone.
+tokens and padding contribute nothing, whatever their ids. The examples are the documents,
+whatever `model.attention` says: when a sample packs several, each token attends only to earlier
+tokens of its own example and rotary positions restart at every example, so a packed example gets
+the logits it would get alone (the same mechanism as above, with the boundaries from `segments`).
 
 Penalties on the logits (the recipe's `model.z_loss` and `model.max_z_loss`, off by default): PaLM's
 z-loss, `z_loss * log(Z)^2` per scored token (Z = sum(exp(logits)), the softmax normaliser), and
@@ -23,6 +37,7 @@ only loss path: the cross-entropy is neither chunked nor fused.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,17 +47,32 @@ from composer.models import ComposerModel
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from llm.model import ModelConfig, Transformer, TransformerBlock
+from llm.model import ModelConfig, Transformer, TransformerBlock, document_positions
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Pretraining samples' documents kept apart (`model.attention=document`; module docstring)."""
+
+    eos_id: int  # the token between documents, which opens the next one: the shards' meta.json eos_id
+    restart_positions: bool = False  # `model.positions=document`: rotary position 0 at each document
 
 
 class LanguageModel(ComposerModel):
     """`Transformer` as a ComposerModel; its blocks are the FSDP and checkpointing units."""
 
-    def __init__(self, model: Transformer, z_loss: float = 0.0, max_z_loss: float = 0.0):
+    def __init__(
+        self,
+        model: Transformer,
+        z_loss: float = 0.0,
+        max_z_loss: float = 0.0,
+        documents: Documents | None = None,
+    ):
         super().__init__()
         self.model = model
         self.z_loss = z_loss  # the logit penalties' weights (see the module docstring); 0: off
         self.max_z_loss = max_z_loss
+        self.documents = documents  # None: causal over the window
         # No train metrics: Composer already logs the training loss (loss/train/total), and a
         # train LanguageCrossEntropy would recompute the same cross-entropy over the [B, T, V]
         # logits every batch, plus a metric sync, for an identical number (~5% of a CPU step).
@@ -64,20 +94,36 @@ class LanguageModel(ComposerModel):
         *,
         z_loss: float = 0.0,
         max_z_loss: float = 0.0,
+        documents: Documents | None = None,
     ) -> LanguageModel:
         """Build on `device` (None: the current default; "meta": allocate nothing)."""
         with torch.device(device) if device is not None else nullcontext():
-            return cls(Transformer(cfg, seed=seed), z_loss=z_loss, max_z_loss=max_z_loss)
+            return cls(Transformer(cfg, seed=seed), z_loss=z_loss, max_z_loss=max_z_loss, documents=documents)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         tokens = batch["input_ids"][:, :-1]
-        segments = batch.get("segments")
-        if segments is None or not bool((segments.amax(dim=1) > 1).any()):
-            # One example per row (or plain text): the causal kernel; padding sits after the example,
-            # where no real token looks.
+        documents, restart = self.documents_of(batch)
+        if documents is None:
             return self.model(tokens)
-        mask, positions = packed_attention(segments[:, :-1])
-        return self.model(tokens, attention_mask=mask, positions=positions)
+        positions = document_positions(documents) if restart else None
+        return self.model(tokens, documents=documents, positions=positions)
+
+    def documents_of(self, batch: dict[str, Tensor]) -> tuple[Tensor | None, bool]:
+        """The document of every input token `[B, L - 1]` and whether positions restart at each;
+        `(None, False)` where causal attention over the window is what is wanted or is the same."""
+        segments = batch.get("segments")
+        if segments is not None:  # SFT: the examples, always apart
+            if not bool((segments.amax(dim=1) > 1).any()):
+                # One example per row: the causal kernel; padding sits after the example, where no
+                # real token looks.
+                return None, False
+            return segment_documents(segments[:, :-1]), True
+        if self.documents is None:
+            return None, False
+        documents = eos_documents(batch["input_ids"][:, :-1], self.documents.eos_id)
+        if not bool((documents[:, -1] != documents[:, 0]).any()):  # one document per row: the causal mask
+            return None, False
+        return documents, self.documents.restart_positions
 
     def loss(
         self, outputs: Tensor, batch: dict[str, Tensor], *args: Any, **kwargs: Any
@@ -143,14 +189,14 @@ def penalised_loss(logits: Tensor, targets: Tensor, z_loss: float, max_z_loss: f
     return {"total": sum(terms.values()), **terms}
 
 
-def packed_attention(segments: Tensor) -> tuple[Tensor, Tensor]:
-    """For `segments [B, T]`: the `[B, T, T]` mask (a token sees earlier tokens of its own segment,
-    and itself) and the `[B, T]` positions counted from each segment's first token."""
-    t = segments.shape[1]
-    index = torch.arange(t, device=segments.device)
-    same = segments[:, :, None] == segments[:, None, :]
-    mask = same & (index[None, :] <= index[:, None])[None]
-    starts = torch.ones_like(segments, dtype=torch.bool)
-    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
-    first = torch.where(starts, index[None], torch.zeros_like(index)[None]).cummax(dim=1).values
-    return mask, index[None] - first
+def eos_documents(tokens: Tensor, eos_id: int) -> Tensor:
+    """The document of each token of `tokens [B, T]`: each EOS opens the next one (module docstring)."""
+    return (tokens == eos_id).long().cumsum(dim=1)
+
+
+def segment_documents(segments: Tensor) -> Tensor:
+    """An SFT sample's `segments [B, T]` (1, 2, ...; 0 = padding) as documents counted from 0; the
+    padding after the last example is one more."""
+    starts = torch.zeros_like(segments, dtype=torch.long)
+    starts[:, 1:] = (segments[:, 1:] != segments[:, :-1]).long()
+    return starts.cumsum(dim=1)

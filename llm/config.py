@@ -174,10 +174,24 @@ class DataConfig:
 _PENALTY = "0 (off) up to 1 (the loss's own weight), e.g. 1e-4"
 
 
+ATTENTION_KINDS = ("causal", "document")  # model.attention
+POSITION_KINDS = ("window", "document")  # model.positions
+
+
 @dataclass
 class ModelSection(ModelConfig):
-    """The recipe's `model:` section: the shape (`llm.model.ModelConfig`) and two penalties on the
-    logits that the loss adds (`llm.composer_model`; the model itself knows nothing of them)."""
+    """The recipe's `model:` section: the shape (`llm.model.ModelConfig`), two penalties on the
+    logits that the loss adds and what a token of a packed sample attends to (`llm.composer_model`;
+    none of them is part of the model's shape, so checkpoints and exports do not depend on them)."""
+
+    # What a token attends to: causal (every earlier token of the sample, the previous documents
+    # included) or document (earlier tokens of its own document only; documents are separated by
+    # the EOS id of the shards' meta.json, which opens the next one, as it starts our prompts).
+    # SFT samples always attend per conversation. Training only: exports and generation are the same.
+    attention: str = "causal"
+    # Rotary positions: window (counted from the sample's first token) or document (0 at each
+    # document's first token; with attention=document only).
+    positions: str = "window"
 
     # PaLM's z-loss: z_loss x log(Z)^2 per scored token, Z the softmax normaliser (PaLM: 1e-4); 0: off.
     z_loss: float = bounded(0.0, ge=0, le=1, words=_PENALTY)
@@ -621,6 +635,7 @@ def validate(cfg: TrainConfig) -> None:
     ):
         if parse_duration(value, key, ("ba", "tok", "ep"))[0] == 0:
             raise ConfigError(f"{key}={value!r} is zero; use a positive interval such as 500ba, or {off}")
+    _check_documents(cfg.model)
     _check_choice("training.precision", t.precision, ("auto", "fp32", "amp_bf16", "amp_fp16"))
     _check_choice("training.device", t.device, ("auto", "cpu", "gpu"))
     if cfg.fsdp.version != 2:
@@ -692,6 +707,16 @@ def _check_save_interval(ck: CheckpointConfig) -> None:
             f"checkpoint.max_stall={ck.max_stall} must be a fraction of the training time in (0, 1), e.g. 0.01"
         )
     _check_choice("checkpoint.when_busy", ck.when_busy, ("wait", "skip"))
+
+
+def _check_documents(m: ModelSection) -> None:
+    _check_choice("model.attention", m.attention, ATTENTION_KINDS)
+    _check_choice("model.positions", m.positions, POSITION_KINDS)
+    if m.positions == "document" and m.attention != "document":
+        raise ConfigError(
+            "model.positions=document restarts positions at each document, which only makes sense "
+            "when documents do not see each other; add model.attention=document or use model.positions=window"
+        )
 
 
 def _check_preemption(p: PreemptionConfig) -> None:

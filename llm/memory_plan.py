@@ -46,6 +46,18 @@ flash/memory-efficient kernels (no T x T score matrix; the small log-sum-exp is 
   a * V * (12 + cb): fp32 logits kept for the loss and metrics, the fp32 log-softmax cross-entropy
   saves, and during backward the fp32 logits gradient and its compute-dtype cast.
 
+Documents kept apart (model.attention=document; llm/model.py), per micro-batch of b samples of T
+tokens, n = ceil(T / 128): the FlexAttention block mask, 4 pairs of int32 tile counts [b, n] and
+tile indices [b, n, n] (16 b n (n + 1) bytes), the documents padded to whole tiles and as given
+(int64, 8 b (128 n + T)); with positions restarting (model.positions=document) the rotary tables
+are per row, 2 b T (h / heads) cb bytes. All layers share them; kilobytes to megabytes at 7B. (CPUs
+use a boolean b T^2 mask for SDPA instead, not planned here.) Under the selective policy the
+attention is recomputed, not kept (llm/model.py's `flex_attention`): the plan keeps counting it.
+The attention FLOPs such a mask saves (`document_attention`) are counted in tiles: for windows
+cut from a stream of documents of a given mean length (lengths geometric, a fixed seed), the share
+of causal attention's 128 x 128 tiles that the block mask still visits. MFU keeps counting the
+causal window's FLOPs, so tokens/s and MFU compare with causal runs directly.
+
 Host memory per rank at start: building on the meta device and materialising per parameter
 (``init_parameter_`` draws one full fp32 tensor at a time on the CPU) peaks at 4 * the largest
 parameter, versus 4 * P for an ordinary build on every rank.
@@ -78,6 +90,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -95,7 +108,7 @@ from llm.checkpoint.sizes import (
 )
 from llm.config import TrainConfig, parse_duration, wall_clock_seconds
 from llm.errors import ConfigError
-from llm.model import ModelConfig, Transformer, count_params
+from llm.model import FLEX_TILE, ModelConfig, Transformer, count_params, document_tiles
 from llm.optim import duration_in_batches
 
 GIB = 1024**3
@@ -139,22 +152,28 @@ class MemoryPlan:
     host_memory_per_rank_eager: int
     full_every: int = 0
     float8: bool = False
+    document_mask: int = 0  # the block mask of documents kept apart (module docstring); 0: causal
 
     @property
     def static(self) -> int:
         return self.weights + self.gradients + self.optimizer + self.gathered_params + self.gradient_buffers
 
     @property
+    def per_batch(self) -> int:
+        """What each micro-batch adds besides the blocks' activations: the loss head, the mask."""
+        return self.loss_head + self.document_mask
+
+    @property
     def total_no_checkpointing(self) -> int:
-        return self.static + self.activations_no_checkpointing + self.loss_head
+        return self.static + self.activations_no_checkpointing + self.per_batch
 
     @property
     def total_checkpointing(self) -> int:
-        return self.static + self.activations_checkpointing + self.loss_head
+        return self.static + self.activations_checkpointing + self.per_batch
 
     @property
     def total_selective(self) -> int:
-        return self.static + self.activations_selective + self.loss_head
+        return self.static + self.activations_selective + self.per_batch
 
     def activations_for(self, policy: str) -> int:
         return {
@@ -169,7 +188,7 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return self.static + self.activations + self.loss_head
+        return self.static + self.activations + self.per_batch
 
     def fits(self, gpu_bytes: float, reserve_fraction: float = 0.1) -> bool:
         return self.total <= gpu_bytes * (1.0 - reserve_fraction)
@@ -202,6 +221,11 @@ class MemoryPlan:
             row("activations, full checkpointing", self.activations_checkpointing),
             row(selective, self.activations_selective),
             row("loss head (final norm, logits, log-softmax)", self.loss_head),
+            *(
+                [row("document mask (block mask, documents)", self.document_mask)]
+                if self.document_mask
+                else []
+            ),
             row("TOTAL without checkpointing", self.total_no_checkpointing)
             + f"  {verdict(self.total_no_checkpointing)}",
             row("TOTAL with selective checkpointing", self.total_selective)
@@ -278,8 +302,11 @@ def plan_memory(
     sharding: str = "full",
     full_every: int = 0,
     float8: bool = False,
+    documents: str = "causal",
 ) -> MemoryPlan:
-    """Estimate memory per GPU for FSDP full sharding (formulas in the module docstring)."""
+    """Estimate memory per GPU for FSDP full sharding (formulas in the module docstring);
+    `documents`: causal, document (model.attention=document) or document+positions (and
+    model.positions=document)."""
     _check_plan_args(n_gpus, micro_batch, seq_len, compute, sharding)
     if isinstance(activation_checkpointing, bool):  # the old on/off form
         activation_checkpointing = "full" if activation_checkpointing else "none"
@@ -315,7 +342,50 @@ def plan_memory(
         host_memory_per_rank_eager=4 * counts.total,
         full_every=full_every,
         float8=float8,
+        document_mask=document_mask_bytes(cfg, micro_batch, seq_len, cb, documents),
     )
+
+
+def document_mask_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, cb: int, documents: str) -> int:
+    """The block mask and what comes with it for one micro-batch (module docstring); 0 if causal."""
+    if documents == "causal":
+        return 0
+    tiles = -(-seq_len // FLEX_TILE)
+    block_mask = 16 * micro_batch * tiles * (tiles + 1)
+    ids = 8 * micro_batch * (tiles * FLEX_TILE + seq_len)
+    rotary = 2 * micro_batch * seq_len * cfg.head_dim * cb if documents.endswith("positions") else 0
+    return block_mask + ids + rotary
+
+
+@dataclass(frozen=True)
+class DocumentAttention:
+    """What keeping documents apart computes of causal attention, at one mean document length."""
+
+    mean_tokens: float
+    tile_share: float  # the share of causal attention's tiles the block mask visits
+    flops_saved: float  # attention FLOPs per token saved against the causal kernel
+    step_share: float  # ... as a share of the FLOPs per token counted (flops_per_token)
+
+
+def document_attention(
+    cfg: ModelConfig, seq_len: int, mean_tokens: float, windows: int = 64, per_token: float | None = None
+) -> DocumentAttention:
+    """The attention FLOPs documents of `mean_tokens` save in windows of `seq_len` (module docstring);
+    `per_token`: the model's counted FLOPs per token, when the caller has them."""
+    generator = torch.Generator().manual_seed(0)
+    ends = (torch.rand(windows * seq_len, generator=generator) < 1.0 / max(mean_tokens, 1.0)).long()
+    documents = (ends.cumsum(0) - ends).view(windows, seq_len)
+    partial, full = document_tiles(documents - documents[:, :1])
+    tiles = partial.shape[-1]
+    causal = windows * tiles * (tiles + 1) // 2
+    share = float((partial | full).sum()) / causal
+    # The counted attention term (12 L h T, not halved) of which the causal kernel visits half the tiles.
+    attention = 12.0 * cfg.n_layers * cfg.dim * seq_len * (tiles + 1) / (2 * tiles)
+    if per_token is None:
+        with torch.device("meta"):
+            per_token = Transformer(cfg).flops_per_token(seq_len)
+    saved = attention * (1 - share)
+    return DocumentAttention(mean_tokens, share, saved, saved / per_token)
 
 
 # Least recomputation first: none recomputes nothing, selective only the cheap elementwise ops,
@@ -403,6 +473,7 @@ def describe_run(
     summary = describe(cfg.model, seq_len, tokens_per_step)
     lines = [f"recipe {cfg.run_name}: model built on the meta device (nothing allocated)", summary.format()]
     lines.append(_batch_line(cfg, gpus))
+    lines += attention_lines(cfg)
     total_flops = None
     if not t.max_duration.endswith("ep"):
         steps = duration_in_batches(t.max_duration, tokens_per_step)
@@ -421,6 +492,7 @@ def describe_run(
         activation_checkpointing=cfg.fsdp.activation_checkpointing if cfg.fsdp.enabled else "none",
         full_every=cfg.fsdp.checkpoint_full_every if cfg.fsdp.enabled else 0,
         float8=cfg.training.float8.enabled,
+        documents=documents_setting(cfg),
     )
     verdict = "fits" if plan.fits(gpu_gb * 1e9) else "does NOT fit"
     lines += ["", sharding, plan.format(gpu_gb), f"=> this recipe {verdict} on {gpus} x {gpu_gb:g} GB GPUs"]
@@ -440,6 +512,73 @@ def describe_run(
     notices = tuple(sorted({*NOTICES_S, *([cfg.preemption.notice_s] if cfg.preemption.notice_s else [])}))
     lines += ["", cost.format(bandwidths, mfu or ANCHOR_MFU, cfg.checkpoint.save_interval, notices)]
     return "\n".join(lines)
+
+
+def documents_setting(cfg: TrainConfig) -> str:
+    """`plan_memory`'s `documents` for the recipe: causal, document or document+positions."""
+    m = cfg.model
+    if cfg.data.kind == "sft":  # the examples are always apart, positions restarting
+        return "document+positions"
+    if m.attention != "document":
+        return "causal"
+    return "document+positions" if m.positions == "document" else "document"
+
+
+def attention_lines(cfg: TrainConfig) -> list[str]:
+    """What a token attends to, the kernels, and the attention FLOPs documents kept apart save."""
+    m, seq_len, indent = cfg.model, cfg.model.max_seq_len, " " * 30
+    kernels = "FlexAttention on GPUs (compiled, one block mask per batch), SDPA + a boolean mask on CPUs"
+    if cfg.data.kind == "sft":
+        head = [
+            "per conversation (data.kind=sft: the segments column), positions restarting at each",
+            kernels,
+        ]
+    elif m.attention == "document":
+        positions = (
+            "restart at each document" if m.positions == "document" else "count from the sample's start"
+        )
+        head = [
+            "within each document (model.attention=document; the shards' EOS id separates them)",
+            f"positions {positions} (model.positions={m.positions})",
+            kernels,
+        ]
+    else:
+        head = [f"causal over each {seq_len:,}-token sample (model.attention=causal: SDPA's causal kernel)"]
+    lines = [f"  attention                   {head[0]}", *(indent + line for line in head[1:])]
+    lengths = [(n, "") for n in (seq_len // 8, seq_len // 4, seq_len // 2) if n >= 1]
+    own = shards_mean_document(cfg)
+    if own is not None:
+        lengths.append((own, " (the shards' mean, data.train.0's meta.json)"))
+    verb = "saves" if m.attention == "document" or cfg.data.kind == "sft" else "would save"
+    lines.append(f"{indent}documents apart, of a mean length of ... tokens: the share of causal's 128 x 128")
+    lines.append(f"{indent}tiles the block mask visits, and the FLOPs per token it {verb}:")
+    with torch.device("meta"):
+        per_token = Transformer(m).flops_per_token(seq_len)
+    for tokens, note in lengths:
+        d = document_attention(m, seq_len, tokens, per_token=per_token)
+        lines.append(
+            f"{indent}  {tokens:>7,.0f}: {100 * d.tile_share:3.0f}% of the tiles, "
+            f"{100 * d.step_share:4.1f}% of the FLOPs{note}"
+        )
+    lines.append(f"{indent}(MFU and the FLOPs per token above count the causal window either way)")
+    return lines
+
+
+def shards_mean_document(cfg: TrainConfig) -> float | None:
+    """Mean tokens per document of the first train stream, from its meta.json when it is a local
+    folder (a dry run reads nothing remote); None when unknown."""
+    from shards.errors import ShardsError
+    from shards.meta import read_meta
+    from storage import StorageError, is_remote
+
+    remote = cfg.data.train[0].remote
+    if is_remote(remote) or not Path(remote, "meta.json").is_file():
+        return None
+    try:
+        meta = read_meta(remote)
+    except (ShardsError, StorageError):
+        return None
+    return meta.num_tokens / meta.num_documents if meta.num_documents else None
 
 
 @dataclass(frozen=True)

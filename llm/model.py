@@ -15,6 +15,13 @@ What ``forward`` supports:
 - ``forward(tokens, cache=cache)``: incremental decoding. Any number of tokens per call (a prompt
   prefill, single-token decode steps, or multi-token chunks after a prefill); each call appends its
   keys/values at ``cache.pos`` and attends causally over everything cached so far.
+- ``forward(tokens, documents=[B, T])``: packed documents that do not see each other. ``documents``
+  numbers the document of every token (never decreasing along a row: 0, 0, 0, 1, 1, 2, ...); a token
+  attends only to earlier tokens of its own document. The mask is built once per call and shared
+  by every layer: a FlexAttention block mask on GPUs (the kernel skips the 128 x 128 tiles no query
+  of which sees a key of), a boolean ``[B, 1, T, T]`` mask for SDPA elsewhere (on the CPU it is
+  faster than FlexAttention, which runs there only as an eager reference). Add
+  ``positions=document_positions(documents)`` for rotary positions that restart at each document.
 - ``forward(tokens, positions=..., attention_mask=[B, T, T])``: packed sequences, e.g. one prompt
   followed by several continuations that each see the prompt but not each other (evaluation
   scores all options of a question in one pass). ``positions`` (``[T]`` or ``[B, T]``) gives each
@@ -32,10 +39,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 class ModelConfigError(ValueError):
@@ -175,7 +186,7 @@ class Attention(nn.Module):
         self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.dim)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache | None
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | BlockMask | None, cache: KVCache | None
     ) -> Tensor:
         bsz, seqlen, _ = x.shape
         q = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim).transpose(1, 2)
@@ -186,10 +197,12 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer_id, k, v)
             k, v = k.to(q.dtype), v.to(q.dtype)
         k, v = self._repeat_kv(k), self._repeat_kv(v)
-        if mask is None:
+        if mask is None:  # causal over the whole sequence: SDPA's flash kernels
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
+        elif isinstance(mask, Tensor):  # a boolean mask: who sees whom, given in full
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:  # a FlexAttention block mask (documents on a GPU): see `document_mask`
+            out = flex_attention(q, k, v, mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def _repeat_kv(self, x: Tensor) -> Tensor:
@@ -225,7 +238,12 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | BlockMask | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
         return h + self.feed_forward(self.ffn_norm(h))
@@ -248,6 +266,8 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = Linear(cfg.dim, cfg.vocab_size)
         self.tie_weights()
+        # How `documents` are masked: "auto" (FlexAttention on CUDA, SDPA elsewhere), "flex" or "sdpa".
+        self.document_kernel = "auto"
         # Counted now, before FSDP flattens or shards the parameters, for flops_per_token.
         self._non_embedding_params = self.num_params(exclude_embeddings=True)
         if not self.tok_embeddings.weight.is_meta:
@@ -269,6 +289,7 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         attention_mask: Tensor | None = None,
         positions: Tensor | None = None,
+        documents: Tensor | None = None,
     ) -> Tensor:
         """Logits ``[B, T, vocab]`` in fp32 for ``tokens [B, T]`` (see the module docstring)."""
         bsz, seqlen = tokens.shape
@@ -289,6 +310,8 @@ class Transformer(nn.Module):
             mask = attention_mask.bool()[:, None]  # [B, 1, T, T]: who sees whom, given in full
         elif attention_mask is not None:
             mask = causal_padding_mask(attention_mask.bool(), start=0)
+        elif documents is not None:  # built once, shared by every layer
+            mask = document_mask(documents, self.document_kernel)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, cache)
         if cache is not None:
@@ -439,6 +462,118 @@ def causal_padding_mask(key_valid: Tensor, start: int) -> Tensor:
     allowed = (key_pos <= query_pos)[None] & key_valid[:, None, :]
     allowed |= (key_pos == query_pos)[None]
     return allowed.view(bsz, 1, seqlen, total)
+
+
+# --- documents in a packed sequence ------------------------------------------------------------
+
+FLEX_TILE = 128  # FlexAttention's default block size: its block mask says which 128 x 128 tiles to visit
+
+
+def document_mask(documents: Tensor, kernel: str = "auto") -> Tensor | BlockMask:
+    """The mask that lets a token see only earlier tokens of its own document, for ``documents
+    [B, T]`` (ids that never decrease along a row). ``kernel``: "flex", a FlexAttention
+    ``BlockMask``; "sdpa", a boolean ``[B, 1, T, T]`` for ``scaled_dot_product_attention``; "auto",
+    flex on CUDA and sdpa elsewhere."""
+    if kernel == "auto":
+        kernel = "flex" if documents.is_cuda else "sdpa"
+    if kernel == "flex":
+        return document_block_mask(documents)
+    if kernel != "sdpa":
+        raise ValueError(f"document kernel {kernel!r} is not one of auto, flex, sdpa")
+    index = torch.arange(documents.shape[1], device=documents.device)
+    same = documents[:, :, None] == documents[:, None, :]
+    return (same & (index[None, :] <= index[:, None])[None])[:, None]
+
+
+def document_positions(documents: Tensor) -> Tensor:
+    """Rotary positions ``[B, T]`` counted from the first token of each token's document."""
+    index = torch.arange(documents.shape[1], device=documents.device)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = torch.where(starts, index[None], torch.zeros_like(index)[None]).cummax(dim=1).values
+    return index[None] - first
+
+
+def _padded_documents(documents: Tensor, length: int) -> Tensor:
+    """``documents`` padded to ``length`` with one more document: the padding sees only itself."""
+    pad = length - documents.shape[1]
+    return torch.cat([documents, (documents[:, -1:] + 1).expand(-1, pad)], dim=1)
+
+
+def document_tiles(documents: Tensor, tile: int = FLEX_TILE) -> tuple[Tensor, Tensor]:
+    """Which ``tile x tile`` tiles of the attention matrix the document mask touches, as
+    ``(partial, full)``, each ``[B, n, n]`` bool (query tile, key tile; n = ceil(T / tile)): a full
+    tile is all visible (no mask applied), a partial one is visited with the mask, the rest skipped.
+
+    Computed from each tile's first and last document alone (ids never decrease), in O(B n^2),
+    instead of evaluating the mask over all T x T pairs as ``create_block_mask`` does; the tests
+    check that both agree."""
+    bsz, length = documents.shape
+    n = -(-length // tile)
+    ends = _padded_documents(documents, n * tile).view(bsz, n, tile)
+    first, last = ends[..., 0], ends[..., -1]  # [B, n]
+    index = torch.arange(n, device=documents.device)
+    before = (index[None, :] < index[:, None])[None]  # key tile j before query tile i
+    # A key tile before the query tile shares a document with it iff its last document is the
+    # query tile's first; it is all visible iff both tiles lie inside one document.
+    touches = before & (last[:, None, :] == first[:, :, None])
+    full = before & (first[:, None, :] == last[:, :, None])
+    diagonal = torch.eye(n, dtype=torch.bool, device=documents.device)[None]
+    return (touches & ~full) | diagonal, full
+
+
+def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:
+    """``[B, n, n]`` tiles as FlexAttention stores them: per query tile the number of key tiles
+    and their indices first (one head dimension of size 1: every head shares the mask)."""
+    tiles = tiles[:, None].to(torch.int8)
+    count = tiles.sum(dim=-1, dtype=torch.int32)
+    columns = torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32)
+    return count.contiguous(), columns.contiguous()
+
+
+def _same_document(padded: Tensor):
+    """FlexAttention's mask_mod for the tiles that need one: the same document, not in the future."""
+
+    def same_document(batch: Tensor, head: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        return (padded[batch, q] == padded[batch, kv]) & (kv <= q)
+
+    return same_document
+
+
+def document_block_mask(documents: Tensor, tile: int = FLEX_TILE) -> BlockMask:
+    """The FlexAttention ``BlockMask`` of ``documents [B, T]`` (see ``document_tiles``)."""
+    from torch.nn.attention.flex_attention import BlockMask  # imports torch._dynamo: ~3 s
+
+    length = documents.shape[1]
+    partial, full = document_tiles(documents, tile)
+    padded = _padded_documents(documents, partial.shape[-1] * tile)
+    return BlockMask.from_kv_blocks(
+        *_ordered(partial), *_ordered(full), BLOCK_SIZE=tile, mask_mod=_same_document(padded),
+        seq_lengths=(length, length),
+    )  # fmt: skip
+
+
+_COMPILED_FLEX: list = []  # torch.compile(flex_attention), made on first use on a GPU
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    """FlexAttention over a block mask: compiled on CUDA (its Triton kernel; eager it computes every
+    score), eager elsewhere (the reference the tests compare with).
+
+    Called outside any torch dispatch mode: the selective checkpointing policy runs its block
+    under one, where torch 2.7 has no rule for FlexAttention's operator ("no rule registered for
+    HOP flex_attention") and torch.compile does not compile. Hidden from the policy, the attention
+    is recomputed in backward like the rest of the block instead of kept."""
+    from torch.nn.attention import flex_attention as flex
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if torch.compiler.is_compiling():  # inside a compiled block: traced with it
+        return flex.flex_attention(q, k, v, block_mask=block_mask)
+    if q.is_cuda and not _COMPILED_FLEX:
+        _COMPILED_FLEX.append(torch.compile(flex.flex_attention, dynamic=False))
+    kernel = _COMPILED_FLEX[0] if q.is_cuda else flex.flex_attention
+    with _disable_current_modes():
+        return kernel(q, k, v, block_mask=block_mask)
 
 
 class KVCache:

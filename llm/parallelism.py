@@ -30,9 +30,10 @@ What Composer 0.32.1 lacks, and this module adds:
   compiles each transformer block instead (one small graph reused by every block, no graph
   break at FSDP's per-block hooks). `compile_blocks` does that before Composer wraps anything,
   by compiling each block's `forward` (so FSDP's hooks and the checkpoint wrapper stay outside
-  the compiled code and parameter names do not change). Only the training path (no KV cache, no
-  mask) is compiled; generation's incremental decoding runs eagerly instead of recompiling for
-  every cache position.
+  the compiled code and parameter names do not change). Only the training path (no KV cache; no
+  mask, or the FlexAttention block mask of documents kept apart) is compiled; generation's
+  incremental decoding and the boolean masks of evaluation run eagerly instead of recompiling for
+  every cache position or mask shape.
 
 Meta-device initialisation stays Composer's: on GPUs the model is built on the meta device and
 each rank materialises only its shards through `Transformer.param_init_fn`
@@ -177,17 +178,20 @@ def apply_activation_checkpointing(model: Transformer, policy: str, full_every: 
 
 
 class CompiledBlockForward:
-    """A block's `forward`: compiled for training (no mask, no KV cache), eager otherwise."""
+    """A block's `forward`: compiled for training (no KV cache; no mask or a FlexAttention block
+    mask), eager otherwise."""
 
     def __init__(self, block: TransformerBlock):
         self.eager = block.forward
         self.compiled = torch.compile(block.forward)
 
-    def __call__(self, x, cos, sin, *rest, **options):
-        # Training passes (x, cos, sin) and leaves the mask and the KV cache None.
-        if all(value is None for value in (*rest, *options.values())):
+    def __call__(self, x, cos, sin, mask=None, cache=None):
+        # Training passes (x, cos, sin), and the block mask of documents on a GPU (llm/model.py).
+        if cache is None and mask is None:
             return self.compiled(x, cos, sin)
-        return self.eager(x, cos, sin, *rest, **options)
+        if cache is None and not isinstance(mask, torch.Tensor):
+            return self.compiled(x, cos, sin, mask)
+        return self.eager(x, cos, sin, mask, cache)
 
 
 def compile_blocks(model: Transformer) -> int:

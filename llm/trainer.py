@@ -37,13 +37,14 @@ from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint import restart
 from llm.checkpoint.plan import plan_checkpointing
 from llm.checkpoint.rollback import HostSnapshot, NewestCheckpoint, RollbackPoint
-from llm.composer_model import LanguageModel
+from llm.composer_model import Documents, LanguageModel
 from llm.config import TrainConfig, counted_in_time, save_resolved, to_yaml
 from llm.data import (
     all_stream_locals,
     build_dataloader,
     check_streams,
     clean_stale_shared_memory,
+    document_eos,
     release_shared_memory,
     train_data_spec,
 )
@@ -108,7 +109,15 @@ def parallelism_config(cfg: TrainConfig, world_size: int) -> dict[str, Any] | No
     return None if sharding is None else {"fsdp": sharding}
 
 
-def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
+def documents_for(cfg: TrainConfig, eos_id: int | None) -> Documents | None:
+    """How pretraining samples' documents are kept apart (`model.attention=document`), or None."""
+    if eos_id is None:
+        return None
+    return Documents(eos_id=eos_id, restart_positions=cfg.model.positions == "document")
+
+
+def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> LanguageModel:
+    """The model; `eos_id` separates documents when the recipe keeps them apart (`document_eos`)."""
     # On the meta device nothing is allocated; FSDP materialises each rank's shard through the
     # model's `param_init_fn`, giving the same weights as an ordinary build with this seed.
     # Composer's meta initialisation targets CUDA, so the CPU path always builds for real.
@@ -119,6 +128,7 @@ def build_model(cfg: TrainConfig, device: str) -> LanguageModel:
         device="meta" if on_meta else None,
         z_loss=cfg.model.z_loss,
         max_z_loss=cfg.model.max_z_loss,
+        documents=documents_for(cfg, eos_id),
     )
     if cfg.training.float8.enabled:
         swapped = apply_float8(model.model, cfg.training.float8, fsdp=cfg.fsdp.enabled, device=device)
@@ -288,7 +298,7 @@ def build_trainer(
     per_rank_batch = cfg.check_world_size(world_size)
     cfg.check_profile_ranks(world_size)
     restart.mark("setup")  # imports and config done: the `[restart]` line's first phase ends here
-    check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
+    metas = check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
     # Start the process group now: the datasets' partitioning and checkpointing need it.
     dist.initialize_dist(device)  # on GPUs it also makes this rank's GPU the current one
@@ -320,7 +330,7 @@ def build_trainer(
     ]
     schedule = resolve_schedule(cfg, len(train_loader))
 
-    model = build_model(cfg, device)
+    model = build_model(cfg, device, document_eos(cfg, metas))
     optimizer = build_optimizer(model, cfg.optimizer)
     ctx = BuildContext(
         cfg=cfg,

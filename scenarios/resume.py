@@ -406,16 +406,24 @@ def kill_group(proc) -> None:
         proc.wait()
 
 
-def reference_run(base: Path, shards: Path) -> Run:
+# Documents kept apart, positions restarting, the guard watching: the variant of the recipe that the
+# resume tests also run (the shards' EOS id is 2: about one sample in nine holds two documents).
+DOCUMENTS = ["model.attention=document", "model.positions=document", "guard.enabled=true"]
+
+
+def reference_run(
+    base: Path, shards: Path, overrides: tuple[str, ...] = (), name: str = "resume-reference"
+) -> Run:
     """The uninterrupted run every resumed run is compared with (made once per pytest session), with
-    its records on (`RECORDS`): its run folder's metrics.jsonl is what a resumed run's must equal."""
-    folder = base / "resume-reference"
+    its records on (`RECORDS`): its run folder's metrics.jsonl is what a resumed run's must equal.
+    `overrides` make a variant of the recipe (in its own folder, `name`)."""
+    folder = base / name
     done = folder / "done"
     recipe = folder / "recipe.yaml"
     if not done.exists():
         folder.mkdir(parents=True, exist_ok=True)
         write_recipe(recipe, shards, str(folder / "ckpt"), cache=folder / "cache")
-        result = run(recipe, "reference", cwd=folder, overrides=RECORDS)
+        result = run(recipe, "reference", cwd=folder, overrides=[*RECORDS, *overrides])
         assert result.returncode == 0, result.output[-4000:]
         done.touch()
     return Run(0, "", folder / "reference.jsonl", folder / "reference.weights.pt", 0.0)

@@ -18,7 +18,7 @@ The names below are the package's public face (the trainer, the callbacks, bench
 from llm.data.cache import all_stream_locals, index_digest, stream_local
 from llm.data.datasets import SftDataset, TokenDataset
 from llm.data.loaders import build_dataloader, build_dataset, train_data_spec
-from llm.data.meta_checks import chat_template_of, check_streams
+from llm.data.meta_checks import chat_template_of, check_streams, document_eos
 from llm.data.shared_memory import clean_stale_shared_memory, release_shared_memory
 from llm.data.skip import SkippingLoader, SkipWindows
 from llm.data.verified_stream import CorruptShard, VerifiedStream
@@ -37,6 +37,7 @@ __all__ = [
     "check_streams",
     "clean_stale_shared_memory",
     "release_shared_memory",
+    "document_eos",
     "index_digest",
     "stream_local",
     "train_data_spec",

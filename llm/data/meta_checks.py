@@ -2,7 +2,9 @@
 
 `check_streams(cfg)` reads each stream's `meta.json` (local or s3://) and refuses data that
 contradicts the recipe (vocabulary, sequence length, tokenizer, pretraining vs SFT shards, SFT
-streams of different chat templates), and a cache folder for remote shards that cannot be written.
+streams of different chat templates, documents kept apart without an EOS id between them), and a
+cache folder for remote shards that cannot be written. `document_eos(cfg, found)` is the EOS id
+between two documents when the recipe keeps them apart (`model.attention=document`).
 The format's own checks (meta.json's schema, index.json, the hashes, the kind) are `shards/`'s;
 here is what the recipe adds.
 """
@@ -40,6 +42,7 @@ def check_streams(cfg: TrainConfig) -> dict[str, list[SplitMeta]]:
             found[split].append(meta)
     if cfg.data.kind == "sft":
         _check_same_template(found)
+    document_eos(cfg, found)
     if any(is_remote(s.remote) and not s.local for split in SPLITS for s in cfg.data.streams(split)):
         check_cache_root(cfg.data.cache_root)
     return found
@@ -57,6 +60,23 @@ def _check_same_template(found: dict[str, list[SplitMeta]]) -> None:
             f"{first} and {second} were converted with different chat templates (meta.json "
             "chat_template); convert every stream with the same `python -m convert sft --template`"
         )
+
+
+def document_eos(cfg: TrainConfig, found: dict[str, list[SplitMeta]]) -> int | None:
+    """The EOS id between two documents when pretraining keeps documents apart
+    (`model.attention=document`), from the streams' meta.json; None otherwise (causal over the
+    window, or SFT, whose examples are told apart by their segments). ConfigError when the streams
+    name different ids."""
+    if cfg.model.attention != "document" or cfg.data.kind == "sft":
+        return None
+    ids = {meta.eos_id: f"data.{split}.{i}" for split in SPLITS for i, meta in enumerate(found[split])}
+    if len(ids) > 1:
+        (a, first), (b, second) = list(ids.items())[:2]
+        raise ConfigError(
+            f"{first} separates documents with eos_id={a} but {second} with eos_id={b} (meta.json): with "
+            "model.attention=document every stream must share one tokenizer; re-convert one of them"
+        )
+    return next(iter(ids))
 
 
 def chat_template_of(cfg: TrainConfig) -> ChatTemplate | None:
@@ -84,6 +104,12 @@ def check_meta(meta: SplitMeta, cfg: TrainConfig, where: str, tokenizer: tuple[s
             f"{where}: the shards hold samples of seq_len={seq_len} tokens but model.max_seq_len="
             f"{cfg.model.max_seq_len}; set model.max_seq_len={seq_len} or re-convert with "
             f"--seq-len {cfg.model.max_seq_len}"
+        )
+    if cfg.model.attention == "document" and cfg.data.kind != "sft" and meta.eos_id < 0:
+        raise ConfigError(
+            f"{where}: model.attention=document tells documents apart by their EOS token, but the shards' "
+            f"tokenizer has no EOS id (meta.json eos_id={meta.eos_id}); convert with a tokenizer that "
+            "has one, or use model.attention=causal"
         )
     if tokenizer is not None and meta.tokenizer_sha256 != tokenizer[1]:
         theirs, ours = meta.tokenizer_kind or SENTENCEPIECE, tokenizer[0]

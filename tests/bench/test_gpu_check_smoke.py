@@ -36,19 +36,22 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     printed = capsys.readouterr()
     assert code == 0, printed.out[-3000:] + printed.err[-3000:]
     table = printed.out.strip().splitlines()
-    assert table[0].startswith("gpu-check: cpu (smoke") and "11 checks" in table[0]
+    assert table[0].startswith("gpu-check: cpu (smoke") and "15 checks" in table[0]
     assert table[1].split()[:3] == ["check", "ok", "result"]
     listed = json.loads(out.read_text())
     assert all(r["error"] is None for r in listed), listed
     slices = [r for r in listed if r["check"] == "7b-slice"]
-    # Each checkpointing policy, float8 (emulated), and the profiled window, on the same layers.
+    # Each checkpointing policy, float8 (emulated), the profiled window and documents apart, on the
+    # same layers.
     assert [s["setting"].split(", ")[1:3] for s in slices] == [
         ["AC none", "fp32"],
         ["AC selective", "fp32"],
         ["AC full", "fp32"],
         ["AC selective", "float8"],
         ["AC selective", "fp32"],
+        ["AC selective", "fp32"],
     ]
+    assert slices[5]["setting"].endswith(", documents") and "documents" not in slices[1]["setting"]
     assert len({s["figures"]["layers"] for s in slices}) == 1
     planned = [s["figures"]["planned_bytes"] for s in slices[:3]]
     assert planned[0] > planned[1] > planned[2]  # the plan's order of the policies
@@ -57,7 +60,19 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     assert any(op.startswith("aten::_scaled_dot_product") for op in trace["block_ops"])
     assert next(r for r in listed if r["check"] == "float8")["figures"]["speedup"] > 0
     rows = {r["check"]: r for r in listed if r["check"] != "7b-slice"}
-    assert list(rows) == ["float8", "tiny", "7b-init", "resume", "generation", "snapshot"]
+    assert list(rows) == [
+        "float8",
+        "tiny",
+        "documents",
+        "kernels",
+        "7b-init",
+        "resume",
+        "generation",
+        "snapshot",
+    ]
+    tiny_rows = [r for r in listed if r["check"] == "tiny"]
+    assert [r["setting"] for r in tiny_rows] == ["compile off", "compile off, documents"]
+    rows["tiny"] = tiny_rows[0]
     rows["7b-slice"] = slices[0]
 
     # tiny: tokens and FLOPs of the timed batches (global batch 4 of 64-token samples).
@@ -67,6 +82,16 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     assert tiny["flops_per_batch"] == pytest.approx(4 * _flops_per_sample(tiny_cfg))
     assert tiny["tokens_per_s"] == pytest.approx(tiny["tokens"] / tiny["seconds"])
     assert 0 <= tiny["data_wait_share"] < 1 and tiny["mfu"] is None and tiny["peak_memory_bytes"] is None
+
+    # Documents apart against causal: the ratios of the rows' tokens/s; the kernels agree (fp32).
+    apart = rows["documents"]["figures"]["ratios"]
+    assert apart["tiny"] == pytest.approx(tiny_rows[1]["figures"]["tokens_per_s"] / tiny["tokens_per_s"])
+    assert apart["7b-slice"] == pytest.approx(
+        slices[5]["figures"]["tokens_per_s"] / slices[1]["figures"]["tokens_per_s"]
+    )
+    assert tiny_rows[1]["figures"]["flops_per_batch"] == tiny["flops_per_batch"]  # MFU counts the same
+    kernels = rows["kernels"]
+    assert kernels["ok"] is True and kernels["figures"]["grad_relative_difference"] < 1e-4, kernels
 
     # 7b-slice: the layers the plan fits on the pretend device, and the plan it is compared with.
     sliced = rows["7b-slice"]["figures"]

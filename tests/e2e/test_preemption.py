@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.resume import (
+    DOCUMENTS,
     MAX_BATCHES,
     assert_continues,
     assert_same_weights,
@@ -25,11 +26,15 @@ from tests.support.resume import (
 pytestmark = pytest.mark.slow  # every test here starts training processes
 
 
+@pytest.mark.parametrize("variant", ["causal", "documents"])
 def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_identically(
-    tmp_path, shards, reference
+    tmp_path, shards, request, variant
 ):
+    """Also with documents kept apart (`DOCUMENTS`: positions restarting, the guard on)."""
+    overrides = DOCUMENTS if variant == "documents" else []
+    reference = request.getfixturevalue("reference_documents" if variant == "documents" else "reference")
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
-    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=5, sig=signal.SIGTERM)
+    first = interrupt(recipe, "first", cwd=tmp_path, at_batch=5, sig=signal.SIGTERM, overrides=overrides)
 
     assert first.returncode == 143, first.output[-4000:]
     assert "[resume] starting run 'rs' from scratch" in first.output
@@ -39,11 +44,15 @@ def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_
     assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["batch"] == stop
     assert first.seconds < 30, f"exit took {first.seconds:.1f} s after SIGTERM; launchers kill at 30 s"
 
-    second = run(recipe, "second", cwd=tmp_path)
+    second = run(recipe, "second", cwd=tmp_path, overrides=overrides)
     assert second.returncode == 0, second.output[-4000:]
     assert f"[resume] resuming run 'rs' from the checkpoint at batch {stop}" in second.output
     assert_continues(reference, first, second, stop)
     assert_same_weights(reference.weights, second.weights)
+    if variant == "documents":  # the documents did change what was trained: not the causal run
+        causal = request.getfixturevalue("reference")
+        assert [b["ids"] for b in reference.batches()] == [b["ids"] for b in causal.batches()]
+        assert [b["loss"] for b in reference.batches()] != [b["loss"] for b in causal.batches()]
 
 
 @pytest.fixture

@@ -268,6 +268,11 @@ def test_each_recipe_change_since_the_checkpoint_is_reported_with_its_effect(tmp
     assert "recipe's new value applies" in by_key["training.max_duration"]
     assert "RNG state in the checkpoint" in by_key["seed"]
     assert warn_recipe_changes(json.loads(json.dumps(saved)), saved) == []
+    # Documents kept apart from the resume point on: no part of the model's shape.
+    apart = _cfg(tmp_path, "model.attention=document", "model.positions=document").to_dict()
+    messages = warn_recipe_changes(json.loads(json.dumps(saved)), apart)
+    assert [m.split(": ")[1] for m in messages] == ["model.attention", "model.positions"], messages
+    assert all("new value applies from the resume point on" in m for m in messages)
 
 
 def test_a_key_newer_than_the_checkpoint_is_a_change_only_away_from_its_default(tmp_path):

@@ -225,3 +225,27 @@ def test_the_plausible_extremes_are_planned(capsys):
     assert "=> this recipe fits on 1000000 x 1024 GB GPUs" in capsys.readouterr().out
     assert llm_main(["inspect", recipe, "--gpus", "1", "--mfu", "0.01"]) == 0
     assert "at  1.0% MFU" in capsys.readouterr().out
+
+
+def test_the_dry_run_says_what_a_token_attends_to_and_what_documents_apart_would_save(capsys):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml")]) == 0
+    causal = capsys.readouterr().out
+    assert "attention                   causal over each 4,096-token sample (model.attention=causal" in causal
+    assert "the FLOPs per token it would save:" in causal and "document mask" not in causal
+    assert (
+        llm_main(
+            ["inspect", str(REPO / "recipes/7b.yaml"), "model.attention=document", "model.positions=document"]
+        )
+        == 0
+    )
+    apart = capsys.readouterr().out
+    assert "within each document (model.attention=document" in apart
+    assert "positions restart at each document (model.positions=document)" in apart
+    assert "FlexAttention on GPUs" in apart and "the FLOPs per token it saves:" in apart
+    for tokens in ("512", "1,024", "2,048"):
+        assert any(
+            line.strip().startswith(f"{tokens}:") and "% of the tiles" in line for line in apart.splitlines()
+        )
+    assert "document mask (block mask, documents)" in apart
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "model.positions=document"]) == 2
+    assert "add model.attention=document" in capsys.readouterr().err

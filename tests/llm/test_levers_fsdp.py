@@ -1,5 +1,6 @@
 """Activation-checkpointing policies under FSDP2 on 2 ranks (gloo): the losses and gradients of no
-checkpointing. One two-rank launch (tests/support/drivers/levers_fsdp_driver.py) computes every policy; the tests
+checkpointing, also with documents kept apart on the GPU's kernel (FlexAttention's block mask).
+One two-rank launch (tests/support/drivers/levers_fsdp_driver.py) computes every policy; the tests
 assert on it."""
 
 from __future__ import annotations
@@ -31,14 +32,17 @@ def two_ranks(tmp_path_factory):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.parametrize("documents", ["", "/documents"], ids=["causal", "documents"])
 @pytest.mark.parametrize("policy", ["full/0", "selective/0", "selective/2"])
-def test_each_policy_trains_like_no_checkpointing_under_fsdp2(two_ranks, policy):
+def test_each_policy_trains_like_no_checkpointing_under_fsdp2(two_ranks, policy, documents):
+    plain, policy = f"none/0{documents}", f"{policy}{documents}"
     for rank in two_ranks:
         assert rank[policy]["wrapped"] == SMALL.n_layers
-        assert rank[policy]["losses"] == pytest.approx(rank["none/0"]["losses"], abs=1e-6)
-        assert rank[policy]["grads"].keys() == rank["none/0"]["grads"].keys()
-        for name, grad in rank["none/0"]["grads"].items():
+        assert rank[policy]["losses"] == pytest.approx(rank[plain]["losses"], abs=1e-6)
+        assert rank[policy]["grads"].keys() == rank[plain]["grads"].keys()
+        for name, grad in rank[plain]["grads"].items():
             assert rank[policy]["grads"][name] == pytest.approx(grad, abs=1e-6), name
+    assert two_ranks[0]["none/0/documents"]["losses"] != two_ranks[0]["none/0"]["losses"]
 
 
 def test_the_ranks_saw_different_data_and_agree_on_the_gradients(two_ranks):

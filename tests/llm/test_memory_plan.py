@@ -129,3 +129,34 @@ def test_unmodelled_arguments_are_rejected(kwargs, message):
     args = dict(n_gpus=8, micro_batch=1, seq_len=4096) | kwargs
     with pytest.raises(MemoryPlanError, match=message):
         plan_memory(BAICHUAN_7B, **args)
+
+
+def test_documents_apart_add_their_block_mask_and_per_row_rotary_tables_to_each_micro_batch():
+    from llm.memory_plan import document_mask_bytes
+
+    args = dict(n_gpus=8, micro_batch=4, seq_len=4096, compute="bf16", activation_checkpointing="full")
+    causal = plan_memory(BAICHUAN_7B, **args)
+    apart = plan_memory(BAICHUAN_7B, documents="document", **args)
+    restarting = plan_memory(BAICHUAN_7B, documents="document+positions", **args)
+    # 32 tiles of 128: 4 pairs of int32 counts [4, 32] and indices [4, 32, 32]; the document ids
+    # padded to 4,096 and as given, int64; restarting positions: cos and sin per row, [4, 4096, 128] bf16.
+    mask = 4 * (4 * 32 * 4 + 4 * 32 * 32 * 4) + 8 * 4 * (4096 + 4096)
+    assert causal.document_mask == 0 and apart.document_mask == mask == 329_728
+    assert restarting.document_mask == mask + 2 * 4 * 4096 * 128 * 2
+    assert document_mask_bytes(BAICHUAN_7B, 4, 4096, 2, "document") == mask
+    assert apart.total - causal.total == mask and apart.per_batch == apart.loss_head + mask
+    assert (
+        "document mask (block mask, documents)" in apart.format() and "document mask" not in causal.format()
+    )
+
+
+def test_the_share_of_causal_tiles_documents_visit_grows_with_their_length():
+    from llm.memory_plan import document_attention
+
+    shares = [document_attention(BAICHUAN_7B, 4096, n) for n in (128, 512, 2048, 10**9)]
+    assert [round(s.tile_share, 2) for s in shares] == sorted(round(s.tile_share, 2) for s in shares)
+    assert shares[0].tile_share < 0.2 and shares[-1].tile_share == 1.0 and shares[-1].step_share == 0.0
+    # The attention term, 12 L h T, of which the causal kernel visits (n + 1) / 2n of the tiles.
+    attention = 12 * 32 * 4096 * 4096 * 33 / 64
+    assert shares[1].flops_saved == pytest.approx(attention * (1 - shares[1].tile_share))
+    assert 0 < shares[1].step_share < attention / (6 * 6_740_000_000)

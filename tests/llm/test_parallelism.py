@@ -9,7 +9,8 @@
   in the same order, only the reduction differs (reduce-scatter over 2 ranks then an all-reduce
   between 2 replicas, instead of one reduce-scatter over 4), so losses and weights agree within
   float tolerance. It checkpoints (only the first replica writes shards), stops on SIGTERM, and
-  resumes with exactly the weights it saved.
+  resumes with exactly the weights it saved. Both keep documents apart (`model.attention=document`,
+  positions restarting), which the 4-rank runs exercise at no extra cost.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def test_compile_per_block_with_fsdp2_and_checkpointing_trains_like_eager(tmp_pa
 # --- HSDP --------------------------------------------------------------------------------------
 
 NODES = (2, 2)  # launchers x ranks per launcher
-WS4 = [*FSDP, "training.device_microbatch_size=1"]  # global batch 4 over 4 ranks
+DOCUMENTS = ["model.attention=document", "model.positions=document"]
+WS4 = [*FSDP, "training.device_microbatch_size=1", *DOCUMENTS]  # global batch 4 over 4 ranks
 
 
 @pytest.fixture(scope="module")

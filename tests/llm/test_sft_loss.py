@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from composer.metrics import LanguageCrossEntropy
 
-from llm.composer_model import LanguageModel, packed_attention
-from llm.model import ModelConfig
+from llm.composer_model import LanguageModel, segment_documents
+from llm.model import ModelConfig, document_mask, document_positions
 
 CFG = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, max_seq_len=16, tie_embeddings=True)
 BOS, EOS, PAD = 1, 2, 0
@@ -99,8 +99,10 @@ def test_a_packed_sample_scores_each_example_exactly_as_alone(model):
     assert loss_packed.item() == pytest.approx(loss_alone.item(), abs=1e-5)
 
 
-def test_packed_attention_sees_only_the_own_example_and_restarts_positions():
-    mask, positions = packed_attention(torch.tensor([[1, 1, 2, 2, 2, 0]]))
+def test_packed_examples_see_only_their_own_example_and_restart_positions():
+    documents = segment_documents(torch.tensor([[1, 1, 2, 2, 2, 0]]))
+    assert documents.tolist() == [[0, 0, 1, 1, 1, 2]]  # the padding is one more document
+    mask, positions = document_mask(documents, "sdpa")[:, 0], document_positions(documents)
     assert positions.tolist() == [[0, 1, 0, 1, 2, 0]]
     expected = [
         [1, 0, 0, 0, 0, 0],
@@ -132,3 +134,35 @@ def test_pretraining_batches_are_scored_on_every_token_as_before(model):
         outputs = model(batch)
         expected = F.cross_entropy(outputs.reshape(-1, CFG.vocab_size), tokens[:, 1:].reshape(-1))
         assert model.loss(outputs, batch).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def _conversation_losses(
+    model: LanguageModel, batch: dict[str, torch.Tensor]
+) -> dict[tuple[int, int], torch.Tensor]:
+    """(row, segment) -> the mean loss over that conversation's answer tokens."""
+    logits = model(batch)
+    losses = F.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
+    scored, segments = batch["loss_mask"][:, 1:], batch["segments"][:, 1:]
+    return {
+        (r, int(s)): losses[r][scored[r] & (segments[r] == s)].mean()
+        for r in range(losses.shape[0])
+        for s in segments[r].unique().tolist()
+        if s > 0
+    }
+
+
+def test_each_conversation_of_a_packed_sample_trains_as_if_alone():
+    """All three conversations in one row: each one's loss and the gradients of that loss equal
+    those of the conversation alone in its row."""
+    alone = batch_of([row([e], length=24) for e in EXAMPLES])
+    packed = batch_of([row(EXAMPLES, length=24)])
+    assert packed["segments"][0].max() == 3
+    for i in range(3):
+        models = [LanguageModel.from_config(CFG, seed=3) for _ in range(2)]
+        got = _conversation_losses(models[0], packed)[0, i + 1]
+        want = _conversation_losses(models[1], alone)[i, 1]
+        assert got.item() == pytest.approx(want.item(), abs=1e-5), i
+        got.backward()
+        want.backward()
+        for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+            assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=1e-5), (i, name)

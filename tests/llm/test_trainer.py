@@ -174,6 +174,7 @@ def test_settings_the_cpu_cannot_run_are_refused(tmp_path, train_data, overrides
             ["training.profile.enabled=true", "training.profile.ranks=[0, 5]"],
             "training.profile.ranks=[0, 5]: rank 5 does not exist in a world of 1 rank(s)",
         ),
+        (["model.attention=documents"], "model.attention='documents' is not one of causal, document"),
     ],
 )
 def test_what_this_machine_or_world_cannot_run_is_one_line_before_the_run_folder_exists(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from scenarios.resume import *  # noqa: F403 (the harness, re-exported for the test modules)
-from scenarios.resume import reference_run, write_shards
+from scenarios.resume import DOCUMENTS, reference_run, write_shards
 
 SAME = ("step", "tokens", "loss", "lr")  # what an interrupted run must reproduce (tokens/s is timing)
 
@@ -23,6 +23,14 @@ def shards(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, shards):
     return reference_run(tmp_path_factory.getbasetemp(), shards)
+
+
+@pytest.fixture(scope="module")
+def reference_documents(tmp_path_factory, shards):
+    """The reference run with `DOCUMENTS` (documents apart, positions restarting, the guard)."""
+    return reference_run(
+        tmp_path_factory.getbasetemp(), shards, tuple(DOCUMENTS), "resume-reference-documents"
+    )
 
 
 def assert_same_records(got: list[dict], want: list[dict]) -> None:

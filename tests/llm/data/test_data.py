@@ -16,7 +16,7 @@ import pytest
 import torch
 from tests.support.training import REPO, load, train_py, write_recipe
 
-from llm.data import build_dataloader, build_dataset, check_streams, stream_local
+from llm.data import build_dataloader, build_dataset, check_streams, document_eos, stream_local
 from llm.errors import ConfigError
 from shards.meta import FORMAT_NAME
 
@@ -137,6 +137,36 @@ def test_metadata_is_checked_by_train_py_before_training(tmp_path, train_data, c
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert err.startswith("error: data.train.0") and "model.max_seq_len=128" in err
+
+
+def test_documents_apart_need_shards_whose_tokenizer_has_an_eos_id(tmp_path, train_data, capsys):
+    """model.attention=document tells documents apart by meta.json's eos_id: none (-1) is one line, exit 2,
+    before the run folder exists; the streams must agree on it."""
+    no_eos = tmp_path / "no-eos"
+    shutil.copytree(train_data.train, no_eos)
+    meta = json.loads((no_eos / "meta.json").read_text())
+    (no_eos / "meta.json").write_text(json.dumps({**meta, "eos_id": -1}))
+    data = {"train": [{"remote": str(no_eos)}], "cache_root": str(tmp_path / "cache")}
+    recipe = write_recipe(
+        tmp_path / "r.yaml", train_data, data=data, checkpoint={"save_folder": str(tmp_path / "ck")}
+    )
+    assert train_py(str(recipe), "model.attention=document") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: data.train.0"), err
+    assert "has no EOS id (meta.json eos_id=-1)" in err and "model.attention=causal" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "ck").exists()
+    check_streams(load(recipe))  # causal over the window needs no EOS
+
+    cfg = _cfg(tmp_path, train_data, "model.attention=document", name="mixed.yaml")
+    assert document_eos(cfg, check_streams(cfg)) == meta["eos_id"]
+    (no_eos / "meta.json").write_text(json.dumps({**meta, "eos_id": 7}))
+    data["train"].append({"remote": str(train_data.train)})
+    cfg = load(write_recipe(tmp_path / "two.yaml", train_data, data=data), "model.attention=document")
+    with pytest.raises(
+        ConfigError,
+        match=f"data.train.0 separates documents with eos_id=7 but data.train.1 with eos_id={meta['eos_id']}",
+    ):
+        check_streams(cfg)
 
 
 # --- S3 ----------------------------------------------------------------------------------------

@@ -175,3 +175,28 @@ def test_transformers_loads_the_export_and_generates_greedily_without_a_warning(
     ours = generate(model, [ids[0].tolist()], max_new_tokens=12, temperature=0, eos_id=tok.eos_id)[0]
     assert greedy[: len(ours)] == ours and by_default[:12] == greedy
     assert ids.shape[1] + len(by_default) <= CONFIGS["untied-gqa"].max_seq_len
+
+
+def test_a_model_trained_with_documents_apart_exports_as_a_plain_llama(tmp_path, tokenizer_path):
+    """Keeping documents apart is a training-time choice: the checkpoint records the recipe's model
+    section with it, and the export is the same plain LlamaForCausalLM, computing the same logits."""
+    import dataclasses
+
+    from transformers import LlamaForCausalLM
+
+    from llm.config import ModelSection
+
+    cfg = CONFIGS["untied-gqa"]
+    section = ModelSection(**dataclasses.asdict(cfg), attention="document", positions="document")
+    model = _perturbed(cfg)
+    ckpt = save_composer_weights(dict(model.state_dict()), section, tmp_path / "w.pt")
+    assert torch.load(ckpt, weights_only=False)["llm_model_config"]["attention"] == "document"
+    out = tmp_path / "hf"
+    assert llm_main(["export", str(ckpt), "--tokenizer", tokenizer_path, "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert "positions" not in config and "document" not in json.dumps(config)
+    hf = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    tokens = torch.randint(0, cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max().item() < 1e-4

@@ -3,11 +3,13 @@
     composer -n 2 tests/support/drivers/levers_fsdp_driver.py OUT_FOLDER
 
 Each rank writes OUT_FOLDER/rank<r>.json: per policy, the losses of two plain SGD steps, the full
-gradients of a third step and how many blocks the policy wrapped.
+gradients of a third step and how many blocks the policy wrapped; under `<policy>/<k>/documents`
+the same with documents kept apart (EOS id 2), on the GPU's kernel (FlexAttention, eager here).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -18,7 +20,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from llm.model import ModelConfig, Transformer  # noqa: E402
+from llm.composer_model import eos_documents  # noqa: E402
+from llm.model import ModelConfig, Transformer, document_positions  # noqa: E402
 from llm.parallelism import apply_activation_checkpointing  # noqa: E402
 
 POLICIES = [("none", 0), ("full", 0), ("selective", 0), ("selective", 2)]
@@ -26,8 +29,13 @@ SMALL = ModelConfig(vocab_size=128, dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
 WRAPPER = "._checkpoint_wrapped_module"
 
 
-def _loss(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1])
+def _loss(model: Transformer, tokens: torch.Tensor, documents: bool) -> torch.Tensor:
+    inputs = tokens[:, :-1]
+    if documents:
+        ids = eos_documents(inputs, 2)
+        logits = model(inputs, documents=ids, positions=document_positions(ids))
+    else:
+        logits = model(inputs)
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
@@ -37,28 +45,31 @@ def main(out: str) -> None:
     dist.init_process_group("gloo")  # ranks and addresses from the composer launcher's environment
     rank = dist.get_rank()
     results = {}
-    for policy, every in POLICIES:
+    for (policy, every), documents in itertools.product(POLICIES, (False, True)):
         model = Transformer(SMALL, seed=3)
+        model.document_kernel = "flex"  # with documents: the block mask, as on GPUs
         wrapped = apply_activation_checkpointing(model, policy, every) if policy != "none" else 0
         for block in model.layers:
             fully_shard(block)
         fully_shard(model)
         tokens = torch.randint(0, SMALL.vocab_size, (2, 17), generator=torch.Generator().manual_seed(rank))
+        tokens[:, 4] = tokens[1, 9] = 2  # an EOS: two documents in each row, three in one
         losses = []
         for _ in range(2):  # the second step runs on weights the first one updated
-            loss = _loss(model, tokens)
+            loss = _loss(model, tokens, documents)
             loss.backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 0.1 * p.grad
                     p.grad = None
             losses.append(loss.item())
-        _loss(model, tokens).backward()
+        _loss(model, tokens, documents).backward()
         grads = {
             n.replace(WRAPPER, ""): p.grad.full_tensor().flatten().tolist()
             for n, p in model.named_parameters()
         }
-        results[f"{policy}/{every}"] = {"losses": losses, "grads": grads, "wrapped": wrapped}
+        key = f"{policy}/{every}" + ("/documents" if documents else "")
+        results[key] = {"losses": losses, "grads": grads, "wrapped": wrapped}
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
