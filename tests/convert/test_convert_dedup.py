@@ -8,7 +8,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from convert.reading.options import ReadOptions
 from convert.run.jobs import TaskSpec, convert_corpus, merge_tasks
 from convert.run.options import ShardOptions
 from convert.run.tasks import assign_files
-from tests.support.conversion import REPO_ROOT, local_samples
+from tests.support.conversion import REPO_ROOT, local_samples, wait_for_file
 from tests.support.corpus import edited_copy, write_jsonl
 
 SEQ = 64
@@ -386,9 +385,7 @@ def test_a_killed_run_with_near_dedup_resumes_to_the_fresh_result(
     ]  # fmt: skip
     proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     marker = out / "train" / "part-00004" / "part.json"
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
+    wait_for_file(marker, proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert marker.exists(), proc.stderr.read()

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from convert.run.jobs import convert_corpus
 from convert.run.options import ShardOptions
 from shards.errors import ShardsError
 from shards.meta import FORMAT_NAME, FORMAT_VERSION
-from tests.support.conversion import REPO_ROOT, local_samples, sorted_rows
+from tests.support.conversion import REPO_ROOT, local_samples, sorted_rows, wait_for_file
 
 SEQ = 64
 FORMAT_KEYS = {
@@ -306,9 +305,7 @@ def test_killed_run_leaves_no_index_and_resumes(tmp_path, reference, chinese_doc
     env = {**os.environ, "TMPDIR": str(scratch)}
     proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     marker = out / "train" / "part-00003" / "part.json"
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
+    wait_for_file(marker, proc)
     workers = _workers_of(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -346,9 +343,7 @@ def test_a_dead_worker_stops_the_run_with_a_clear_error(tmp_path, chinese_docume
     ]  # fmt: skip
     proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     marker = out / "train" / "part-00001" / "part.json"
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
+    wait_for_file(marker, proc)
     workers = _workers_of(proc.pid)
     assert workers, "no worker process found"
     for worker in workers:

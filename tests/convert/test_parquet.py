@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -131,7 +130,7 @@ def test_tasks_and_their_merge_give_the_record(golden_parquet, chinese_documents
 
 
 def test_a_killed_conversion_resumes_to_the_same_output(tmp_path, chinese_documents, small_tokenizer):
-    from tests.support.conversion import REPO_ROOT
+    from tests.support.conversion import REPO_ROOT, wait_for_file
 
     half = chinese_documents[: len(chinese_documents) // 2]  # 0.9 M characters: seconds of work
     corpus = write_parquet(tmp_path / "big.parquet", half, row_group_size=64)
@@ -142,9 +141,7 @@ def test_a_killed_conversion_resumes_to_the_same_output(tmp_path, chinese_docume
     ]  # fmt: skip
     proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     marker = out / "train" / "part-00003" / "part.json"
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
+    wait_for_file(marker, proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert marker.exists(), proc.stderr.read()

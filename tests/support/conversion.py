@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,14 @@ def run_convert(*args: str, timeout: float = 120, env: dict | None = None) -> su
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Return once `path` exists (e.g. a part's marker: the conversion is that far), `proc` has
+    ended, or `timeout` seconds have passed; the caller asserts which."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
 
 
 def local_samples(out: str, split: str = "train") -> np.ndarray:
