@@ -1,7 +1,7 @@
 """Preemption soak: goodput of a run saving by `auto` to S3 behind a bandwidth cap, killed again and again.
 
     python -m bench.soak_goodput [--interruptions 8] [--batches 60] [--cap 20MB/s] [--notice 8]
-                                 [--seed 0] [--workdir DIR] [--before TREE]
+                                 [--seed 0] [--workdir DIR] [--before TREE] [--spare-node]
 
 A small recipe (the resume harness's shards, a wider model: ~10 MB checkpoints) saves with
 `checkpoint.save_interval=auto` to a moto S3 server on loopback behind a bandwidth cap
@@ -26,7 +26,10 @@ interruptions; a last attempt runs to the end. Printed:
 worktree add /tmp/old-restart <commit>`; its own scenarios/resume_driver.py, this venv): its own
 bucket prefix and folder, the same signals at the same moments, each of its attempts right before
 this code's, so that both see the same load; then the two restarts' medians and their ratio.
-Both must end identical to the (this code's) uninterrupted run.
+Both must end identical to the (this code's) uninterrupted run. `--spare-node` gives each attempt a
+temp folder of its own, as a restart on another machine would find (no copy of the checkpoint on
+its disk, `llm.checkpoint.local_copy`); by default they share this machine's, as a restart on the
+node that was preempted does.
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--before",
         default=None,
         help="a checkout of older code: its soak runs beside this one (module docstring)",
+    )
+    parser.add_argument(
+        "--spare-node", action="store_true", help="each attempt on an empty temp folder (another machine)"
     )
     args = parser.parse_args(argv)
     if args.before is not None and not (Path(args.before) / "scenarios" / "resume_driver.py").is_file():
@@ -150,7 +156,8 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
     print(
         f"soak: {args.interruptions} interruptions of a {args.batches}-batch run saving by auto to S3 at "
         f"{args.cap}, steps of {STEP_S} s; SIGTERM with a {args.notice:g} s notice, or SIGKILL"
-        + (f"; beside it the code in {args.before} (before), attempt by attempt" if args.before else ""),
+        + (f"; beside it the code in {args.before} (before), attempt by attempt" if args.before else "")
+        + ("; each attempt on a spare node (an empty temp folder)" if args.spare_node else ""),
         flush=True,
     )
     ref_recipe = write_recipe(ref_dir, shards, "s3://soak/reference", args.batches)
@@ -172,7 +179,11 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
         sig = None if last else rng.choice([signal.SIGKILL, signal.SIGTERM])
         delay = rng.uniform(2.0, 12.0)
         for arm in arms:
-            run = attempt(arm, i, sig, delay, [*model, *notice], env, ref_rows)
+            here = env
+            if args.spare_node:  # a machine of its own: nothing of the earlier attempts on its disk
+                (arm.folder / f"tmp{i:02d}").mkdir(exist_ok=True)
+                here = {**env, "TMPDIR": str(arm.folder / f"tmp{i:02d}")}
+            run = attempt(arm, i, sig, delay, [*model, *notice], here, ref_rows)
             if last and run.returncode != 0:
                 print(run.output[-3000:])
                 return 1

@@ -29,16 +29,15 @@ modules; train.py imports nothing heavy before it knows it will train.
 from __future__ import annotations
 
 import gc
-import os
 
 _held = False  # the collector was turned off by `begin`
 
 
 def begin() -> None:
     """The process's start (before the heavy imports): the cyclic collector off until `settled`.
-    Only for a process that is a training command's own; `LLM_START_GC=1` keeps it on."""
+    Only for a process that is a training command's own."""
     global _held
-    if os.environ.get("LLM_START_GC") == "1" or not gc.isenabled():
+    if not gc.isenabled():
         return
     gc.disable()
     _held = True

@@ -163,7 +163,10 @@ def test_the_work_lost_per_preemption_follows_the_interval_and_the_notice(capsys
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("recipe's"))
     # The work (53.6 minutes without notice, 52.6 with the 60 s notice, which lets the upload in
     # flight end) plus the restart's 1.9 minutes; a 120 s notice fits a save: the restart only.
-    assert "every 200ba (1.7 hours)" in line and "55.5 minutes without notice (53.6 of work + 1.9 of restart)" in line
+    assert (
+        "every 200ba (1.7 hours)" in line
+        and "55.5 minutes without notice (53.6 of work + 1.9 of restart)" in line
+    )
     assert "54.6 minutes with a 60 s notice" in line
     assert "1.9 minutes with a 120 s notice (the restart only)" in line
 

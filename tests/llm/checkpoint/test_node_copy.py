@@ -110,7 +110,9 @@ def test_keep_moves_the_stored_files_in_and_drops_the_older_copy(tmp_path):
 
 
 def test_only_a_run_saving_to_s3_with_local_copy_on_has_a_copy_one_per_save_folder(tmp_path):
-    base = write_recipe(tmp_path / "recipe.yaml", tmp_path / "shards", str(tmp_path / "unused"), cache=tmp_path)
+    base = write_recipe(
+        tmp_path / "recipe.yaml", tmp_path / "shards", str(tmp_path / "unused"), cache=tmp_path
+    )
     s3 = ["checkpoint.save_folder=s3://b/runs/r", f"checkpoint.staging_folder={tmp_path / 'stage'}"]
     copy = node_copy(load_config(base, s3))
     assert copy is not None and copy.root.parent == tmp_path / "stage" and copy.writer
