@@ -62,15 +62,31 @@ def test_a_copy_that_matches_the_manifest_is_loaded_and_nothing_is_downloaded(ru
     assert _counts() == (downloaded, reused + 1)  # reused, not downloaded
 
 
-def test_a_copy_that_differs_from_its_manifest_by_a_byte_is_downloaded_again(run):
+@pytest.mark.parametrize(
+    "damaged",
+    [NEWER[:-1] + bytes([NEWER[-1] ^ 1]), NEWER[: len(NEWER) // 2]],
+    ids=["a byte flipped", "truncated"],
+)
+def test_a_copy_that_differs_from_its_manifest_by_a_byte_is_downloaded_again(run, damaged):
     store, copy = run
     copy.root.mkdir()
-    (copy.root / "ep0-ba8-rank0.pt").write_bytes(NEWER[:-1] + bytes([NEWER[-1] ^ 1]))  # same size
+    (copy.root / "ep0-ba8-rank0.pt").write_bytes(damaged)
     downloaded, reused = _counts()
     point = newest_usable_checkpoint(store.root, copy=copy)
     assert point.batch == 8 and open(point.load_path, "rb").read() == NEWER
     assert point.load_path == str(copy.root / "ep0-ba8-rank0.pt")  # the copy now holds the good bytes
     assert _counts() == (downloaded + 1, reused)
+
+
+def test_a_damaged_copy_of_a_damaged_stored_checkpoint_is_refused_for_the_one_before(run, s3_server, s3_bucket):
+    store, copy = run
+    copy.root.mkdir()
+    flipped = NEWER[:-1] + bytes([NEWER[-1] ^ 1])
+    (copy.root / "ep0-ba8-rank0.pt").write_bytes(flipped)
+    s3_server.client().put_object(Bucket=s3_bucket, Key="run/ep0-ba8-rank0.pt", Body=flipped)
+    point = newest_usable_checkpoint(store.root, copy=copy)
+    assert point.batch == 4 and open(point.load_path, "rb").read() == OLDER
+    assert sorted(p.name for p in copy.root.iterdir()) == ["ep0-ba4-rank0.pt"]  # 8's bytes never kept
 
 
 def test_a_copy_of_an_older_checkpoint_is_replaced_by_the_newest_one(run):
