@@ -78,7 +78,9 @@ def test_a_copy_that_differs_from_its_manifest_by_a_byte_is_downloaded_again(run
     assert _counts() == (downloaded + 1, reused)
 
 
-def test_a_damaged_copy_of_a_damaged_stored_checkpoint_is_refused_for_the_one_before(run, s3_server, s3_bucket):
+def test_a_damaged_copy_of_a_damaged_stored_checkpoint_is_refused_for_the_one_before(
+    run, s3_server, s3_bucket
+):
     store, copy = run
     copy.root.mkdir()
     flipped = NEWER[:-1] + bytes([NEWER[-1] ^ 1])

@@ -123,7 +123,9 @@ def test_a_collector_turned_off_by_someone_else_stays_off(monkeypatch):
 
 def test_the_cpu_name_comes_from_proc_cpuinfo_without_a_second_interpreter(tmp_path, monkeypatch):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Test CPU @ 2.0GHz\n\nmodel name\t: other\n")
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: X\nmodel name\t: Test CPU @ 2.0GHz\n\nmodel name\t: other\n"
+    )
     assert startup.cpu_model_name(str(info)) == "Test CPU @ 2.0GHz"
     (tmp_path / "none").write_text("processor\t: 0\n")
     assert startup.cpu_model_name(str(tmp_path / "none")) is None
