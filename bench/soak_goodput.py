@@ -131,6 +131,7 @@ class Arm:
     identical: int = 0
     attempts: int = 0
     restarts: list[float] = field(default_factory=list)  # process start to first new step, per restart
+    by_attempt: dict[int, float] = field(default_factory=dict)  # the same, by attempt number
     parts: list[dict[str, float]] = field(default_factory=list)  # the [restart] lines' phases
     stalls: list[float] = field(default_factory=list)
     exits: list[float] = field(default_factory=list)
@@ -198,6 +199,16 @@ def soak(args, rng: random.Random, work: Path, shards: Path, env: dict, model: l
             f"{before:.2f} s before, {after:.2f} s after: {after / before:.2f} of it "
             f"({100 * (1 - after / before):.0f}% shorter); load average {os.getloadavg()[0]:.1f} at the end"
         )
+        # Attempt by attempt, where both restarted (an arm whose run ended sooner restarts no more)
+        both = sorted(set(arms[0].by_attempt) & set(arms[1].by_attempt))
+        if both:
+            ratios = [arms[1].by_attempt[i] / arms[0].by_attempt[i] for i in both]
+            print(
+                f"the same attempts ({len(both)}, where both restarted): medians "
+                f"{statistics.median(arms[0].by_attempt[i] for i in both):.2f} s before, "
+                f"{statistics.median(arms[1].by_attempt[i] for i in both):.2f} s after; after/before attempt by "
+                f"attempt: median {statistics.median(ratios):.2f}, {min(ratios):.2f}-{max(ratios):.2f}"
+            )
     return 0 if ok else 1
 
 
@@ -230,6 +241,7 @@ def attempt(
     if rows and i > 0:
         took = (parts or {}).get("total", rows[0]["time"] - rows[0]["process_started"])
         arm.restarts.append(took)
+        arm.by_attempt[i] = took
         arm.parts.append(parts or {})
     arm.stalls.append(stall_seconds(rows))
     ok = same_as_reference(run, ref_rows) or not rows
