@@ -50,6 +50,10 @@ def main(
 ) -> int:
     """The command; `owns_process`: this call is the whole process (`__main__`), so a SIGTERM may
     end the process within what it leaves (llm/checkpoint/preemption.py), not only the call."""
+    if owns_process:  # before the heavy imports: the collector waits for the first step (llm/startup.py)
+        from llm import startup
+
+        startup.begin()
     from llm.checkpoint.resume import RunAlreadyComplete
     from llm.errors import ConfigError, SpikeStop
     from shards.errors import ShardsError

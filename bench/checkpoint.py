@@ -22,9 +22,9 @@ CPU is free for an upload, as on a GPU node. For each checkpoint size and cap, s
 - upload: seconds from the save to its manifest stored (background mode), and the achieved bandwidth;
 - SIGTERM to durable: a background run held after batch 6 gets SIGTERM; the seconds from the
   signal to the checkpoint stored (the `[preemption]` line);
-- restart: the same command in a new, empty folder resumes from S3; the `[restart]` line's
-  phases (imports, checkpoint with its download and bandwidth, Trainer and load, loader resume,
-  first step).
+- restart: the same command in a new, empty folder with a temp folder of its own (an empty
+  machine: no copy of the checkpoint on its disk) resumes from S3; the `[restart]` line's phases
+  (llm/checkpoint/restart.py: the checkpoint fetch with its download and bandwidth among them).
 
 Then the 7B recipe on 8 and 64 GPUs, from the memory plan (`llm.memory_plan.checkpoint_cost`) at
 the stated bandwidths (a GPU's device-to-host copy `--snapshot-bandwidth`, 12 GB/s unless `make
@@ -48,6 +48,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from llm.checkpoint import restart
 from llm.checkpoint.sizes import (
     DEFAULT_DISK_BANDWIDTH,
     DEFAULT_SNAPSHOT_BANDWIDTH,
@@ -219,7 +220,7 @@ def sigterm_and_restart(
     """SIGTERM after batch 6 (background uploads), then the same command on an empty machine."""
     a, b = root / "preempted", root / "restarted"
     a.mkdir()
-    b.mkdir()
+    (b / "tmp").mkdir(parents=True)  # its own temp folder: no node copy of a's checkpoint there
     save = f"s3://{bucket}/preempted"
     recipe = rs.write_recipe(a / "recipe.yaml", shards, save, cache=a / "cache")
     first = rs.interrupt(recipe, "a", cwd=a, at_batch=6, sig=signal.SIGTERM, overrides=model, env=env)
@@ -227,19 +228,15 @@ def sigterm_and_restart(
     if first.returncode != 143 or durable is None:
         raise RuntimeError(f"SIGTERM run: exit {first.returncode}\n{first.output[-3000:]}")
     recipe = rs.write_recipe(b / "recipe.yaml", shards, save, cache=b / "cache")
-    second = train(recipe, "b", b, env, model, step_s)
+    second = train(recipe, "b", b, {**env, "TMPDIR": str(b / "tmp")}, model, step_s)
     line = next((x for x in second.output.splitlines() if x.startswith("[restart]")), "")
     if second.returncode != 0 or not line:
         raise RuntimeError(f"restart: exit {second.returncode}\n{second.output[-3000:]}")
-    phases = dict(
-        (k.strip(), float(v))
-        for k, v in re.findall(r"([A-Za-z ]+?) ([0-9.]+) s(?=[ ,(]|$)", line.split(": ", 1)[1])
-    )
+    phases = restart.parse(line) or {}
     size = re.search(r"([0-9.]+) MB downloaded at ([0-9.]+) MB/s", line)
-    first_step = re.search(r"first step ([0-9.]+) s after the process started", line)
     return {
         "sigterm_durable": float(durable.group(1)),
-        "restart_total": float(first_step.group(1)) if first_step else float("nan"),
+        "restart_total": phases.pop("total", float("nan")),
         "restart_phases": phases,
         "mb_per_rank": float(size.group(1)) if size else float("nan"),
         "download_mbps": float(size.group(2)) if size else float("nan"),
@@ -276,12 +273,12 @@ def print_measured(rows: list[dict], step_s: float, every: int) -> None:
             f"{r['restart_total']:10.1f} {r['download_mbps']:10.1f}"
         )
     print("\nRestart phases (seconds, from the [restart] line of the run resumed on an empty folder):")
-    names = ["imports", "checkpoint", "data and model", "Trainer and load", "loader resume", "first step"]
-    print(f"{'size':6s} {'cap':>9s} " + " ".join(f"{n:>16s}" for n in names))
+    names = restart.LABELS
+    print(f"{'size':6s} {'cap':>9s} " + " ".join(f"{n:>19s}" for n in names))
     for r in rows:
         print(
             f"{r['size']:6s} {r['cap']:>9s} "
-            + " ".join(f"{r['restart_phases'].get(n, float('nan')):16.2f}" for n in names)
+            + " ".join(f"{r['restart_phases'].get(n, float('nan')):19.2f}" for n in names)
         )
 
 

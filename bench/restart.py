@@ -7,12 +7,12 @@ and run name, with a checkpoint every `--save-every` batches: the first process 
 periodic checkpoint is stored, then gets SIGTERM (it stores a checkpoint at the interrupted batch
 and exits 143). The same command is then restarted `--restarts` times; each restart is stopped
 with SIGTERM as soon as it has trained its first new step. Printed per restart and as medians,
-the phases of the run's own `[restart]` line (llm/checkpoint/restart.py): imports (process start
-to the trainer), checkpoint (data checks, run lock, manifests scanned, files verified and
-downloaded), data and model, Trainer and load (Composer's init with the checkpoint load), loader
-resume (to the first batch), first step; then start->step (the sum) and the seconds from each
-SIGTERM to the stored checkpoint. The issue's target is under 10 s after the imports. Each
-process is a real `train.py` (through scenarios/resume_driver.py), as in `python -m bench.soak_resume`.
+the phases of the run's own `[restart]` line (llm/checkpoint/restart.py): process and imports
+(process start to the trainer's process group: interpreter, imports, recipe, data checks),
+process group, checkpoint fetch (run lock, manifests scanned, files verified), data and model,
+Trainer (Composer's init up to the load), checkpoint load, data position (streaming's resume to
+the first batch), first step; then start->step (the sum) and the seconds from each SIGTERM to the
+stored checkpoint. Each process is a real `train.py` (through scenarios/resume_driver.py), as in `python -m bench.soak_resume`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llm.checkpoint import restart
 from scenarios import resume as rs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,21 +35,14 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "demo.yaml"
 DEMO_INPUTS = [REPO / "data/demo/shards/train/index.json", REPO / "data/demo/tokenizer.model"]
 RUN_NAME = "bench-restart"
-PHASES = ["imports", "checkpoint", "data and model", "Trainer and load", "loader resume", "first step"]
-_PHASE = re.compile(r"([A-Za-z ]+?) ([0-9.]+) s")
+PHASES = list(restart.LABELS)
+SHORT = {"process and imports": "imports", "checkpoint fetch": "fetch", "checkpoint load": "load"}
 
 
 def restart_phases(output: str) -> dict[str, float] | None:
     """The phases of a run's `[restart]` line (llm/checkpoint/restart.py), or None without one."""
-    line = next((x for x in output.splitlines() if x.startswith("[restart]")), None)
-    if line is None:
-        return None
-    phases = {}
-    for part in line.split(": ", 1)[1].split(", "):
-        match = _PHASE.match(part.strip())
-        if match and match.group(1) in PHASES:
-            phases[match.group(1)] = float(match.group(2))
-    return phases
+    phases = restart.parse(output)
+    return None if phases is None else {k: v for k, v in phases.items() if k in PHASES}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,7 +74,11 @@ def overrides(work: Path, save_every: int, extra: list[str]) -> list[str]:
 def run_once(args, work: Path, tag: str, until_batch: int | None) -> tuple[rs.Run, str | None]:
     """One process, SIGTERM once batch `until_batch` (None: its first new batch) is recorded."""
     proc, record, weights = rs.start(
-        RECIPE, tag, cwd=REPO, overrides=overrides(work, args.save_every, args.overrides), folder=work
+        RECIPE,
+        tag,
+        cwd=REPO,
+        overrides=overrides(work, args.save_every, args.overrides),
+        folder=work,
     )
     try:
         rs.wait_for_batch(record, until_batch or 0, proc, timeout=300)
@@ -115,7 +113,7 @@ def _bench(args, work: Path) -> int:
         f"restart benchmark: {RECIPE.relative_to(REPO)}, checkpoint every {args.save_every} batches, in {work}"
     )
     columns = [*PHASES, "start->step"]
-    print(f"{'':28s}" + "".join(f"{c:>18s}" for c in columns) + "   (seconds)")
+    print(f"{'':28s}" + "".join(f"{SHORT.get(c, c):>16s}" for c in columns) + "   (seconds)")
     rows: list[dict[str, float]] = []
     saves: list[float] = []
     # The first process trains past its first periodic checkpoint, then is stopped.
@@ -138,10 +136,10 @@ def _bench(args, work: Path) -> int:
         phases["start->step"] = first["time"] - first["process_started"]
         rows.append(phases)
         label = f"restart {i} (from batch {resumed})"
-        print(f"{label:28s}" + "".join(f"{phases.get(c, float('nan')):>18.2f}" for c in columns), flush=True)
+        print(f"{label:28s}" + "".join(f"{phases.get(c, float('nan')):>16.2f}" for c in columns), flush=True)
     medians = {c: statistics.median(r.get(c, float("nan")) for r in rows) for c in columns}
-    print(f"{'median of the restarts':28s}" + "".join(f"{medians[c]:>18.2f}" for c in columns))
-    after = medians["start->step"] - medians["imports"]
+    print(f"{'median of the restarts':28s}" + "".join(f"{medians[c]:>16.2f}" for c in columns))
+    after = medians["start->step"] - medians["process and imports"]
     print(
         f"\nrestart to first new training step: median {medians['start->step']:.1f} s, {after:.1f} s after "
         "imports (target: under 10 s after imports)"

@@ -320,6 +320,9 @@ class CheckpointConfig:
     # memory available then.
     node_memory_gb: float | None = bounded(None, gt=0)
     when_busy: str = "wait"  # a save due while the previous one is still written or stored: wait | skip
+    # An s3:// save_folder: keep this node's newest checkpoint files once stored, and at a restart on
+    # the same node load them instead of downloading, when they match the manifest (docs/resume.md)
+    local_copy: bool = True
 
 
 @dataclass

@@ -96,13 +96,16 @@ import torch
 
 from llm.checkpoint.sizes import (
     DEFAULT_DISK_BANDWIDTH,
+    DEFAULT_SHARD_BYTES,
     DEFAULT_SNAPSHOT_BANDWIDTH,
     DEFAULT_UPLOAD_BANDWIDTH,
     NOTICES_S,
     STALL_TARGET,
     BandwidthError,
     CheckpointSize,
+    RestartCost,
     checkpoint_size,
+    first_batch_shards,
     parse_bandwidth,
     stall_free_interval,
 )
@@ -594,6 +597,7 @@ class CheckpointCost:
     max_stall: float = STALL_TARGET  # checkpoint.max_stall
     margin_s: float = 5.0  # preemption.margin_s
     node_memory: float | None = None  # checkpoint.node_memory_gb, in bytes
+    restart: RestartCost | None = None  # what the restart after a preemption costs
 
     @property
     def background_s(self) -> float:
@@ -644,6 +648,10 @@ class CheckpointCost:
         usable = max(0.0, notice_s - self.margin_s) if notice_s is not None else 0.0
         return interval * self.step_s / 2 + max(0.0, self.background_s - usable)
 
+    def time_lost_s(self, interval: int, notice_s: float | None = None) -> float:
+        """What a preemption costs in all: the work it loses (`lost_s`) and the restart."""
+        return self.lost_s(interval, notice_s) + (self.restart.total_s if self.restart else 0.0)
+
     def format(
         self,
         bandwidths: dict[str, str],
@@ -677,20 +685,49 @@ class CheckpointCost:
             f"done before the next save), >= {self.interval_background}ba writing on the step "
             f"(checkpoint.snapshot=false, background uploads), >= {self.interval_sync}ba with synchronous ones",
         ]
+        if self.restart is not None:
+            lines.append(self._restart_line(bandwidths))
         batches = self._interval_batches(save_interval)
         if batches is not None:
+            lines.append(
+                f"  recipe's {save_interval:<18s}every {batches}ba ({_duration(batches * self.step_s)}): stall "
+                f"{100 * self.stall_share(batches):.2f}% with snapshots ({100 * self.stall_share(batches, 'background'):.2f}% "
+                f"writing on the step); {self._lost_text(batches, notices)}"
+            )
+        return "\n".join(lines)
+
+    def _lost_text(self, batches: int, notices: tuple[float, ...]) -> str:
+        """What a preemption costs on average at this interval, without notice and with each."""
+        if self.restart is None:  # the work alone
             lost = [f"{_duration(self.lost_s(batches))} without notice"] + [
-                "restart only" + f" with a {n:g} s notice"
+                f"restart only with a {n:g} s notice"
                 if self.fits(n)
                 else f"{_duration(self.lost_s(batches, n))} with a {n:g} s notice"
                 for n in notices
             ]
-            lines.append(
-                f"  recipe's {save_interval:<18s}every {batches}ba ({_duration(batches * self.step_s)}): stall "
-                f"{100 * self.stall_share(batches):.2f}% with snapshots ({100 * self.stall_share(batches, 'background'):.2f}% "
-                f"writing on the step); work lost per preemption on average: {', '.join(lost)}"
-            )
-        return "\n".join(lines)
+            return f"work lost per preemption on average: {', '.join(lost)}"
+        restart = self.restart.total_s
+        lost = [
+            f"{_duration(self.time_lost_s(batches))} without notice ({self.lost_s(batches) / 60:.1f} of work "
+            f"+ {restart / 60:.1f} of restart)"
+        ] + [
+            f"{_duration(self.time_lost_s(batches, n))} with a {n:g} s notice"
+            + (" (the restart only)" if self.fits(n) else "")
+            for n in notices
+        ]
+        return f"time lost per preemption on average: {', '.join(lost)}"
+
+    def _restart_line(self, bandwidths: dict[str, str]) -> str:
+        r, s, gb = self.restart, self.size, 1e9
+        return (
+            f"  restart                     {_duration(r.total_s)} on a warm spare node: process and imports "
+            f"{r.imports_s:.0f} s, process group {r.process_group_s:.0f} s, checkpoint load "
+            f"{r.download_s + r.load_s:.0f} s ({s.per_node / gb:.1f} GB per node from the store at "
+            f"{bandwidths['upload']}, --upload-bandwidth; then {s.per_rank / gb:.2f} GB into each GPU at "
+            f"{bandwidths['snapshot']}), data position and stream warm-up {r.data_s:.0f} s (the first "
+            f"batch's shards, {r.data_bytes / gb:.1f} GB per node at {bandwidths['upload']}), first step's "
+            f"warm-up {r.warmup_s:.0f} s; imports, process group and warm-up assumed (docs/resume.md)"
+        )
 
     def _interval_batches(self, save_interval: str) -> int | None:
         """The recipe's interval in batches at this step time (None: in epochs, unknown here)."""
@@ -718,6 +755,13 @@ def checkpoint_cost(
     shards = gpus // cfg.fsdp.replicate if cfg.fsdp.enabled and gpus % cfg.fsdp.replicate == 0 else gpus
     size = checkpoint_size(params, gpus, sharded=sharded, shards=shards)
     snapshot_bw = snapshot_bw or parse_bandwidth(DEFAULT_SNAPSHOT_BANDWIDTH)
+    data_bytes = first_batch_bytes(cfg, gpus, size.gpus_per_node)
+    restart = RestartCost(
+        download_s=size.seconds(upload_bw),
+        load_s=size.per_rank / snapshot_bw,
+        data_s=data_bytes / upload_bw,
+        data_bytes=data_bytes,
+    )
     return CheckpointCost(
         size,
         size.seconds(disk_bw),
@@ -727,7 +771,17 @@ def checkpoint_cost(
         max_stall=cfg.checkpoint.max_stall,
         margin_s=cfg.preemption.margin_s,
         node_memory=cfg.checkpoint.node_memory_gb * 1e9 if cfg.checkpoint.node_memory_gb else None,
+        restart=restart,
     )
+
+
+def first_batch_bytes(cfg: TrainConfig, gpus: int, gpus_per_node: int) -> int:
+    """What a node's ranks read from the store for their first batch after a restart on a node
+    without the stream's cache: each rank its first batch's shards (`first_batch_shards`)."""
+    per_rank = max(1, cfg.training.global_batch_size // gpus)
+    token_bytes = 2 if cfg.model.vocab_size <= 1 << 16 else 4
+    shards = first_batch_shards(per_rank, cfg.model.max_seq_len, token_bytes, cfg.data.shuffle_block_size)
+    return gpus_per_node * shards * DEFAULT_SHARD_BYTES
 
 
 def sharding_plan(cfg: TrainConfig, gpus: int) -> tuple[int, str]:

@@ -62,6 +62,7 @@ from llm.parallelism import (
 from llm.plots import draw_run_plot
 from llm.profiling import memory_snapshot_callbacks, profiler_for
 from llm.run_dir import RunDir, RunRecords
+from llm.startup import quick_cpu_model
 from storage.scratch import on_exit, use_own_temp_folder
 
 EVAL_METRICS = ["LanguageCrossEntropy", "LanguagePerplexity"]
@@ -297,11 +298,12 @@ def build_trainer(
     world_size = dist.get_world_size()
     per_rank_batch = cfg.check_world_size(world_size)
     cfg.check_profile_ranks(world_size)
-    restart.mark("setup")  # imports and config done: the `[restart]` line's first phase ends here
     metas = check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message
 
     # Start the process group now: the datasets' partitioning and checkpointing need it.
+    restart.mark("setup")  # imports, recipe and data checks done: the `[restart]` line's first phase
     dist.initialize_dist(device)  # on GPUs it also makes this rank's GPU the current one
+    restart.mark("process_group")
     if cfg.training.float8.enabled:  # asks this rank's GPU; refused before the run folder is made
         check_float8(cfg.training.float8.emulate, device)
     parallelism = parallelism_config(cfg, world_size)
@@ -343,6 +345,7 @@ def build_trainer(
     )
     loggers = build_loggers(ctx)
     records.before_store = records_hooks(cfg, loggers)
+    quick_cpu_model()  # Composer's own lookup starts a second interpreter (llm/startup.py)
     trainer = Trainer(
         run_name=cfg.run_name,
         model=model,

@@ -49,6 +49,10 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from llm import startup  # noqa: E402
+
+startup.begin()  # as train.py's own process does, before the heavy imports (llm/startup.py)
+
 import torch  # noqa: E402
 from composer.core import Callback, State  # noqa: E402
 from composer.loggers import Logger  # noqa: E402

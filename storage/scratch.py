@@ -135,3 +135,12 @@ def use_own_temp_folder() -> Path:
     tempfile.tempdir = str(folder)
     _own_temp = folder
     return folder
+
+
+def machine_temp_folder() -> Path:
+    """The temp folder every process of this machine shares: the parent of this process's own
+    (`use_own_temp_folder`), or the temp folder itself before it has one. What must outlive the
+    process goes here (this node's checkpoint copy, `llm.checkpoint.local_copy`)."""
+    if _own_temp is not None:
+        return _own_temp.parent
+    return Path(tempfile.gettempdir())

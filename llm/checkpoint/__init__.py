@@ -11,6 +11,7 @@
                  the end's one bound on waiting for storage (`Deadline`)
   sizes.py       a checkpoint's bytes per rank and node, bandwidths, the stall-free save interval
   restart.py     the `[restart]` line: where a resumed run's start-up time went
+  local_copy.py  this node's copy of the newest checkpoint of an S3 run, reused at a restart here
   lock.py        the run lock: one run at a time per checkpoint folder (a lease with heartbeats)
   preemption.py  SIGTERM/SIGINT -> a checkpoint at the current batch (if it fits preemption.notice_s),
                  then exit 143/130 within what the signal leaves (`StopBudget`, a watchdog)

@@ -30,7 +30,9 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from llm import startup
 from llm.checkpoint import restart
+from llm.checkpoint.local_copy import node_copy
 from llm.checkpoint.lock import RunLock, RunLockHeld
 from llm.checkpoint.preemption import StopBudget
 from llm.checkpoint.records_hook import RunRecordsHook
@@ -152,12 +154,15 @@ def plan_checkpointing(
     # What the run before measured of its saves and steps (recorded with the checkpoint): `auto`
     # saves at the steady interval from the first step, the notice's projection is this run's.
     carried = SaveCosts.from_record(point.checkpoint.head.save_costs, point.batch) if resumed_from else None
+    costs = None
+    if ck.save_folder:  # then measured, save by save
+        costs = carried or estimated_costs(cfg, world_size, open_store(ck.save_folder).is_remote)
     saving = (
-        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline, budget, carried)
-        if ck.save_folder
+        _saving_callbacks(cfg, rank, world_size, records, resumed_from, deadline, budget, costs)
+        if costs is not None
         else ()
     )
-    timings = RestartTimings(point.batch if point.source == "autoresume" else None)
+    timings = RestartTimings(resumed_from, costs)
     callbacks = (*saving, *held, timings, PreemptionCallback(budget=budget))
     return CheckpointPlan(resume=point, trainer_kwargs=kwargs, callbacks=callbacks)
 
@@ -366,7 +371,7 @@ def _saving_callbacks(
     resumed_from: int | None,
     deadline: Deadline,
     budget: StopBudget,
-    carried: SaveCosts | None = None,
+    costs: SaveCosts,
 ) -> tuple:
     from llm.checkpoint.publisher import CheckpointPublisher
     from llm.checkpoint.saver import Saver
@@ -377,7 +382,6 @@ def _saving_callbacks(
     staging = str(make_staging_folder(cfg, rank)) if store.is_remote else ck.save_folder
     if store.is_remote:  # emptied by each upload; the folder itself goes when the process ends
         remove_at_exit(staging)
-    costs = carried or estimated_costs(cfg, world_size, store.is_remote)  # then measured, save by save
     publisher = CheckpointPublisher(
         store,
         staging,
@@ -391,6 +395,7 @@ def _saving_callbacks(
         costs=costs,
         when_busy=ck.when_busy,
         budget=budget,
+        copy=node_copy(cfg),
     )
     saver = Saver(
         folder=staging,
@@ -439,14 +444,19 @@ def estimated_costs(cfg: TrainConfig, world_size: int, remote: bool) -> SaveCost
 
 class RestartTimings(Callback):
     """Marks Composer's events and prints the `[restart]` line (rank 0) at the first step of a
-    run that resumed from `resumed_at` (None: a fresh start, nothing printed)."""
+    run that resumed from `resumed_at` (None: a fresh start, nothing printed), and gives the
+    restart's seconds to `costs` (`SaveCosts.restart_s`: `auto`'s line and the manifests)."""
 
-    def __init__(self, resumed_at: int | None):
+    def __init__(self, resumed_at: int | None, costs: SaveCosts | None = None):
         self.resumed_at = resumed_at
+        self.costs = costs
         self._printed = False
 
     def init(self, state: State, logger: Logger) -> None:
         restart.mark("trainer_init")
+
+    def before_load(self, state: State, logger: Logger) -> None:
+        restart.mark("before_load")
 
     def after_load(self, state: State, logger: Logger) -> None:
         restart.mark("loaded")
@@ -459,5 +469,11 @@ class RestartTimings(Callback):
             return
         self._printed = True
         restart.mark("first_step")
-        if self.resumed_at is not None and dist.get_global_rank() == 0:
+        startup.settled()  # the collector back on, the start's objects frozen (llm/startup.py)
+        if self.resumed_at is None:
+            return
+        took = restart.total_s()
+        if self.costs is not None and took is not None:
+            self.costs.restart_s = took
+        if dist.get_global_rank() == 0:
             print(restart.describe(self.resumed_at), flush=True)

@@ -60,6 +60,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from llm.checkpoint import manifest as cm
+from llm.checkpoint.local_copy import NodeCopy
 from llm.checkpoint.preemption import (
     StopBudget,
     StopSave,
@@ -95,8 +96,10 @@ class CheckpointPublisher(Callback):
         costs: SaveCosts | None = None,
         when_busy: str = "wait",
         budget: StopBudget | None = None,
+        copy: NodeCopy | None = None,
     ):
         self.store = store
+        self.copy = copy  # this node's copy of the newest checkpoint (llm.checkpoint.local_copy)
         self.records = records  # stored by rank 0 with every checkpoint, before its manifests
         self.staging_root = Path(staging_root)
         self.num_to_keep = num_to_keep
@@ -138,6 +141,8 @@ class CheckpointPublisher(Callback):
         self.deadline.start(self.wait_limit_s)
         self._settle(state, final=True)
         self._bounded(self._remove_interrupted_saves)
+        if self.copy is not None and not signalled(state):  # the run reached its end: no restart
+            self.copy.remove()
 
     def close(self, state: State, logger: Logger) -> None:
         if second_signal(state):  # stop at once: drop the save in flight (its files go below)
@@ -501,7 +506,9 @@ class CheckpointPublisher(Callback):
             self._manifests[manifest.batch] = manifest.writers
         finally:
             self._manifest_writing = None
-        if self.store.is_remote:
+        if self.store.is_remote:  # stored: kept as this node's copy, or deleted
+            if self.copy is not None and not manifest.sharded:
+                self.copy.keep(files, self.staging_root)
             for path in files:
                 path.unlink(missing_ok=True)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from llm.checkpoint import manifest as cm
 from llm.checkpoint import restart
+from llm.checkpoint.local_copy import NodeCopy, node_copy
 from llm.config import TrainConfig, flatten, parse_duration, schema_default
 from llm.errors import ConfigError
 from llm.model import ModelConfig, Transformer, parameter_name
@@ -62,7 +63,7 @@ def choose_resume_point(cfg: TrainConfig, *, rank: int = 0) -> ResumePoint:
     """The checkpoint this run starts from: autoresume's find first, then `checkpoint.load_path`."""
     ck = cfg.checkpoint
     if ck.autoresume and ck.save_folder and cfg.run_name:
-        found = newest_usable_checkpoint(ck.save_folder, rank=rank, model=cfg.model)
+        found = newest_usable_checkpoint(ck.save_folder, rank=rank, model=cfg.model, copy=node_copy(cfg))
         if found is not None:
             return found
     if ck.load_path:
@@ -101,11 +102,15 @@ def newest_usable_checkpoint(
     needs: tuple[str, ...] = TRAINING_STATE,
     model: ModelConfig | None = None,
     at_most: int | None = None,
+    copy: NodeCopy | None = None,
 ) -> ResumePoint | None:
     """The newest complete checkpoint in `save_folder` that verifies and holds the `needs` parts
     of the state (a monolithic one's model state: the keys and shapes of `model`, the recipe's,
     when given); None if there is none. `at_most`: only checkpoints at or before that batch (the
-    guard's rewind, llm/checkpoint/rollback.py).
+    guard's rewind, llm/checkpoint/rollback.py). `copy`: this node's copy of the newest checkpoint
+    (`llm.checkpoint.local_copy`; a training run's), loaded when it matches the manifest and
+    refilled by the download when it does not; without it a download goes to a folder of this
+    process, removed at its exit.
 
     A checkpoint that is incomplete, truncated or corrupt, or whose model state is not this model
     (re-signed with other contents), is reported and skipped. If checkpoints exist but none is
@@ -122,7 +127,7 @@ def newest_usable_checkpoint(
         problem = cm.size_problem(ckpt, listing)
         load_path = None
         if problem is None:
-            load_path, problem = _verified_load_path(store, ckpt, rank, needs, expected)
+            load_path, problem = _verified_load_path(store, ckpt, rank, needs, expected, copy)
         if problem is not None and problem.startswith(MODEL_MISMATCH) and model is not None:
             _refuse_changed_model(ckpt, model, problem)
         if problem is None:
@@ -169,7 +174,12 @@ def _refuse_changed_model(ckpt: cm.Checkpoint, model: ModelConfig, problem: str)
 
 
 def _verified_load_path(
-    store: Store, ckpt: cm.Checkpoint, rank: int, needs: tuple[str, ...], expected: ModelLayout | None = None
+    store: Store,
+    ckpt: cm.Checkpoint,
+    rank: int,
+    needs: tuple[str, ...],
+    expected: ModelLayout | None = None,
+    copy: NodeCopy | None = None,
 ) -> tuple[str | None, str | None]:
     """(path to give Composer, None) or (None, why the checkpoint cannot be used)."""
     small = sum(f.size for f in ckpt.files.values()) <= verify_limit()
@@ -181,6 +191,10 @@ def _verified_load_path(
     if ckpt.sharded:
         # Each rank reads only its shards straight from S3; sizes were checked against the listing.
         return store.url(ckpt.load_path), None
+    if copy is not None:
+        found = _from_node_copy(store, ckpt, needs, expected, copy)
+        if found is not None:
+            return found
     remove_dead_process_folders(rf"{RESUME_COPY_PREFIX}\d+-")  # copies of killed runs: a checkpoint each
     local_root = make_process_folder(f"{RESUME_COPY_PREFIX}{rank}-")
     # A full copy of the checkpoint: removed when this process exits (normally, on an error or on
@@ -194,6 +208,37 @@ def _verified_load_path(
         shutil.rmtree(local_root, ignore_errors=True)
         return None, problem
     return str(local_root / ckpt.load_path), None
+
+
+def _from_node_copy(
+    store: Store, ckpt: cm.Checkpoint, needs: tuple[str, ...], expected: ModelLayout | None, copy: NodeCopy
+) -> tuple[str | None, str | None] | None:
+    """The checkpoint from this node's copy, verified as a download is: SHA-256 and state against
+    the manifest; else, on the rank that writes the copy, downloaded into it. None: neither (the
+    caller downloads into a folder of this process)."""
+    if copy.holds(ckpt):
+        problem = cm.hash_problem(ckpt.files, copy.root) or state_problem(copy.path(ckpt), needs, expected)
+        if problem is None:
+            restart.record_reuse(len(ckpt.files), sum(f.size for f in ckpt.files.values()))
+            return str(copy.path(ckpt)), None
+        log.info(
+            "this node's copy of the checkpoint at batch %d is not it (%s): downloading it",
+            ckpt.batch,
+            problem,
+        )
+    if not copy.writer:
+        return None
+    try:
+        download_files(store, sorted(ckpt.files), copy.receive())
+    except OSError as err:  # the copy's disk: the download goes to the process's folder instead
+        log.warning("could not download into this node's checkpoint copy %s: %s", copy.root, err)
+        copy.clear()
+        return None
+    problem = cm.hash_problem(ckpt.files, copy.root) or state_problem(copy.path(ckpt), needs, expected)
+    if problem:
+        copy.clear()
+        return None, problem
+    return str(copy.path(ckpt)), None
 
 
 class _Opaque:

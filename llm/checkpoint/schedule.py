@@ -15,7 +15,12 @@
   included, so its first save comes at the steady interval, not after three new steps and a save
   measured anew; otherwise, before the first save, the costs are estimated from the checkpoint's
   size at the default rates of `llm.checkpoint.sizes`. The interval is printed at the first save
-  and whenever it changes by more than 2x.
+  and whenever it changes by more than 2x, with what a preemption without notice costs at it: half
+  an interval and the save in flight of work, plus the restart (`SaveCosts.restart_s`: the run's
+  last restart as it measured itself, carried in the manifests). The restart is paid once per
+  preemption whatever the interval, so it does not move the interval (which the stall and the
+  background part set); it moves what a preemption costs, which `llm inspect` projects the same
+  way (`llm.memory_plan`).
 
 Composer's `CheckpointSaver` takes a callable interval; `SaveSchedule` is one. Every save falls on
 a batch boundary (Composer's BATCH_CHECKPOINT event), so a resume is exact whatever the interval.
@@ -56,6 +61,9 @@ class SaveCosts:
     saves: int = 0
     step_s: float | None = None  # the median step without a save, as `auto` measured it
     carried_from: int | None = None  # measured before the restart, recorded at this checkpoint
+    # The run's last restart, its process's start to its first step (`RestartTimings`), carried on
+    # in the manifests: what a preemption costs besides the work (`auto`'s line says it).
+    restart_s: float | None = None
 
     def record(self, *, stall_s: float | None = None, background_s: float | None = None) -> None:
         if stall_s is not None:
@@ -71,7 +79,10 @@ class SaveCosts:
         if not self.measured:
             return None
         record = {"stall_s": round(self.stall_s, 6), "background_s": round(self.background_s, 6)}
-        return record | ({"step_s": round(self.step_s, 6)} if self.step_s is not None else {})
+        for key in ("step_s", "restart_s"):
+            if getattr(self, key) is not None:
+                record[key] = round(getattr(self, key), 6)
+        return record
 
     @classmethod
     def from_record(cls, record: dict | None, batch: int) -> SaveCosts | None:
@@ -83,7 +94,16 @@ class SaveCosts:
         if numbers[0] is None or numbers[1] is None or not all(_seconds(n) for n in given):
             return None
         step = float(numbers[2]) if numbers[2] is not None else None
-        return cls(float(numbers[0]), float(numbers[1]), measured=True, step_s=step, carried_from=batch)
+        restart = record.get("restart_s")  # written since issue 42; optional
+        restart = float(restart) if restart is not None and _seconds(restart) else None
+        return cls(
+            float(numbers[0]),
+            float(numbers[1]),
+            measured=True,
+            step_s=step,
+            carried_from=batch,
+            restart_s=restart,
+        )
 
     @property
     def projected_s(self) -> float:
@@ -170,11 +190,18 @@ class SaveSchedule:
         else:
             basis = "measured" if c.measured else "estimated from the checkpoint's size, no save measured yet"
         stall = c.stall_s / (c.stall_s + every * step_s)
+        work = every * step_s / 2 + c.background_s  # half an interval and the save in flight
+        restart = (
+            f" + {c.restart_s:.1f} s of restart (the run's last, measured)"
+            if c.restart_s is not None
+            else " + the restart (none measured yet)"
+        )
         return (
             f"save_interval auto: every {every} batch(es) ({every * step_s:.1f} s); a save stalls training "
             f"{c.stall_s:.3f} s ({100 * stall:.2f}% of the time, at most {100 * self.max_stall:g}%: "
             f"checkpoint.max_stall) and is written and stored in {c.background_s:.2f} s in the background; "
-            f"a step takes {step_s:.3f} s; costs {basis}"
+            f"a step takes {step_s:.3f} s; costs {basis}; a preemption without notice costs on average "
+            f"{work:.1f} s of work (half an interval and the save in flight){restart}"
         )
 
 

@@ -1,4 +1,6 @@
-"""How big a checkpoint is, per writing rank and per node, and how long it takes to store.
+"""How big a checkpoint is, per writing rank and per node, how long it takes to store, and what a
+restart costs (`RestartCost`: the checkpoint and the first shards back from the store, and what is
+assumed of a GPU node's start).
 
 No heavy imports (the dry run and `llm inspect` use it without torch or Composer). The staging
 check in `llm.checkpoint.plan` and the dry run's checkpoint lines (`llm.memory_plan`) both ask
@@ -112,3 +114,46 @@ def stall_free_interval(stall_s: float, upload_s: float, step_s: float, target: 
     by_stall = stall_s / (target * step_s)
     by_upload = upload_s / step_s
     return max(1, int(-(-max(by_stall, by_upload) // 1)))
+
+
+# --- what a restart costs (a warm spare node: up, its image pulled, nothing of the run on its disk) --
+# Assumed, not measured on a GPU node (docs/resume.md, "Restart cost"): here, on 2 CPU cores, a
+# restart's process start and imports take 3.5-10 s with the load, its process group nothing.
+RESTART_IMPORTS_S = 15.0  # the interpreter, torch with CUDA, Composer, streaming; 8 ranks at once
+RESTART_PROCESS_GROUP_S = 10.0  # the launcher's rendezvous and NCCL's communicators
+RESTART_WARMUP_S = 10.0  # the first step beyond a plain one: CUDA handles, the allocator, first collectives
+DEFAULT_SHARD_BYTES = 64 << 20  # `python -m convert shards --shard-size-mb` default
+STREAM_SHUFFLE_BLOCK = 1 << 18  # samples streaming 0.13's py1e shuffle mixes at the least (its default)
+
+
+def first_batch_shards(samples_per_rank: int, seq_len: int, token_bytes: int, block: int | None) -> int:
+    """How many shards one rank reads for its first batch: its samples are spread over the shards
+    of a shuffle block (`block` samples; None: streaming's default), at most one shard each."""
+    per_shard = max(1, DEFAULT_SHARD_BYTES // (seq_len * token_bytes))
+    in_block = -(-(block or STREAM_SHUFFLE_BLOCK) // per_shard)
+    return max(1, min(samples_per_rank, in_block))
+
+
+@dataclass(frozen=True)
+class RestartCost:
+    """A restart on a warm spare node, from the new process's start to its first step's end beyond
+    a plain step's time (module constants for what is assumed); every part is lost time."""
+
+    download_s: float  # the node's part of the checkpoint from the store at the node's rate
+    load_s: float  # a rank's part from the node's disk (page cache) into its GPU
+    data_s: float  # the first batch's shards of the node's ranks, from the store
+    data_bytes: int  # what they weigh, per node
+    imports_s: float = RESTART_IMPORTS_S
+    process_group_s: float = RESTART_PROCESS_GROUP_S
+    warmup_s: float = RESTART_WARMUP_S
+
+    @property
+    def total_s(self) -> float:
+        return (
+            self.imports_s
+            + self.process_group_s
+            + self.download_s
+            + self.load_s
+            + self.data_s
+            + self.warmup_s
+        )

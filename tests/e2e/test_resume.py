@@ -214,6 +214,11 @@ def test_auto_after_a_restart_saves_at_the_interval_measured_before_it(intervals
     cp, output = intervals.clock_point, intervals.auto.output
     first = next(x for x in output.splitlines() if x.startswith("[checkpoint] save_interval auto:"))
     assert f"costs measured before the restart (recorded with the checkpoint at batch {cp})" in first, first
+    # Issue 42: what a preemption costs at that interval, the restart this run measured included
+    assert re.search(
+        r"costs on average [0-9.]+ s of work \(.*\) \+ [0-9.]+ s of restart \(the run's last, measured\)",
+        first,
+    ), first
     every = int(re.search(r"every (\d+) batch", first).group(1))
     saves = [int(b) for b in re.findall(r"checkpoint at batch (\d+): snapshot", output)]
     assert saves and saves[0] == cp + every, (saves, first)

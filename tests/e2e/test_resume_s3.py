@@ -50,11 +50,12 @@ class ThreeMachines:
     stale: Path  # the stale local copy planted on machine c
     c_scratch_left: list[str]  # checkpoint copies left in c's temp folder
     records_on_c: list[dict] = field(default_factory=list)
+    b_copies: list[str] = field(default_factory=list)  # b's node copy once it was killed
 
 
 def _machine(root: Path, name: str, shards: Path, save: str) -> Path:
     folder = root / name
-    folder.mkdir()
+    (folder / "tmp").mkdir(parents=True)  # its temp folder: what a node keeps (its checkpoint copy)
     write_recipe(folder / "recipe.yaml", shards, save, cache=folder / "cache")
     return folder
 
@@ -67,14 +68,21 @@ def three_machines(tmp_path_factory, shards, s3_server) -> ThreeMachines:
     client = s3_server.client()
 
     a = _machine(root, "a", shards, save)
-    first = interrupt(a / "recipe.yaml", "a", cwd=a, at_batch=STOP, sig=signal.SIGTERM, overrides=RECORDS)
+    first = interrupt(
+        a / "recipe.yaml", "a", cwd=a, at_batch=STOP, sig=signal.SIGTERM, overrides=RECORDS,
+        env={"TMPDIR": str(a / "tmp")},
+    )  # fmt: skip
     keys = s3_server.keys(bucket, "runs/rs/")
     latest = json.loads(client.get_object(Bucket=bucket, Key="runs/rs/latest.json")["Body"].read())
     first.record = Path(shutil.copy(first.record, root / "a.jsonl"))  # kept apart from the machine
     shutil.rmtree(a)  # the run's own files are gone with the machine
 
     b = _machine(root, "b", shards, save)
-    second = interrupt(b / "recipe.yaml", "b", cwd=b, at_batch=10, sig=signal.SIGKILL, overrides=RECORDS)
+    second = interrupt(
+        b / "recipe.yaml", "b", cwd=b, at_batch=10, sig=signal.SIGKILL, overrides=RECORDS,
+        env={"TMPDIR": str(b / "tmp")},
+    )  # fmt: skip
+    b_copies = sorted(p.name for p in (b / "tmp").glob("llm-ckpt-copy-*/*"))
     steps_on_b = [r["step"] for r in read_metrics(b / "runs" / "rs" / "metrics.jsonl")]
 
     c = _machine(root, "c", shards, save)
@@ -83,12 +91,11 @@ def three_machines(tmp_path_factory, shards, s3_server) -> ThreeMachines:
     stale.mkdir(parents=True)
     client.download_file(bucket, f"runs/rs/ep0-ba{STOP}-rank0.pt", str(stale / "latest-rank0.pt"))
     scratch = c / "tmp"  # the run's temp folder: the verified download, the save staging
-    scratch.mkdir()
     third = run(c / "recipe.yaml", "c", cwd=c, overrides=RECORDS, env={"TMPDIR": str(scratch)})
     left = [p.name for p in scratch.iterdir() if p.name.startswith(("llm-resume-", "llm-ckpt-"))]
     records = read_metrics(c / "runs" / "rs" / "metrics.jsonl")
     return ThreeMachines(
-        save, bucket, root, first, keys, latest, second, steps_on_b, third, stale, left, records
+        save, bucket, root, first, keys, latest, second, steps_on_b, third, stale, left, records, b_copies
     )
 
 
@@ -107,6 +114,10 @@ def test_an_empty_machine_with_only_the_bucket_resumes_at_the_sigterms_checkpoin
     m = three_machines
     assert m.b.returncode == -signal.SIGKILL
     assert f"resuming run 'rs' from the checkpoint at batch {STOP}" in m.b.output
+    (line,) = [x for x in m.b.output.splitlines() if x.startswith("[restart]")]
+    assert "checkpoint fetch" in line and "(1 file(s), " in line and "MB downloaded at" in line  # from S3
+    # What b stored last (the checkpoint at 8) stays on its disk for a restart there; c has none.
+    assert m.b_copies == [f"ep0-ba{2 * SAVE_EVERY}-rank0.pt"], m.b_copies
     resumed, ref = m.b.batches(), reference.batches()
     assert [b["batch"] for b in resumed] == list(range(STOP + 1, 11))
     assert [b["ids"] for b in resumed] == [b["ids"] for b in ref[STOP:10]]

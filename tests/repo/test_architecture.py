@@ -254,6 +254,7 @@ FLOORS = {
         "llm.run_dir",
         "llm.meta_init",
         "llm.errors",
+        "llm.startup",
     ),
     1: (
         "llm.checkpoint",
