@@ -122,7 +122,7 @@ def _guard_scores(state: State) -> dict | None:
     from llm.callbacks.guard import SpikeGuard
 
     guard = next((cb for cb in state.callbacks if isinstance(cb, SpikeGuard)), None)
-    last = guard.detector.last if guard is not None else None
+    last = getattr(guard.detector, "last", None) if guard is not None else None
     return None if last is None else asdict(last)
 
 
