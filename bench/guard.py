@@ -72,12 +72,17 @@ class Measured:
 
 
 def thresholds(cfg: GuardConfig) -> dict[str, str]:
+    """When each rule fires, or "off"."""
+
+    def above(value: float, text: str) -> str:
+        return text if value else "off"
+
     return {
-        "loss_z": f"> {cfg.loss_z:g} (and ratio > {1 + cfg.loss_rise:g})",
-        "loss_ratio": f"> {cfg.loss_factor:g}",
-        "grad_ratio": f"> {cfg.grad_factor:g}",
-        "weight_ratio": f"> {cfg.weight_factor:g}",
-        "flat": f">= {cfg.flat_steps}",
+        "loss_z": above(cfg.loss_z, f"> {cfg.loss_z:g} (and ratio > {1 + cfg.loss_rise:g})"),
+        "loss_ratio": above(cfg.loss_factor, f"> {cfg.loss_factor:g}"),
+        "grad_ratio": above(cfg.grad_factor, f"> {cfg.grad_factor:g}"),
+        "weight_ratio": above(cfg.weight_factor, f"> {cfg.weight_factor:g}"),
+        "flat": above(cfg.flat_steps, f">= {cfg.flat_steps}"),
     }
 
 
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="bench-guard-"))).resolve()
     cfg = GuardConfig()
-    print(f"guard defaults: {thresholds(cfg)}; window {cfg.window}, warm-up {cfg.warmup} steps; in {work}")
+    print(f"guard defaults: window {cfg.window}, warm-up {cfg.warmup} steps; in {work}")
     failed = False
     for name in args.runs.split(","):
         garbage: set[str] = set()
@@ -203,7 +208,7 @@ def report(result: Measured, cfg: GuardConfig, garbage: set[str]) -> None:
           f"after the warm-up and let through, {len(result.lines)} rollback(s)")  # fmt: skip
     limits = thresholds(cfg)
     for key in MEASURES:
-        print(f"  largest {key:<13}{result.largest[key]:>10.4g}   fires {limits[key]}")
+        print(f"  largest {key:<13}{result.largest[key]:>10.4g}   rule: {limits[key]}")
     for line in result.lines:
         print(f"  {line}")
     poisoned = [r for r in result.rows if garbage & set(r.get("samples", []))]

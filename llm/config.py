@@ -396,11 +396,13 @@ class GuardConfig:
     docs/guard.md). Needs checkpoint.save_folder: the rollback point is the newest checkpoint."""
 
     enabled: bool = False  # detect spikes, roll back and skip (docs/guard.md)
-    # A step is a spike when its loss or gradient norm is not finite (its update is never applied),
-    # or when its loss exceeds loss_factor x the median loss of the last `window` good steps, or its
-    # gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
+    # A step is a spike when its loss, gradient norm or weight norm is not finite (its update is never
+    # applied), or when its loss exceeds loss_factor x the median loss of the last `window` good steps,
+    # or its gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
     loss_factor: float = bounded(1.5, ge=0, words=_FACTOR)
-    grad_factor: float = bounded(10.0, ge=0, words=_FACTOR)  # the gradient norm's factor (see loss_factor)
+    # Off by default: a clean run's gradient norm reached 28 x its median (bench/guard.py, the tiny
+    # model), and with clipping what an oversized gradient does shows in the weight norm and the loss.
+    grad_factor: float = bounded(0.0, ge=0, words=_FACTOR)
     # A loss more than loss_z x the loss's own noise above the window's median is a spike too, when
     # it is also more than loss_rise (a share) above that median; 0 turns the rule off. The noise: the
     # spread of consecutive losses' differences, not counting the loss's fall (1.4826 x their median

@@ -116,6 +116,7 @@ LONGEST_FIRST = [
     "test_guard_rollback.py",  # ~40 s: five runs on one and two ranks
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
+    "test_guard_poison.py",  # ~35 s: three 48-batch runs
     "test_hf_import.py",  # ~30 s: transformers' import, random models, two short trainings
 ]
 

@@ -14,8 +14,13 @@ code on the same numbers and ends in the same decision; three events of each ste
   so the step moves neither the weights nor the moments nor the step count and applies no weight
   decay; zeroing the gradients would still do all three. A non-finite step is never applied.
 - BATCH_END, first of all callbacks (checked at INIT): the step is judged (`SpikeDetector`) on the
-  loss every rank agrees on (Composer's all-reduced `loss/train/total`) and the norm above, and the
-  verdict is agreed once more (`all_reduce` MAX). A spike at batch S (the S-th batch; the step
+  loss every rank agrees on (Composer's all-reduced `loss/train/total`), the norm above and the
+  norm of all weights after the update, and the verdict is agreed once more (`all_reduce` MAX).
+  The rules: a value not finite; after the warm-up, against the last `window` good steps, a loss
+  above `loss_factor` x their median, or more than `loss_z` x the loss's own noise above it (and
+  `loss_rise` above it), a gradient norm above `grad_factor` x its median, and a collapse: a weight
+  norm above `weight_factor` x the previous step's, or `flat_steps` losses equal to 6 digits (then
+  the rollback goes to before the first of them). A spike at batch S (the S-th batch; the step
   numbering of metrics.jsonl) then:
   1. stops the run (`SpikeStop`, exit 3) if `guard.max_rollbacks` rollbacks already happened within
      the last `guard.max_rollbacks_window` batches, or if there is nothing to roll back to yet:
@@ -35,7 +40,8 @@ code on the same numbers and ends in the same decision; three events of each ste
   ever holds the spike's state, and what the others record (the learning rate, a preemption's
   checkpoint) is the restored state.
 
-Its checkpointed state (Composer stores callbacks' `state_dict`) is the medians' history and the
+Its checkpointed state (Composer stores callbacks' `state_dict`) is the good steps' history (loss,
+gradient norm, weight norm: a record saved before the weight norm was kept has none) and the
 rollbacks, so a resumed run judges its first steps against the same medians (no new warm-up) and
 counts earlier rollbacks toward the limit. Both are stored as JSON text: a sharded checkpoint
 (torch.distributed.checkpoint) flattens a list of dicts into one key per entry, and a resumed run,
@@ -133,7 +139,7 @@ class SpikeDetector:
         return statistics.median(s.loss for s in recent), statistics.median(s.grad_norm for s in recent)
 
     def scores(self, step: Step) -> Scores:
-        """`step` against the window of good steps before it (module docstring: the rules)."""
+        """`step` against the window of good steps before it (the rules: module docstring)."""
         recent = list(self.history)[-self.cfg.window :]
         flat, since = 1, step.batch
         for earlier in reversed(self.history):

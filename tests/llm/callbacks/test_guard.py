@@ -139,6 +139,21 @@ def test_the_noise_is_the_losss_own_not_its_fall_nor_a_wide_spread():
     )
 
 
+def test_a_gradient_norm_alone_rolls_back_only_where_its_rule_is_set():
+    """A clean run's gradient norm reached 28 x its median with its loss and weights unmoved (the
+    tiny model in bench/guard.py, clipped at 1.0): off by default, a rollback with grad_factor."""
+    steps = _steps(NOISY[:20], norms=[2.0 + 0.1 * (i % 3) for i in range(20)])
+    for cfg in (
+        GuardConfig(enabled=True, window=20, warmup=5),
+        GuardConfig(enabled=True, window=20, warmup=5, grad_factor=10),
+    ):
+        detector = SpikeDetector(cfg)
+        for step in steps:
+            detector.judge(step)
+        verdict = detector.judge(Step(21, NOISY[20], 61.1, None))
+        assert (verdict is None) == (cfg.grad_factor == 0) and detector.last.grad_ratio > 28
+
+
 def test_a_jump_of_the_weight_norm_is_a_collapse_caught_at_the_step_that_made_it():
     detector = SpikeDetector(GuardConfig(enabled=True, window=4, warmup=3))
     for batch in range(1, 6):
