@@ -8,10 +8,11 @@ at its defaults (`guard.window` 100, `guard.warmup` 100; only `guard.skip` sized
 checkpoint every 50 batches, over `make demo`'s shards and tokenizer:
 
 - demo: recipes/demo.yaml (1.8 M parameters, 8 x 256 tokens a batch, shuffled) for `--batches`;
-- tiny: recipes/tiny.yaml's model (dim 512, 8 layers, vocabulary 64,793: 58 M parameters) and
-  optimizer over the demo's corpus in 64-token samples (`python -m convert shards`), 4 samples a
-  batch (far noisier than its own 32 x 512: the harder case for false alarms; the CPU allows no
-  more), its 1,000 warm-up steps cut to a third of the run, for `--batches`;
+- tiny: recipes/tiny.yaml's model (dim 512, 8 layers, 8 heads) and optimizer over the demo's
+  corpus in 64-token samples (`python -m convert shards`), 4 samples a batch (far noisier than its
+  own 32 x 512: the harder case for false alarms; the CPU allows no more), its vocabulary the demo
+  tokenizer's 4,096 (the rows past them are never read, and the logits over 64,793 took more than
+  half of a CPU step), its 1,000 warm-up steps cut to a third of the run, for `--batches`;
 - poison: `make demo-guard`'s recipe (scenarios/guard_demo.py: 2 layers, dim 64, 8 x 256 tokens a
   batch) over the demo's text with crawl garbage in 2 of the 8 samples of each of the 12 batches
   after batch 200 (scenarios/poison.py, `data.shuffle: false`), then the learning rate x1e8 for the
@@ -47,6 +48,7 @@ DEMO = REPO / "data" / "demo"
 DEMO_RECIPE = REPO / "recipes" / "demo.yaml"
 TINY_RECIPE = REPO / "recipes" / "tiny.yaml"
 TINY_SEQ_LEN = 64
+TINY_VOCAB = 4096  # the demo tokenizer's pieces (recipes/demo.yaml's model.vocab_size)
 POISON = (200, 212)  # the poisoned batches, data.skip's numbering
 POISON_PER_BATCH = 2
 COLLAPSE = (260, 262, 1e8)  # learning rate x1e8 for the batches after 260 up to 262
@@ -137,6 +139,7 @@ def tiny_run(work: Path, batches: int) -> rs.Run:
         [
             f"tokenizer.path={DEMO / 'tokenizer.model'}", f"data.train.0.remote={shards / 'train'}",
             f"data.eval.0.remote={shards / 'val'}", "fsdp.enabled=false", f"model.max_seq_len={TINY_SEQ_LEN}",
+            f"model.vocab_size={TINY_VOCAB}",
             "training.global_batch_size=4", "training.device_microbatch_size=4", "training.precision=fp32",
             f"training.max_duration={batches}ba", f"scheduler.warmup={batches // 3}ba",
             "training.eval_subset_num_batches=1", "training.device=cpu",
