@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo install-local-s3 lock demo demo-short demo-s3 demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer bench-reading soak-resume soak-outage soak-goodput bench-restart bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo install-local-s3 lock demo demo-short demo-s3 demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer bench-reading soak-resume soak-outage soak-goodput bench-restart bench-guard bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -158,6 +158,11 @@ soak-outage: install
 # (scheduled / executed steps), the time lost (redone steps, restarts, stalls), bit-identity.
 soak-goodput: install
 	$(PY) -m bench.soak_goodput $(ARGS)
+
+# The guard's default rules on clean 300-batch runs (the demo recipe, the tiny recipe's model) and
+# on crawl garbage plus a learning rate x1e8 (docs/guard.md): the largest score each rule saw.
+bench-guard: $(DEMO)/shards/train/index.json install
+	$(PY) -m bench.guard $(ARGS)
 
 bench-restart: $(DEMO)/shards/train/index.json $(DEMO)/tasks/zh-demo/task.json install
 	$(PY) -m bench.restart

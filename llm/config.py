@@ -420,13 +420,29 @@ class GuardConfig:
     docs/guard.md). Needs checkpoint.save_folder: the rollback point is the newest checkpoint."""
 
     enabled: bool = False  # detect spikes, roll back and skip (docs/guard.md)
-    # A step is a spike when its loss or gradient norm is not finite (its update is never applied),
-    # or when its loss exceeds loss_factor x the median loss of the last `window` good steps, or its
-    # gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
+    # A step is a spike when its loss, gradient norm or weight norm is not finite (its update is never
+    # applied), or when its loss exceeds loss_factor x the median loss of the last `window` good steps,
+    # or its gradient norm (before clipping) grad_factor x their median. 0 turns a factor rule off.
     loss_factor: float = bounded(1.5, ge=0, words=_FACTOR)
-    grad_factor: float = bounded(10.0, ge=0, words=_FACTOR)  # the gradient norm's factor (see loss_factor)
-    window: int = bounded(100, ge=1)  # good steps in the running medians
-    # the factor rules start once this many good steps were seen (kept across resumes)
+    # Off by default: a clean run's gradient norm reached 28 x its median (bench/guard.py, the tiny
+    # model), and with clipping what an oversized gradient does shows in the weight norm and the loss.
+    grad_factor: float = bounded(0.0, ge=0, words=_FACTOR)
+    # A loss more than loss_z x the loss's own noise above the window's median is a spike too, when
+    # it is also more than loss_rise (a share) above that median; 0 turns the rule off. The noise: the
+    # spread of consecutive losses' differences, not counting the loss's fall (1.4826 x their median
+    # absolute deviation / sqrt 2, the standard deviation of one loss for normal noise).
+    loss_z: float = bounded(6.0, ge=0)
+    loss_rise: float = bounded(
+        0.1, ge=0
+    )  # the least rise the loss_z rule counts (0.1: 10 % above the median)
+    # A collapse: the weights' norm above weight_factor x the previous step's (an update far too large;
+    # 0: off), or flat_steps losses in a row equal to 6 digits (a model that outputs the same
+    # distribution for every input; 0: off). The rollback goes to a state before the first equal loss.
+    weight_factor: float = bounded(1.5, ge=0, words=_FACTOR)
+    # losses in a row equal to 6 digits that count as a collapse (see weight_factor)
+    flat_steps: int = bounded(5, ge=0, words="at least 2, or 0 to turn that rule off")
+    window: int = bounded(100, ge=1)  # good steps in the running medians and the loss's noise
+    # the rules but the non-finite one start once this many good steps were seen (kept across resumes)
     warmup: int = bounded(100, ge=0)
     # On a spike at batch S: back to the rollback point R, the newest save at least `rewind` batches
     # before S (0: the newest; none that old: the newest; from its snapshot in host memory when it
@@ -764,10 +780,16 @@ def _check_guard(cfg: TrainConfig) -> None:
             "guard.enabled=true needs checkpoint.save_folder: the guard rolls back to the newest "
             "checkpoint; set a save folder, or guard.enabled=false"
         )
-    for key in ("loss_factor", "grad_factor"):  # the bounds say 0 or more; between 0 and 1 flags every step
+    for key in (
+        "loss_factor",
+        "grad_factor",
+        "weight_factor",
+    ):  # the bounds say 0 or more; between 0 and 1 flags every step
         value = getattr(g, key)
         if 0 < value <= 1:
             raise ConfigError(f"guard.{key}={value} must be {_FACTOR}")
+    if g.flat_steps == 1:  # one loss is always "equal to itself": every step would be a collapse
+        raise ConfigError(f"guard.flat_steps={g.flat_steps} must be at least 2, or 0 to turn that rule off")
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}

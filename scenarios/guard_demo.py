@@ -11,7 +11,8 @@ resume harness's driver, scenarios/resume_driver.py, for its test hook):
    multiplied by `spike_factor` (the driver's `LLM_TEST_LR_SPIKE`): a few updates far too large,
    the kind that derails a run, at a batch known in advance;
 3. guard on: the same, with the guard at its defaults (but `guard.skip` and `guard.warmup` sized to
-   the run): it sees the loss jump, rolls back to the checkpoint before the window and skips it.
+   the run): it sees the weight norm jump at the first oversized update, rolls back to the
+   checkpoint before the window and skips it.
 
 It prints each run's final eval loss, the guard's line and the batches skipped, and draws the three
 runs in one figure (`llm plot`'s, which marks rollbacks and skipped windows). The test

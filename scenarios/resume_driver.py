@@ -28,6 +28,8 @@ $LLM_TEST_SPIKE_AT=<batch>:<factor>[,...] multiplies the loss of that batch (the
 step N) by the factor (`nan` for a non-finite step) before its backward pass (`LossSpike`): a spike
 at a known batch for the guard's tests (llm/callbacks/guard.py); with $LLM_TEST_SPIKE_RANK=<rank>
 on that rank's micro-batches only.
+$LLM_TEST_GUARD_SCORES=1 adds to each line the guard's measures of that batch's step (`"guard"`: its
+`Scores`: how near each rule came to firing; bench/guard.py).
 $LLM_TEST_LR_SPIKE=<from>:<to>:<factor> multiplies the learning rate of batches from+1 .. to (the
 window [from, to) of data.skip's numbering) by the factor (`LearningRateSpike`): the guard demo's
 instability, a stretch of updates far too large (scenarios/guard_demo.py).
@@ -90,6 +92,8 @@ class Recorder(Callback):
             # (Event.AFTER_LOAD), fit started: where a restart's time goes.
             **MILESTONES,
         }
+        if os.environ.get("LLM_TEST_GUARD_SCORES"):
+            row["guard"] = _guard_scores(state)
         # A test acts once it reads this batch's line: a pause must catch signals before it is written.
         pause = Pause() if row["batch"] in self.pause_at else None
         with open(self.path, "a") as f:
@@ -113,6 +117,17 @@ class Recorder(Callback):
             _save_full_weights(state, os.environ.get("LLM_TEST_STOP_WEIGHTS"))
         else:
             _save_full_weights(state, os.environ["LLM_TEST_WEIGHTS"])
+
+
+def _guard_scores(state: State) -> dict | None:
+    """The guard's measures of this batch's step (`Scores`, llm/callbacks/guard.py), if it judged one."""
+    from dataclasses import asdict
+
+    from llm.callbacks.guard import SpikeGuard
+
+    guard = next((cb for cb in state.callbacks if isinstance(cb, SpikeGuard)), None)
+    last = getattr(guard.detector, "last", None) if guard is not None else None
+    return None if last is None else asdict(last)
 
 
 def _settle_uploads(state: State) -> None:

@@ -122,6 +122,7 @@ LONGEST_FIRST = [
     "test_s3_demo.py",  # ~70 s here: its own SeaweedFS, a conversion into it, two training runs
     "test_data.py",  # 42 s
     "test_data_scale.py",  # 36 s
+    "test_guard_poison.py",  # ~35 s: three 48-batch runs
     "test_hf_import.py",  # ~30 s: transformers' import, random models, two short trainings
     "test_hf_tokenizer_training.py",  # 37 s: a conversion, 8 batches, export, transformers
     "test_convert_hf_tokenizer.py",  # 25 s: 5 conversions, a merge, an SFT conversion

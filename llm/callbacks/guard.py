@@ -14,8 +14,13 @@ code on the same numbers and ends in the same decision; three events of each ste
   so the step moves neither the weights nor the moments nor the step count and applies no weight
   decay; zeroing the gradients would still do all three. A non-finite step is never applied.
 - BATCH_END, first of all callbacks (checked at INIT): the step is judged (`SpikeDetector`) on the
-  loss every rank agrees on (Composer's all-reduced `loss/train/total`) and the norm above, and the
-  verdict is agreed once more (`all_reduce` MAX). A spike at batch S (the S-th batch; the step
+  loss every rank agrees on (Composer's all-reduced `loss/train/total`), the norm above and the
+  norm of all weights after the update, and the verdict is agreed once more (`all_reduce` MAX).
+  The rules: a value not finite; after the warm-up, against the last `window` good steps, a loss
+  above `loss_factor` x their median, or more than `loss_z` x the loss's own noise above it (and
+  `loss_rise` above it), a gradient norm above `grad_factor` x its median, and a collapse: a weight
+  norm above `weight_factor` x the previous step's, or `flat_steps` losses equal to 6 digits (then
+  the rollback goes to before the first of them). A spike at batch S (the S-th batch; the step
   numbering of metrics.jsonl) then:
   1. stops the run (`SpikeStop`, exit 3) if `guard.max_rollbacks` rollbacks already happened within
      the last `guard.max_rollbacks_window` batches, or if there is nothing to roll back to yet:
@@ -35,7 +40,8 @@ code on the same numbers and ends in the same decision; three events of each ste
   ever holds the spike's state, and what the others record (the learning rate, a preemption's
   checkpoint) is the restored state.
 
-Its checkpointed state (Composer stores callbacks' `state_dict`) is the medians' history and the
+Its checkpointed state (Composer stores callbacks' `state_dict`) is the good steps' history (loss,
+gradient norm, weight norm: a record saved before the weight norm was kept has none) and the
 rollbacks, so a resumed run judges its first steps against the same medians (no new warm-up) and
 counts earlier rollbacks toward the limit. Both are stored as JSON text: a sharded checkpoint
 (torch.distributed.checkpoint) flattens a list of dicts into one key per entry, and a resumed run,
@@ -62,28 +68,54 @@ from llm.config import GuardConfig
 from llm.errors import NonFiniteStop, SpikeStop
 from llm.loggers import MetricsFile
 
+# From the median absolute deviation to the standard deviation it estimates for normal noise.
+MAD_TO_SIGMA = 1.4826
+# Losses this close (relative) are "the same": batches of real text never agree to 6 digits, while a
+# model that outputs one distribution for every input scores every batch alike (uniform: ln(vocab)).
+FLAT_TOLERANCE = 1e-6
+
 
 @dataclass(frozen=True)
 class Step:
-    """One judged step: its batch (the S-th), the all-rank loss and the gradient norm before clipping."""
+    """One judged step: its batch (the S-th), the all-rank loss, the gradient norm before clipping,
+    and the norm of all weights after its update (None in a checkpoint saved before it was kept)."""
 
     batch: int
     loss: float
     grad_norm: float
+    weight_norm: float | None = None
+
+
+@dataclass(frozen=True)
+class Scores:
+    """How one step compares with the good steps before it, as the rules measure it (None: nothing
+    to compare with yet). The benchmark of the defaults (bench/guard.py) reads these."""
+
+    loss_ratio: float | None  # the loss / the window's median loss
+    loss_z: float | None  # (the loss - that median) / the loss's noise over the window (`_noise`)
+    grad_ratio: float | None  # the gradient norm / the window's median gradient norm
+    weight_ratio: float | None  # the weight norm / the previous good step's
+    flat: int  # losses in a row, this one included, equal to this one within FLAT_TOLERANCE
+    flat_since: int  # the batch of the first of them
 
 
 @dataclass(frozen=True)
 class Spike:
-    """Why a step is a spike: which value, the value, and its running median (None: none yet)."""
+    """Why a step is a spike: which value, the value, and its running median (None: none yet);
+    `context` replaces "median ..." in the guard's line when another rule than a factor of the
+    median fired; `onset` is the first batch whose state is suspect when that is before `batch` (a
+    collapse seen by its flat losses): the rollback goes to a state before it."""
 
     batch: int
-    what: str  # "loss" | "gradient norm"
+    what: str  # "loss" | "gradient norm" | "weight norm"
     value: float
     median: float | None
+    context: str | None = None
+    onset: int | None = None
 
     def describe(self) -> str:
         median = "-" if self.median is None else f"{self.median:.4g}"
-        return f"{self.what} {self.value:.4g} at batch {self.batch} (median {median})"
+        return f"{self.what} {self.value:.4g} at batch {self.batch} ({self.context or f'median {median}'})"
 
 
 class SpikeDetector:
@@ -91,12 +123,14 @@ class SpikeDetector:
 
     `history` keeps the last `window` good steps plus `keep` more, so that a rollback up to `keep`
     batches back (`rewind`) leaves exactly the window a run that never took those steps would have.
+    `last` is the `Scores` of the step judged last (not kept in checkpoints).
     """
 
     def __init__(self, cfg: GuardConfig, keep: int = 0):
         self.cfg = cfg
         self.history: deque[Step] = deque(maxlen=cfg.window + max(0, keep))
         self.seen = 0  # good steps judged so far (kept across resumes, less those rolled back)
+        self.last: Scores | None = None
 
     def medians(self) -> tuple[float | None, float | None]:
         recent = list(self.history)[-self.cfg.window :]
@@ -104,20 +138,68 @@ class SpikeDetector:
             return None, None
         return statistics.median(s.loss for s in recent), statistics.median(s.grad_norm for s in recent)
 
+    def scores(self, step: Step) -> Scores:
+        """`step` against the window of good steps before it (the rules: module docstring)."""
+        recent = list(self.history)[-self.cfg.window :]
+        flat, since = 1, step.batch
+        for earlier in reversed(self.history):
+            if not _same(earlier.loss, step.loss):
+                break
+            flat, since = flat + 1, earlier.batch
+        if not recent:
+            return Scores(None, None, None, None, flat, since)
+        losses = [s.loss for s in recent]
+        median = statistics.median(losses)
+        noise = _noise(losses)
+        rise = step.loss - median
+        z = rise / noise if noise > 0 else (math.inf if rise > 0 else 0.0)
+        grad_median = statistics.median(s.grad_norm for s in recent)
+        previous = recent[-1].weight_norm
+        return Scores(
+            loss_ratio=_ratio(step.loss, median),
+            loss_z=z,
+            grad_ratio=_ratio(step.grad_norm, grad_median),
+            weight_ratio=None
+            if previous is None or step.weight_norm is None
+            else _ratio(step.weight_norm, previous),
+            flat=flat,
+            flat_since=since,
+        )
+
     def judge(self, step: Step) -> Spike | None:
         """The spike `step` is, or None (then it joins the history)."""
+        self.last = scores = self.scores(step)
+        spike = self._verdict(step, scores)
+        if spike is None:
+            self.history.append(step)
+            self.seen += 1
+        return spike
+
+    def _verdict(self, step: Step, scores: Scores) -> Spike | None:
+        cfg = self.cfg
         loss_median, norm_median = self.medians()
         if not math.isfinite(step.loss):
             return Spike(step.batch, "loss", step.loss, loss_median)
         if not math.isfinite(step.grad_norm):
             return Spike(step.batch, "gradient norm", step.grad_norm, norm_median)
-        if self.seen >= self.cfg.warmup and loss_median is not None:
-            if self.cfg.loss_factor and step.loss > self.cfg.loss_factor * loss_median:
-                return Spike(step.batch, "loss", step.loss, loss_median)
-            if self.cfg.grad_factor and step.grad_norm > self.cfg.grad_factor * norm_median:
-                return Spike(step.batch, "gradient norm", step.grad_norm, norm_median)
-        self.history.append(step)
-        self.seen += 1
+        if step.weight_norm is not None and not math.isfinite(step.weight_norm):
+            return Spike(step.batch, "weight norm", step.weight_norm, None, "the weights are not finite")
+        if self.seen < cfg.warmup or loss_median is None:
+            return None
+        if cfg.loss_factor and scores.loss_ratio > cfg.loss_factor:
+            return Spike(step.batch, "loss", step.loss, loss_median)
+        if cfg.loss_z and scores.loss_z > cfg.loss_z and scores.loss_ratio > 1 + cfg.loss_rise:
+            context = f"median {loss_median:.4g}, {scores.loss_z:.3g} x the loss's noise above it"
+            return Spike(step.batch, "loss", step.loss, loss_median, context)
+        if cfg.grad_factor and scores.grad_ratio > cfg.grad_factor:
+            return Spike(step.batch, "gradient norm", step.grad_norm, norm_median)
+        if cfg.weight_factor and scores.weight_ratio is not None and scores.weight_ratio > cfg.weight_factor:
+            context = f"{scores.weight_ratio:.3g} x the previous step's {self.history[-1].weight_norm:.4g}"
+            return Spike(step.batch, "weight norm", step.weight_norm, None, context)
+        if cfg.flat_steps and scores.flat >= cfg.flat_steps:
+            # The state after batch flat_since - 1 gave the first of the equal losses: suspect from there.
+            context = f"the same loss to 6 digits since batch {scores.flat_since}: a collapsed model"
+            return Spike(step.batch, "loss", step.loss, loss_median, context, onset=scores.flat_since - 1)
         return None
 
     def rewind(self, batch: int) -> None:
@@ -130,9 +212,39 @@ class SpikeDetector:
         return {"history": json.dumps([asdict(s) for s in self.history]), "seen": self.seen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        history = _records(state.get("history"))
+        history = _records(state.get("history"))  # a record saved before weight_norm was kept lacks it
         self.history = deque((Step(**s) for s in history), maxlen=self.history.maxlen)
         self.seen = int(state.get("seen", len(self.history)))
+
+
+def _noise(losses: list[float]) -> float:
+    """The standard deviation of one loss about the loss's level, robustly and without the trend:
+    from the differences of consecutive losses (each holds the noise twice and the trend once: the
+    median absolute deviation of the differences, less their median, the trend's step), 1.4826 x
+    that MAD / sqrt(2). A spread about the window's median would count the fall of the loss over
+    the window as noise, and early in training, while the loss falls fast, take a rise of a third
+    for noise (tests/e2e/test_guard_poison.py's window: 0.26 against 0.10)."""
+    steps = [b - a for a, b in zip(losses, losses[1:], strict=False)]
+    if not steps:
+        return 0.0
+    trend = statistics.median(steps)
+    return MAD_TO_SIGMA * statistics.median(abs(d - trend) for d in steps) / math.sqrt(2)
+
+
+def _ratio(value: float, reference: float) -> float:
+    return value / reference if reference > 0 else (math.inf if value > 0 else 1.0)
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isfinite(a) and abs(a - b) <= FLAT_TOLERANCE * abs(b)
+
+
+def _weight_norm(state: State) -> float:
+    """The norm of all weights (every rank the same number: under FSDP2 the shards' norms are
+    reduced, as for the gradient norm), after this step's update."""
+    norm = torch.nn.utils.get_total_norm([p.detach() for p in state.model.parameters()])
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return float(norm.item())
 
 
 def _records(value: str | list | None) -> list[dict]:
@@ -215,7 +327,7 @@ class SpikeGuard(Callback):
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)
         loss = state.total_loss_dict.get("loss/train/total", float("nan"))
-        step = Step(batch, float(loss), self._grad_norm)
+        step = Step(batch, float(loss), self._grad_norm, _weight_norm(state))
         spike = self.detector.judge(step)
         if spike is None and self._dropped:
             spike = Spike(batch, "loss", float("nan"), self.detector.medians()[0])
@@ -240,7 +352,10 @@ class SpikeGuard(Callback):
                 f"{SpikeStop.EXIT_CODE}, the newest checkpoint is the last good state: look at the "
                 "data and the learning rate before resuming",
             )
-        restored = self.point.restore(state, logger, at_most=spike.batch - self.cfg.rewind)
+        at_most = spike.batch - self.cfg.rewind
+        if spike.onset is not None:  # a collapse: back to a state before its first suspect one
+            at_most = min(at_most, spike.onset - 1)
+        restored = self.point.restore(state, logger, at_most=at_most)
         if restored is None:
             self._stop(
                 state,
@@ -248,7 +363,8 @@ class SpikeGuard(Callback):
                 spike,
                 f"no checkpoint to roll back to yet; stopping with exit code {SpikeStop.EXIT_CODE}. "
                 f"To start over without this batch and the {self.cfg.skip} after it: "
-                f"data.skip=[[{spike.batch - 1},{spike.batch + self.cfg.skip}]]",
+                f"data.skip=[[{(spike.batch if spike.onset is None else spike.onset) - 1},"
+                f"{spike.batch + self.cfg.skip}]]",
             )
         rollback = Rollback(spike.batch, restored.batch, restored.batch, spike.batch + self.cfg.skip)
         self.rollbacks.append(rollback)
