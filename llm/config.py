@@ -197,6 +197,9 @@ class ModelSection(ModelConfig):
     z_loss: float = bounded(0.0, ge=0, le=1, words=_PENALTY)
     # Baichuan 2's max-z loss: max_z_loss x (the largest logit)^2 per scored token (2e-4); 0: off.
     max_z_loss: float = bounded(0.0, ge=0, le=1, words=_PENALTY)
+    # Tokens per chunk of the loss head (llm/loss.py): the output projection and cross-entropy
+    # computed a chunk at a time, never every token's logits at once; 0: the plain path (all logits).
+    loss_chunk: int = bounded(512, ge=0, words="0 (the plain loss) or a positive number of tokens, e.g. 512")
 
 
 @dataclass

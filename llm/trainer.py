@@ -129,6 +129,7 @@ def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> Lan
         z_loss=cfg.model.z_loss,
         max_z_loss=cfg.model.max_z_loss,
         documents=documents_for(cfg, eos_id),
+        loss_chunk=cfg.model.loss_chunk,
     )
     if cfg.training.float8.enabled:
         swapped = apply_float8(model.model, cfg.training.float8, fsdp=cfg.fsdp.enabled, device=device)
