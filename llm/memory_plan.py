@@ -45,6 +45,10 @@ flash/memory-efficient kernels (no T x T score matrix; the small log-sum-exp is 
 - loss head (both cases): final norm a * h * (4 + cb) + output input a * h * cb + logits
   a * V * (12 + cb): fp32 logits kept for the loss and metrics, the fp32 log-softmax cross-entropy
   saves, and during backward the fp32 logits gradient and its compute-dtype cast.
+- loss head, chunked (model.loss_chunk = c tokens; llm/loss.py): final norm a * h * (4 + cb) +
+  output input a * h * cb + 16 a (fp32 log-sum-exp, largest logit and its int64 index per token) +
+  one chunk's logits min(c, a) * V * (8 + cb): the compute-dtype matmul output and two fp32
+  tensors (its copy and the log-sum-exp's or the gradient's) at a time; nothing of size a * V.
 
 Documents kept apart (model.attention=document; llm/model.py), per micro-batch of b samples of T
 tokens, n = ceil(T / 128): the FlexAttention block mask, 4 pairs of int32 tile counts [b, n] and
@@ -153,6 +157,8 @@ class MemoryPlan:
     full_every: int = 0
     float8: bool = False
     document_mask: int = 0  # the block mask of documents kept apart (module docstring); 0: causal
+    loss_chunk: int = 0  # tokens per chunk of the loss head; 0: plain (loss_head is then the plain one)
+    loss_head_plain: int = 0  # the plain path's loss head, for comparison (= loss_head when plain)
 
     @property
     def static(self) -> int:
@@ -220,7 +226,7 @@ class MemoryPlan:
             row("activations, no checkpointing", self.activations_no_checkpointing),
             row("activations, full checkpointing", self.activations_checkpointing),
             row(selective, self.activations_selective),
-            row("loss head (final norm, logits, log-softmax)", self.loss_head),
+            *self._loss_head_rows(row),
             *(
                 [row("document mask (block mask, documents)", self.document_mask)]
                 if self.document_mask
@@ -238,6 +244,13 @@ class MemoryPlan:
             row("host memory per rank, ordinary init", self.host_memory_per_rank_eager),
         ]
         return "\n".join(lines)
+
+    def _loss_head_rows(self, row) -> list[str]:
+        plain = row("loss head, plain (every token's logits)", self.loss_head_plain or self.loss_head)
+        if not self.loss_chunk:
+            return [plain]
+        chunked = row(f"loss head, chunked ({self.loss_chunk:,}-token chunks)", self.loss_head)
+        return [plain + "  (model.loss_chunk=0)", chunked + f"  (model.loss_chunk={self.loss_chunk})"]
 
 
 def _check_plan_args(n_gpus: int, micro_batch: int, seq_len: int, compute: str, sharding: str) -> None:
@@ -303,10 +316,11 @@ def plan_memory(
     full_every: int = 0,
     float8: bool = False,
     documents: str = "causal",
+    loss_chunk: int = 0,
 ) -> MemoryPlan:
     """Estimate memory per GPU for FSDP full sharding (formulas in the module docstring);
     `documents`: causal, document (model.attention=document) or document+positions (and
-    model.positions=document)."""
+    model.positions=document); `loss_chunk`: tokens per chunk of the chunked loss head, 0 plain."""
     _check_plan_args(n_gpus, micro_batch, seq_len, compute, sharding)
     if isinstance(activation_checkpointing, bool):  # the old on/off form
         activation_checkpointing = "full" if activation_checkpointing else "none"
@@ -337,13 +351,24 @@ def plan_memory(
         activations_no_checkpointing=acts["none"],
         activations_checkpointing=acts["full"],
         activations_selective=acts["selective"],
-        loss_head=tokens * h * (4 + cb) + tokens * h * cb + tokens * cfg.vocab_size * (12 + cb),
+        loss_head=loss_head_bytes(cfg, tokens, cb, loss_chunk),
+        loss_head_plain=loss_head_bytes(cfg, tokens, cb, 0),
+        loss_chunk=loss_chunk,
         host_memory_per_rank=4 * counts.largest,
         host_memory_per_rank_eager=4 * counts.total,
         full_every=full_every,
         float8=float8,
         document_mask=document_mask_bytes(cfg, micro_batch, seq_len, cb, documents),
     )
+
+
+def loss_head_bytes(cfg: ModelConfig, tokens: int, cb: int, loss_chunk: int = 0) -> int:
+    """The loss head of one micro-batch of `tokens`: plain (all logits) or chunked (module docstring)."""
+    h, vocab = cfg.dim, cfg.vocab_size
+    hidden = tokens * h * (4 + cb) + tokens * h * cb  # the final norm's saved input and its output
+    if not loss_chunk:
+        return hidden + tokens * vocab * (12 + cb)
+    return hidden + 16 * tokens + min(loss_chunk, tokens) * vocab * (8 + cb)
 
 
 def document_mask_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, cb: int, documents: str) -> int:
@@ -493,6 +518,7 @@ def describe_run(
         full_every=cfg.fsdp.checkpoint_full_every if cfg.fsdp.enabled else 0,
         float8=cfg.training.float8.enabled,
         documents=documents_setting(cfg),
+        loss_chunk=cfg.model.loss_chunk,
     )
     verdict = "fits" if plan.fits(gpu_gb * 1e9) else "does NOT fit"
     lines += ["", sharding, plan.format(gpu_gb), f"=> this recipe {verdict} on {gpus} x {gpu_gb:g} GB GPUs"]

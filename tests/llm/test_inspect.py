@@ -18,6 +18,9 @@ def test_7b_dry_run_prints_sizes_and_fits_8_x_80gb(capsys):
     assert "2,097,152" in out  # tokens per optimizer step: 512 x 4096
     assert "64 samples = 16 micro-batch(es) of 4 x 4096 tokens" in out
     assert "=> this recipe fits on 8 x 80 GB GPUs" in out
+    # The loss head both ways: the recipe's chunked one under 1 GiB, the plain one beside it.
+    assert "loss head, plain (every token's logits)         14.17 GiB  (model.loss_chunk=0)" in out
+    assert "loss head, chunked (512-token chunks)            0.81 GiB  (model.loss_chunk=512)" in out
 
 
 def test_7b_does_not_fit_one_gpu(capsys):
