@@ -284,7 +284,9 @@ class FSDPConfig:
     mixed_precision: str = "DEFAULT"  # DEFAULT: params in the compute dtype, fp32 reduction; PURE; FULL
     # none: keep every activation; full: recompute each decoder block in backward; selective: keep
     # the outputs of the matmuls and attention, recompute the cheap ops (torch's selective
-    # checkpoint API). The old true/false still read as full/none. Memory: llm/memory_plan.py.
+    # checkpoint API); auto: the memory plan chooses per block the least recomputation that fits
+    # this GPU (blocks kept whole, selective or full; llm inspect prints the choice). The old
+    # true/false still read as full/none. Memory: llm/memory_plan.py.
     activation_checkpointing: str = "full"
     # selective only: every k-th block (k, 2k, ...) is recomputed in full instead; 0: none is.
     checkpoint_full_every: int = bounded(0, ge=0, words="0 (never) or more")
@@ -812,7 +814,7 @@ def _check_eval_names(streams: list[StreamConfig]) -> None:
         seen[label] = i
 
 
-CHECKPOINTING_POLICIES = ("none", "full", "selective")
+CHECKPOINTING_POLICIES = ("none", "full", "selective", "auto")
 _LEGACY_CHECKPOINTING = {"true": "full", "false": "none"}  # the old on/off key
 
 
