@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from llm.config import ModelSection
-from llm.memory_plan import PEAK_BF16_FLOPS, plan_memory
+from llm.memory_plan import DEFAULT_GPU_GB, PEAK_BF16_FLOPS, Blocks, auto_checkpointing, plan_memory
 from llm.model import ModelConfig
 from scenarios import resume as rs
 
@@ -355,12 +355,24 @@ def slice_layers(sizes: Sizes, memory_bytes: float, checkpointing: bool) -> int:
 
 def slice_plan(
     sizes: Sizes, layers: int, checkpointing: bool | str, float8: bool = False, documents: bool = False,
-    loss_chunk: int = 0,
+    loss_chunk: int = 0, gpu_bytes: float = 0.0,
 ):  # fmt: skip
     """The dry-run memory plan of the slice on one GPU (the prediction the peak is compared with);
     the number of layers is chosen with the plain loss head (loss_chunk 0), so every row fits."""
     shape = replace(sizes.slice_shape, n_layers=layers)
     policy = checkpointing if isinstance(checkpointing, str) else "full" if checkpointing else "none"
+    if policy == "auto":  # what the trainer chooses on this GPU (on the CPU: the plan's 80 GB one)
+        args = dict(n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len, float8=float8,
+                    compute="fp32" if sizes.smoke else "bf16", loss_chunk=loss_chunk,
+                    documents="document+positions" if documents else "causal")  # fmt: skip
+        budget = DEFAULT_GPU_GB * 1e9 if sizes.smoke else gpu_bytes
+        chosen = auto_checkpointing(shape, gpu_bytes=budget, **args)
+        everything = Blocks(whole=0, selective=0, full=layers)
+        return (
+            chosen[1]
+            if chosen
+            else plan_memory(shape, activation_checkpointing="auto", blocks=everything, **args)
+        )
     return plan_memory(
         shape, n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len,
         compute="fp32" if sizes.smoke else "bf16", activation_checkpointing=policy, float8=float8,
@@ -413,7 +425,10 @@ def check_slice(
     f = speed_figures(train_probe("recipes/7b.yaml", overrides, sizes.slice_warmup, ctx.work, tag, timeout))
     if profile:
         f["trace"] = collect_trace(ctx.work / "runs" / tag / "profile")
-    planned = slice_plan(sizes, layers, ac, float8, documents, loss_chunk).total
+    plan = slice_plan(sizes, layers, ac, float8, documents, loss_chunk, ctx.memory_bytes)
+    planned = plan.total
+    if plan.blocks is not None:
+        row.setting += f" ({plan.blocks.words()})"
     measured = f["peak_memory_bytes"]
     f.update(planned_bytes=planned, layers=layers, memory_ratio=measured / planned if measured else None)
     ratio = f"{measured / planned:.2f} x the plan's {_gib(planned)}" if measured else f"plan {_gib(planned)}"
@@ -727,11 +742,6 @@ def plan_checks(ctx: Context) -> list:
         *[(f"7b-slice, AC {p}", 60, lambda t, p=p: [check_slice(ctx, False, t, policy=p)]) for p in POLICIES],
         ("7b-slice, float8", 60, lambda t: [check_slice(ctx, False, t, policy="selective", float8=True)]),
         ("7b-slice, profiled", 60, lambda t: [check_slice(ctx, False, t, policy="selective", profile=True)]),
-        (
-            "7b-slice, plain loss head",
-            60,
-            lambda t: [check_slice(ctx, False, t, policy="selective", loss_chunk=0)],
-        ),
         ("tiny, compile off", 40, lambda t: [check_tiny(ctx, False, t)]),
         ("tiny, documents", 40, lambda t: [check_tiny(ctx, False, t, documents=True)]),
         (
@@ -739,6 +749,12 @@ def plan_checks(ctx: Context) -> list:
             60,
             lambda t: [check_slice(ctx, False, t, policy="selective", documents=True)],
         ),
+        (
+            "7b-slice, plain loss head",
+            60,
+            lambda t: [check_slice(ctx, False, t, policy="selective", loss_chunk=0)],
+        ),
+        ("7b-slice, AC auto", 60, lambda t: [check_slice(ctx, False, t, policy="auto")]),
         ("kernels", 30, lambda t: [check_kernels(ctx, t)]),
         ("7b-init", 90, lambda t: [check_init(ctx, t)]),
         ("resume + generation", 90, lambda t: check_resume_and_generation(ctx, t)),
