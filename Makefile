@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo install-local-s3 lock demo demo-short demo-s3 demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-data bench-generate bench-eval bench-tokenizer bench-reading soak-resume soak-outage soak-goodput bench-restart bench-guard bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
+.PHONY: install install-demo install-local-s3 lock demo demo-short demo-s3 demo-sft demo-guard test test-fast test-slow lint bench-convert bench-dedup bench-dedup-scale bench-train bench-loss bench-data bench-generate bench-eval bench-tokenizer bench-reading soak-resume soak-outage soak-goodput bench-restart bench-guard bench-checkpoint bench-gpu gpu-check gpu-check-smoke clean
 
 # Two installs: the demo targets need the pinned stack plus snownlp (the demo extra); the quality
 # gates and benchmarks need the dev extra (pytest, moto, ruff, lm-eval, the trackers...), several
@@ -144,6 +144,10 @@ bench-dedup-scale: install
 
 bench-train: install
 	$(PY) -m bench.train
+
+# The loss head's peak memory and time, forward + backward: plain against chunked (bench/loss.py).
+bench-loss: install
+	$(PY) -m bench.loss $(ARGS)
 
 bench-data: install
 	$(PY) -m bench.data

@@ -13,6 +13,8 @@ recipe's precision), each check in its own process, and the script ends with one
               fits on this GPU (at most 8, to stay within time), FSDP2 with meta-device init:
               MFU and peak memory against the plan's prediction (the ratio). Target MFU >= 50%
               (llm-foundry 46.4% for MPT-7B on 8 x H100 at 2048 tokens; torchtitan 33.7-39%).
+              The loss head is the recipes' chunked one (model.loss_chunk); one row runs the plain
+              head (every token's logits) beside the selective row: its peak and tokens/s.
 - 7b-init:    the full 7B recipe's trainer built on this GPU host (meta device, each parameter
               materialised on the GPU): host memory, against the plan's 4 bytes x the largest
               parameter (0.98 GiB; an ordinary build needs 26 GiB).
@@ -58,7 +60,8 @@ from pathlib import Path
 
 import numpy as np
 
-from llm.memory_plan import PEAK_BF16_FLOPS, plan_memory
+from llm.config import ModelSection
+from llm.memory_plan import DEFAULT_GPU_GB, PEAK_BF16_FLOPS, Blocks, auto_checkpointing, plan_memory
 from llm.model import ModelConfig
 from scenarios import resume as rs
 
@@ -351,25 +354,40 @@ def slice_layers(sizes: Sizes, memory_bytes: float, checkpointing: bool) -> int:
 
 
 def slice_plan(
-    sizes: Sizes, layers: int, checkpointing: bool | str, float8: bool = False, documents: bool = False
-):
-    """The dry-run memory plan of the slice on one GPU (the prediction the peak is compared with)."""
+    sizes: Sizes, layers: int, checkpointing: bool | str, float8: bool = False, documents: bool = False,
+    loss_chunk: int = 0, gpu_bytes: float = 0.0,
+):  # fmt: skip
+    """The dry-run memory plan of the slice on one GPU (the prediction the peak is compared with);
+    the number of layers is chosen with the plain loss head (loss_chunk 0), so every row fits."""
     shape = replace(sizes.slice_shape, n_layers=layers)
     policy = checkpointing if isinstance(checkpointing, str) else "full" if checkpointing else "none"
+    if policy == "auto":  # what the trainer chooses on this GPU (on the CPU: the plan's 80 GB one)
+        args = dict(n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len, float8=float8,
+                    compute="fp32" if sizes.smoke else "bf16", loss_chunk=loss_chunk,
+                    documents="document+positions" if documents else "causal")  # fmt: skip
+        budget = DEFAULT_GPU_GB * 1e9 if sizes.smoke else gpu_bytes
+        chosen = auto_checkpointing(shape, gpu_bytes=budget, **args)
+        everything = Blocks(whole=0, selective=0, full=layers)
+        return (
+            chosen[1]
+            if chosen
+            else plan_memory(shape, activation_checkpointing="auto", blocks=everything, **args)
+        )
     return plan_memory(
         shape, n_gpus=1, micro_batch=sizes.slice_batch, seq_len=shape.max_seq_len,
         compute="fp32" if sizes.smoke else "bf16", activation_checkpointing=policy, float8=float8,
-        documents="document+positions" if documents else "causal",
+        documents="document+positions" if documents else "causal", loss_chunk=loss_chunk,
     )  # fmt: skip
 
 
 POLICIES = ("none", "selective", "full")
+LOSS_CHUNK = ModelSection.loss_chunk  # the recipes' chunked loss head (model.loss_chunk's default)
 PROFILE_STEPS = {"wait": 1, "warmup": 1, "active": 1}  # within the slice's warm-up + timed batches
 
 
 def check_slice(
     ctx: Context, compiled: bool, timeout: float, policy: str | None = None, float8: bool = False,
-    profile: bool = False, documents: bool = False,
+    profile: bool = False, documents: bool = False, loss_chunk: int = LOSS_CHUNK,
 ) -> Row:  # fmt: skip
     """The 7b-slice at one checkpointing policy (the layers fixed by the no-recompute plan), float8 on/off."""
     sizes, shape = ctx.sizes, ctx.sizes.slice_shape
@@ -377,10 +395,10 @@ def check_slice(
     ac = policy or ("full" if ctx.slice_checkpointing else "none")
     setting = (f"{layers} layers, AC {ac}, {'float8' if float8 else 'bf16' if not sizes.smoke else 'fp32'}, "
                f"compile {'on' if compiled else 'off'}{', profiled' if profile else ''}"
-               f"{', documents' if documents else ''}")  # fmt: skip
+               f"{', documents' if documents else ''}{', plain loss head' if not loss_chunk else ''}")  # fmt: skip
     row = Row("7b-slice", setting, target=f"MFU >= {100 * SLICE_TARGET_MFU:.0f}%")
     tag = (f"slice-{ac}-{'f8' if float8 else 'hp'}-compile-{'on' if compiled else 'off'}{'-prof' if profile else ''}"
-           f"{'-documents' if documents else ''}")  # fmt: skip
+           f"{'-documents' if documents else ''}{'-plainloss' if not loss_chunk else ''}")  # fmt: skip
     toy_shape = [f"model.vocab_size={shape.vocab_size}", f"model.dim={shape.dim}", f"model.n_heads={shape.n_heads}",
                  f"model.hidden_dim={shape.hidden_dim}", f"model.max_seq_len={shape.max_seq_len}",
                  "training.precision=auto"]  # fmt: skip
@@ -397,6 +415,7 @@ def check_slice(
         f"training.float8.enabled={str(float8).lower()}",
         f"training.float8.emulate={str(sizes.smoke).lower()}",  # no float8 hardware on the CPU
         *(DOCUMENTS if documents else []),
+        f"model.loss_chunk={loss_chunk}",
     ]
     if profile:
         overrides += [
@@ -406,7 +425,10 @@ def check_slice(
     f = speed_figures(train_probe("recipes/7b.yaml", overrides, sizes.slice_warmup, ctx.work, tag, timeout))
     if profile:
         f["trace"] = collect_trace(ctx.work / "runs" / tag / "profile")
-    planned = slice_plan(sizes, layers, ac, float8, documents).total
+    plan = slice_plan(sizes, layers, ac, float8, documents, loss_chunk, ctx.memory_bytes)
+    planned = plan.total
+    if plan.blocks is not None:
+        row.setting += f" ({plan.blocks.words()})"
     measured = f["peak_memory_bytes"]
     f.update(planned_bytes=planned, layers=layers, memory_ratio=measured / planned if measured else None)
     ratio = f"{measured / planned:.2f} x the plan's {_gib(planned)}" if measured else f"plan {_gib(planned)}"
@@ -727,6 +749,12 @@ def plan_checks(ctx: Context) -> list:
             60,
             lambda t: [check_slice(ctx, False, t, policy="selective", documents=True)],
         ),
+        (
+            "7b-slice, plain loss head",
+            60,
+            lambda t: [check_slice(ctx, False, t, policy="selective", loss_chunk=0)],
+        ),
+        ("7b-slice, AC auto", 60, lambda t: [check_slice(ctx, False, t, policy="auto")]),
         ("kernels", 30, lambda t: [check_kernels(ctx, t)]),
         ("7b-init", 90, lambda t: [check_init(ctx, t)]),
         ("resume + generation", 90, lambda t: check_resume_and_generation(ctx, t)),

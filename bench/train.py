@@ -11,7 +11,8 @@ time the trainer waited for data as a share of step time (target <= 2%), and pea
 contender, the plain loop with documents kept apart (`model.attention=document`,
 `model.positions=document`: on the CPU, SDPA with a boolean mask), takes its turn after the plain
 loop in every round: its tokens/s against the plain loop's is what keeping documents apart costs
-(target >= 0.8). All
+(target >= 0.8). A fourth, the plain loop with the plain loss head (`model.loss_chunk=0`: every
+token's logits), takes its turn last: the chunked head's tokens/s against it (target >= 0.95). All
 read through fresh stream caches, so the data wait includes copying each shard into the cache
 and checking its hash (`data.validate_hash`, xxh64 by default); the cost of that check alone is
 measured apart (the split read cold with and without it, in turns) and printed as a share of
@@ -100,6 +101,7 @@ class Results:
     ours: list[Segment] = field(default_factory=list)
     plain: list[Segment] = field(default_factory=list)
     documents: list[Segment] = field(default_factory=list)  # the plain loop, documents apart
+    unchunked: list[Segment] = field(default_factory=list)  # the plain loop, model.loss_chunk=0
 
 
 class PlainLoop:
@@ -113,7 +115,9 @@ class PlainLoop:
 
         self.device = device
         documents = documents_for(cfg, eos_id)  # None: causal over the window
-        self.wrapper = LanguageModel.from_config(cfg.model, seed=cfg.seed, documents=documents).to(device)
+        self.wrapper = LanguageModel.from_config(
+            cfg.model, seed=cfg.seed, documents=documents, loss_chunk=cfg.model.loss_chunk
+        ).to(device)
         self.wrapper.train()
         self.optimizer = build_optimizer(self.wrapper, cfg.optimizer)
         self.micro = cfg.training.device_microbatch_size
@@ -150,9 +154,17 @@ class Interleave(Callback):
     loop's segments (run inside this callback) do not.
     """
 
-    def __init__(self, plain: PlainLoop, documents: PlainLoop, warmup: int, steps: int, device: str):
+    def __init__(
+        self,
+        plain: PlainLoop,
+        documents: PlainLoop,
+        unchunked: PlainLoop,
+        warmup: int,
+        steps: int,
+        device: str,
+    ):
         self.plain, self.warmup, self.steps, self.device = plain, warmup, steps, device
-        self.documents = documents
+        self.documents, self.unchunked = documents, unchunked
         self.results = Results()
         self._done = 0
         self._resume = self._resume_cpu = 0.0
@@ -178,12 +190,14 @@ class Interleave(Callback):
         if self._done == self.warmup:
             self.plain.run(self.warmup)
             self.documents.run(self.warmup)
+            self.unchunked.run(self.warmup)
             self._start_segment()
         elif self._done > self.warmup and self._segment.steps == self.steps:
             self._segment.peak_bytes = _peak(self.device)
             self.results.ours.append(self._segment)
             self.results.plain.append(self.plain.run(self.steps))
             self.results.documents.append(self.documents.run(self.steps))
+            self.results.unchunked.append(self.unchunked.run(self.steps))
             self._start_segment()
         self._resume, self._resume_cpu = time.perf_counter(), time.process_time()
 
@@ -199,10 +213,17 @@ def run_bench(args: argparse.Namespace, device: str) -> Results:
     cfg = bench_config(args)
     plain_cfg = bench_config(args, run_name="bench-train-plain")  # its own stream cache folder
     apart_cfg = bench_config(args, run_name="bench-train-documents", extra=DOCUMENTS)
-    clean_stale_shared_memory([*all_stream_locals(plain_cfg), *all_stream_locals(apart_cfg)])
+    unchunked_cfg = bench_config(args, run_name="bench-train-unchunked", extra=["model.loss_chunk=0"])
+    locals_ = [
+        *all_stream_locals(plain_cfg),
+        *all_stream_locals(apart_cfg),
+        *all_stream_locals(unchunked_cfg),
+    ]
+    clean_stale_shared_memory(locals_)
     plain = PlainLoop(plain_cfg, device)
     documents = PlainLoop(apart_cfg, device, eos_id=document_eos(apart_cfg, check_streams(apart_cfg)))
-    clock = Interleave(plain, documents, args.warmup, args.steps, device)
+    unchunked = PlainLoop(unchunked_cfg, device)
+    clock = Interleave(plain, documents, unchunked, args.warmup, args.steps, device)
     trainer = build_trainer(cfg, extra_callbacks=[clock])
     try:
         trainer.fit()
@@ -282,6 +303,8 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results, hashing
     best_apart = max(tps(s) for s in results.documents)
     apart_pairs = [tps(a) / tps(b) for a, b in zip(results.documents, results.plain, strict=True)]
     step_ratio = fastest_step(results.ours) / fastest_step(results.plain)
+    best_unchunked = max(tps(s) for s in results.unchunked)
+    chunk_pairs = [tps(a) / tps(b) for a, b in zip(results.plain, results.unchunked, strict=True)]
 
     def per_cpu_second(segments: list[Segment]) -> float:
         return sum(s.steps for s in segments) * tokens_per_step / sum(s.cpu_seconds for s in segments)
@@ -301,6 +324,7 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results, hashing
         f"{line('ours (Composer trainer)', results.ours)}\n"
         f"{line('plain PyTorch loop', results.plain)}\n"
         f"{line('plain, documents apart', results.documents)}\n"
+        f"{line('plain, loss unchunked', results.unchunked)}\n"
         f"  ratio ours / plain       {best_ours / best_plain:>10.3f}   best vs best (target >= 0.95); "
         f"per round: {', '.join(f'{r:.3f}' for r in pairs)}\n"
         f"  ratio, fastest steps     {step_ratio:>10.3f}   (the least disturbed step of each)\n"
@@ -308,6 +332,11 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results, hashing
         f"per round: {', '.join(f'{r:.3f}' for r in apart_pairs)}; fastest steps "
         f"{fastest_step(results.documents) / fastest_step(results.plain):.3f}; CPU time "
         f"{per_cpu_second(results.documents) / per_cpu_second(results.plain):.3f}\n"
+        f"  loss chunked / unchunked {best_plain / best_unchunked:>10.3f}   plain loops, model.loss_chunk="
+        f"{cfg.model.loss_chunk} vs 0, best vs best (target >= 0.95); per round: "
+        f"{', '.join(f'{r:.3f}' for r in chunk_pairs)}; fastest steps "
+        f"{fastest_step(results.plain) / fastest_step(results.unchunked):.3f}; CPU time "
+        f"{per_cpu_second(results.plain) / per_cpu_second(results.unchunked):.3f}\n"
         f"  ratio, CPU time          {cpu_ratio:>10.3f}   tokens per CPU-second of this process "
         f"(ours {per_cpu_second(results.ours):,.0f}, plain {per_cpu_second(results.plain):,.0f})\n"
         f"  data wait, ours          {wait:>10.2%}   of step time (target <= 2%)\n"

@@ -30,8 +30,15 @@ Baichuan 2's max-z loss, `max_z_loss * max(logits)^2` per scored token. Each is 
 same tokens as the cross-entropy (all targets; an SFT batch's answer tokens), computed in fp32
 from one log-sum-exp pass shared with the cross-entropy, and added to the loss that is
 back-propagated. The loss is then a dict (`total`, `cross_entropy`, `z_loss`, `max_z_loss`), which
-Composer back-propagates (`total`) and logs each of as `loss/train/<name>`. This is the project's
-only loss path: the cross-entropy is neither chunked nor fused.
+Composer back-propagates (`total`) and logs each of as `loss/train/<name>`.
+
+Two paths to the same numbers. The plain one (`loss_chunk=0`): `forward` returns the fp32 logits
+`[B, L - 1, V]` and `loss` scores them. The chunked one (the recipe's `model.loss_chunk` tokens,
+`llm.loss`): `forward` hands the model's final hidden states and output weight to the chunked head
+inside the model's forward (where FSDP2 has the weight gathered) and returns the loss itself, never
+holding every token's logits; `loss` passes it on. In evaluation (`model.eval()`) the chunked
+`forward` returns each target's cross-entropy `[B, L - 1]` (0 where not scored) and `update_metric`
+adds them to LanguageCrossEntropy's and LanguagePerplexity's sums: the same metrics.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from composer.models import ComposerModel
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from llm.loss import IGNORE_INDEX, LossTerms, chunked_loss_terms, chunked_token_losses
 from llm.model import ModelConfig, Transformer, TransformerBlock, document_positions
 
 
@@ -67,9 +75,11 @@ class LanguageModel(ComposerModel):
         z_loss: float = 0.0,
         max_z_loss: float = 0.0,
         documents: Documents | None = None,
+        loss_chunk: int = 0,
     ):
         super().__init__()
         self.model = model
+        self.loss_chunk = loss_chunk  # tokens per chunk of the chunked loss head (llm.loss); 0: plain
         self.z_loss = z_loss  # the logit penalties' weights (see the module docstring); 0: off
         self.max_z_loss = max_z_loss
         self.documents = documents  # None: causal over the window
@@ -77,9 +87,12 @@ class LanguageModel(ComposerModel):
         # train LanguageCrossEntropy would recompute the same cross-entropy over the [B, T, V]
         # logits every batch, plus a metric sync, for an identical number (~5% of a CPU step).
         self.train_metrics: dict[str, Metric] = {}
+        # The chunked path's eval outputs are each target's cross-entropy, not logits: the same
+        # metrics, summing those instead (`TokenCrossEntropy`).
+        chunked = bool(loss_chunk)
         self.eval_metrics = {
-            "LanguageCrossEntropy": LanguageCrossEntropy(),
-            "LanguagePerplexity": LanguagePerplexity(),
+            "LanguageCrossEntropy": TokenCrossEntropy() if chunked else LanguageCrossEntropy(),
+            "LanguagePerplexity": TokenPerplexity() if chunked else LanguagePerplexity(),
         }
         # Composer's FSDP2 wraps each child of a ComposerModel and asks that child which submodules
         # to shard: one unit per transformer block (checkpointing: llm/parallelism.py).
@@ -95,18 +108,38 @@ class LanguageModel(ComposerModel):
         z_loss: float = 0.0,
         max_z_loss: float = 0.0,
         documents: Documents | None = None,
+        loss_chunk: int = 0,
     ) -> LanguageModel:
         """Build on `device` (None: the current default; "meta": allocate nothing)."""
         with torch.device(device) if device is not None else nullcontext():
-            return cls(Transformer(cfg, seed=seed), z_loss=z_loss, max_z_loss=max_z_loss, documents=documents)
+            model = Transformer(cfg, seed=seed)
+        return cls(model, z_loss=z_loss, max_z_loss=max_z_loss, documents=documents, loss_chunk=loss_chunk)
 
-    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+    def forward(self, batch: dict[str, Tensor]) -> Tensor | dict[str, Tensor]:
+        """The logits (plain path); with `loss_chunk`, the loss in training and each target's
+        cross-entropy in evaluation (module docstring)."""
         tokens = batch["input_ids"][:, :-1]
         documents, restart = self.documents_of(batch)
-        if documents is None:
-            return self.model(tokens)
-        positions = document_positions(documents) if restart else None
-        return self.model(tokens, documents=documents, positions=positions)
+        kwargs: dict[str, Any] = {}
+        if documents is not None:
+            kwargs["documents"] = documents
+            kwargs["positions"] = document_positions(documents) if restart else None
+        if self.loss_chunk:
+            kwargs["head"] = self._chunked_head(scored_targets(batch))
+        return self.model(tokens, **kwargs)
+
+    def _chunked_head(self, targets: Tensor):
+        chunk, z_loss, max_z_loss = self.loss_chunk, self.z_loss, self.max_z_loss
+        if not self.training:
+            return lambda hidden, weight: chunked_token_losses(hidden, weight, targets, chunk)
+
+        def head(hidden: Tensor, weight: Tensor) -> Tensor | dict[str, Tensor]:
+            terms = chunked_loss_terms(
+                hidden, weight, targets, chunk, z_loss=bool(z_loss), max_z_loss=bool(max_z_loss)
+            )
+            return loss_from_terms(terms, z_loss, max_z_loss)
+
+        return head
 
     def documents_of(self, batch: dict[str, Tensor]) -> tuple[Tensor | None, bool]:
         """The document of every input token `[B, L - 1]` and whether positions restart at each;
@@ -128,6 +161,8 @@ class LanguageModel(ComposerModel):
     def loss(
         self, outputs: Tensor, batch: dict[str, Tensor], *args: Any, **kwargs: Any
     ) -> Tensor | dict[str, Tensor]:
+        if self.loss_chunk:  # the chunked head's forward computed it
+            return outputs
         logits, targets = outputs.reshape(-1, outputs.size(-1)), scored_targets(batch).reshape(-1)
         if self.z_loss or self.max_z_loss:
             return penalised_loss(logits, targets, self.z_loss, self.max_z_loss)
@@ -152,11 +187,25 @@ class LanguageModel(ComposerModel):
         return self.model.flops_per_batch(input_ids.shape[0], input_ids.shape[1] - 1)
 
 
+class _TokenLosses:
+    """`update(losses, targets)` from each target's cross-entropy (`[B, T]`, 0 where IGNORE_INDEX):
+    LanguageCrossEntropy's two sums, as its own update computes them from logits."""
+
+    def update(self, output: Tensor, target: Tensor) -> None:
+        self.sum_loss += output.sum()
+        self.total_items += (target != IGNORE_INDEX).sum()
+
+
+class TokenCrossEntropy(_TokenLosses, LanguageCrossEntropy):
+    """LanguageCrossEntropy over the chunked head's per-token losses."""
+
+
+class TokenPerplexity(_TokenLosses, LanguagePerplexity):
+    """LanguagePerplexity over the chunked head's per-token losses."""
+
+
 def _is_block(module: nn.Module) -> bool:
     return isinstance(module, TransformerBlock)
-
-
-IGNORE_INDEX = -100  # never a token id (ids are >= 0), and LanguageCrossEntropy's default
 
 
 def scored_targets(batch: dict[str, Tensor]) -> Tensor:
@@ -187,6 +236,20 @@ def penalised_loss(logits: Tensor, targets: Tensor, z_loss: float, max_z_loss: f
     if max_z_loss:
         terms["max_z_loss"] = max_z_loss * mean(logits.amax(dim=-1).square())
     return {"total": sum(terms.values()), **terms}
+
+
+def loss_from_terms(terms: LossTerms, z_loss: float, max_z_loss: float) -> Tensor | dict[str, Tensor]:
+    """The chunked head's sums as `loss` returns them on the plain path: the mean cross-entropy
+    over the scored targets, or the dict of `penalised_loss`."""
+    cross_entropy = terms.cross_entropy / terms.count
+    if not (z_loss or max_z_loss):
+        return cross_entropy
+    parts = {"cross_entropy": cross_entropy}
+    if z_loss:
+        parts["z_loss"] = z_loss * terms.z_square / terms.count
+    if max_z_loss:
+        parts["max_z_loss"] = max_z_loss * terms.max_square / terms.count
+    return {"total": sum(parts.values()), **parts}
 
 
 def eos_documents(tokens: Tensor, eos_id: int) -> Tensor:

@@ -197,6 +197,9 @@ class ModelSection(ModelConfig):
     z_loss: float = bounded(0.0, ge=0, le=1, words=_PENALTY)
     # Baichuan 2's max-z loss: max_z_loss x (the largest logit)^2 per scored token (2e-4); 0: off.
     max_z_loss: float = bounded(0.0, ge=0, le=1, words=_PENALTY)
+    # Tokens per chunk of the loss head (llm/loss.py): the output projection and cross-entropy
+    # computed a chunk at a time, never every token's logits at once; 0: the plain path (all logits).
+    loss_chunk: int = bounded(512, ge=0, words="0 (the plain loss) or a positive number of tokens, e.g. 512")
 
 
 @dataclass
@@ -281,7 +284,9 @@ class FSDPConfig:
     mixed_precision: str = "DEFAULT"  # DEFAULT: params in the compute dtype, fp32 reduction; PURE; FULL
     # none: keep every activation; full: recompute each decoder block in backward; selective: keep
     # the outputs of the matmuls and attention, recompute the cheap ops (torch's selective
-    # checkpoint API). The old true/false still read as full/none. Memory: llm/memory_plan.py.
+    # checkpoint API); auto: the memory plan chooses per block the least recomputation that fits
+    # this GPU (blocks kept whole, selective or full; llm inspect prints the choice). The old
+    # true/false still read as full/none. Memory: llm/memory_plan.py.
     activation_checkpointing: str = "full"
     # selective only: every k-th block (k, 2k, ...) is recomputed in full instead; 0: none is.
     checkpoint_full_every: int = bounded(0, ge=0, words="0 (never) or more")
@@ -834,7 +839,7 @@ def _check_eval_names(streams: list[StreamConfig]) -> None:
         seen[label] = i
 
 
-CHECKPOINTING_POLICIES = ("none", "full", "selective")
+CHECKPOINTING_POLICIES = ("none", "full", "selective", "auto")
 _LEGACY_CHECKPOINTING = {"true": "full", "false": "none"}  # the old on/off key
 
 

@@ -38,6 +38,12 @@ flash/memory-efficient kernels (no T x T score matrix; the small log-sum-exp is 
   (q, k, v, attention output, wo, w1, w3, w2): a * cb * (7h + 2f) per layer (bf16: 14h + 4f
   bytes), plus one block's per-layer activations during its recompute; with
   fsdp.checkpoint_full_every=k every k-th block costs the full policy's a * h * cb instead
+- auto (=auto): per block, one of the three above: `whole` blocks keep every activation, `full`
+  blocks keep their input, the rest are selective; `auto_checkpointing` picks the fewest blocks
+  recomputed in full (each costs a forward of the block, `block_forward_flops`), then the most left
+  whole, that fit the budget. Its recomputed share of the step's FLOPs (`recompute_share`): full
+  blocks x a block's forward over the step's counted FLOPs (selective recomputes elementwise ops,
+  no matmul FLOPs). With training.compile only none and full are chosen (selective needs eager ops).
 - float8 (training.float8): the matmul inputs that only matmuls keep (the normalised attention
   and feed-forward inputs, silu * up) are saved in float8 (1 byte) instead of cb, and each layer
   that is not fully checkpointed also keeps its float8 weights (1 byte x its linear parameters)
@@ -45,6 +51,10 @@ flash/memory-efficient kernels (no T x T score matrix; the small log-sum-exp is 
 - loss head (both cases): final norm a * h * (4 + cb) + output input a * h * cb + logits
   a * V * (12 + cb): fp32 logits kept for the loss and metrics, the fp32 log-softmax cross-entropy
   saves, and during backward the fp32 logits gradient and its compute-dtype cast.
+- loss head, chunked (model.loss_chunk = c tokens; llm/loss.py): final norm a * h * (4 + cb) +
+  output input a * h * cb + 16 a (fp32 log-sum-exp, largest logit and its int64 index per token) +
+  one chunk's logits min(c, a) * V * (8 + cb): the compute-dtype matmul output and two fp32
+  tensors (its copy and the log-sum-exp's or the gradient's) at a time; nothing of size a * V.
 
 Documents kept apart (model.attention=document; llm/model.py), per micro-batch of b samples of T
 tokens, n = ceil(T / 128): the FlexAttention block mask, 4 pairs of int32 tile counts [b, n] and
@@ -141,7 +151,7 @@ class MemoryPlan:
     micro_batch: int
     seq_len: int
     compute: str
-    activation_checkpointing: str  # none | full | selective (see the module docstring)
+    activation_checkpointing: str  # none | full | selective | auto (see the module docstring)
     weights: int
     gradients: int
     optimizer: int
@@ -156,6 +166,10 @@ class MemoryPlan:
     full_every: int = 0
     float8: bool = False
     document_mask: int = 0  # the block mask of documents kept apart (module docstring); 0: causal
+    loss_chunk: int = 0  # tokens per chunk of the loss head; 0: plain (loss_head is then the plain one)
+    loss_head_plain: int = 0  # the plain path's loss head, for comparison (= loss_head when plain)
+    blocks: Blocks | None = None  # auto: the per-block choice
+    activations_auto: int = 0
 
     @property
     def static(self) -> int:
@@ -183,6 +197,7 @@ class MemoryPlan:
             "none": self.activations_no_checkpointing,
             "full": self.activations_checkpointing,
             "selective": self.activations_selective,
+            "auto": self.activations_auto,
         }[policy]
 
     @property
@@ -210,6 +225,8 @@ class MemoryPlan:
         ckpt = self.activation_checkpointing + (
             f", 1 block in {self.full_every} full" if self.full_every and ckpt_selective(self) else ""
         )
+        if self.blocks is not None:
+            ckpt = f"auto: {self.blocks.words()}"
         selective = "activations, selective" + (f" (1 in {self.full_every} full)" if self.full_every else "")
         lines = [
             f"Memory per GPU: parameters sharded over {self.n_gpus} GPU(s), micro-batch {self.micro_batch} x "
@@ -223,7 +240,8 @@ class MemoryPlan:
             row("activations, no checkpointing", self.activations_no_checkpointing),
             row("activations, full checkpointing", self.activations_checkpointing),
             row(selective, self.activations_selective),
-            row("loss head (final norm, logits, log-softmax)", self.loss_head),
+            *([row("activations, auto (as chosen)", self.activations_auto)] if self.blocks else []),
+            *self._loss_head_rows(row),
             *(
                 [row("document mask (block mask, documents)", self.document_mask)]
                 if self.document_mask
@@ -241,6 +259,31 @@ class MemoryPlan:
             row("host memory per rank, ordinary init", self.host_memory_per_rank_eager),
         ]
         return "\n".join(lines)
+
+    def _loss_head_rows(self, row) -> list[str]:
+        plain = row("loss head, plain (every token's logits)", self.loss_head_plain or self.loss_head)
+        if not self.loss_chunk:
+            return [plain]
+        chunked = row(f"loss head, chunked ({self.loss_chunk:,}-token chunks)", self.loss_head)
+        return [plain + "  (model.loss_chunk=0)", chunked + f"  (model.loss_chunk={self.loss_chunk})"]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Activation checkpointing per block: `whole` blocks keep everything, `full` are recomputed in
+    full, the rest selective (`auto`; module docstring)."""
+
+    whole: int
+    selective: int
+    full: int
+
+    def policies(self) -> list[str]:
+        """Each block's policy, first to last: the full ones first, the whole ones last (their
+        activations are the first backward needs)."""
+        return ["full"] * self.full + ["selective"] * self.selective + ["none"] * self.whole
+
+    def words(self) -> str:
+        return f"{self.whole} block(s) whole, {self.selective} selective, {self.full} full"
 
 
 def _check_plan_args(n_gpus: int, micro_batch: int, seq_len: int, compute: str, sharding: str) -> None:
@@ -293,6 +336,21 @@ def checkpointing_activations(
     }
 
 
+def blocks_activations(
+    cfg: ModelConfig, tokens: int, cb: int, blocks: Blocks, float8: bool = False, linear: int = 0
+) -> int:
+    """Activation bytes per GPU of a per-block choice (module docstring)."""
+    per_layer = layer_activation_bytes(cfg, tokens, cb, float8)
+    weights8 = linear if float8 else 0
+    recomputing = per_layer if blocks.selective or blocks.full else 0
+    return (
+        blocks.whole * (per_layer + weights8)
+        + blocks.selective * (selective_layer_bytes(cfg, tokens, cb) + weights8)
+        + blocks.full * tokens * cfg.dim * cb
+        + recomputing
+    )
+
+
 def plan_memory(
     cfg: ModelConfig,
     *,
@@ -306,17 +364,21 @@ def plan_memory(
     full_every: int = 0,
     float8: bool = False,
     documents: str = "causal",
+    loss_chunk: int = 0,
+    blocks: Blocks | None = None,
 ) -> MemoryPlan:
     """Estimate memory per GPU for FSDP full sharding (formulas in the module docstring);
     `documents`: causal, document (model.attention=document) or document+positions (and
-    model.positions=document)."""
+    model.positions=document); `loss_chunk`: tokens per chunk of the chunked loss head, 0 plain."""
     _check_plan_args(n_gpus, micro_batch, seq_len, compute, sharding)
     if isinstance(activation_checkpointing, bool):  # the old on/off form
         activation_checkpointing = "full" if activation_checkpointing else "none"
-    if activation_checkpointing not in ("none", "full", "selective"):
+    if activation_checkpointing not in ("none", "full", "selective", "auto"):
         raise MemoryPlanError(
-            f"activation_checkpointing {activation_checkpointing!r} is not one of none, full, selective"
+            f"activation_checkpointing {activation_checkpointing!r} is not one of none, full, selective, auto"
         )
+    if (activation_checkpointing == "auto") != (blocks is not None):
+        raise MemoryPlanError("activation_checkpointing=auto comes with its per-block choice (blocks)")
     counts = count_params(cfg)
     cb = 2 if compute == "bf16" else 4
     reduce_copy = 4 if cb != 4 else 0
@@ -340,13 +402,26 @@ def plan_memory(
         activations_no_checkpointing=acts["none"],
         activations_checkpointing=acts["full"],
         activations_selective=acts["selective"],
-        loss_head=tokens * h * (4 + cb) + tokens * h * cb + tokens * cfg.vocab_size * (12 + cb),
+        loss_head=loss_head_bytes(cfg, tokens, cb, loss_chunk),
+        loss_head_plain=loss_head_bytes(cfg, tokens, cb, 0),
+        loss_chunk=loss_chunk,
+        blocks=blocks,
+        activations_auto=blocks_activations(cfg, tokens, cb, blocks, float8, linear) if blocks else 0,
         host_memory_per_rank=4 * counts.largest,
         host_memory_per_rank_eager=4 * counts.total,
         full_every=full_every,
         float8=float8,
         document_mask=document_mask_bytes(cfg, micro_batch, seq_len, cb, documents),
     )
+
+
+def loss_head_bytes(cfg: ModelConfig, tokens: int, cb: int, loss_chunk: int = 0) -> int:
+    """The loss head of one micro-batch of `tokens`: plain (all logits) or chunked (module docstring)."""
+    h, vocab = cfg.dim, cfg.vocab_size
+    hidden = tokens * h * (4 + cb) + tokens * h * cb  # the final norm's saved input and its output
+    if not loss_chunk:
+        return hidden + tokens * vocab * (12 + cb)
+    return hidden + 16 * tokens + min(loss_chunk, tokens) * vocab * (8 + cb)
 
 
 def document_mask_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, cb: int, documents: str) -> int:
@@ -409,6 +484,44 @@ def cheapest_policy(cfg: ModelConfig, *, gpu_bytes: float, **plan_args) -> tuple
         plan = plan_memory(cfg, activation_checkpointing=policy, full_every=every, **plan_args)
         if plan.fits(gpu_bytes):
             return policy, every, plan
+    return None
+
+
+def block_forward_flops(cfg: ModelConfig, seq_len: int) -> float:
+    """FLOPs per token of one block's forward, as `flops_per_token` counts them: its matmuls
+    (2 x its linear parameters) and a third of its attention term (12 h T, forward + backward)."""
+    h, f = cfg.dim, cfg.ffn_hidden_dim
+    linear = 2 * h * (cfg.n_heads * cfg.head_dim) + 2 * h * (cfg.kv_heads * cfg.head_dim) + 3 * h * f
+    return 2.0 * linear + 4.0 * h * seq_len
+
+
+def recompute_share(
+    cfg: ModelConfig, seq_len: int, full_blocks: int, per_token: float | None = None
+) -> float:
+    """The share of a step's counted FLOPs spent recomputing `full_blocks` blocks in full."""
+    if per_token is None:
+        with torch.device("meta"):
+            per_token = Transformer(cfg).flops_per_token(seq_len)
+    return full_blocks * block_forward_flops(cfg, seq_len) / per_token
+
+
+def auto_checkpointing(
+    cfg: ModelConfig, *, gpu_bytes: float, selective: bool = True, **plan_args
+) -> tuple[Blocks, MemoryPlan] | None:
+    """The per-block choice with the fewest blocks recomputed in full, then the most left whole,
+    whose plan fits `gpu_bytes` (less the 10% reserve); `selective=False` (compile) chooses among
+    none and full only. None if even full recomputation of every block does not fit."""
+    base = plan_memory(cfg, activation_checkpointing="none", **plan_args)
+    room = gpu_bytes * 0.9 - base.static - base.per_batch
+    cb = 2 if base.compute == "bf16" else 4
+    tokens, layers = base.micro_batch * base.seq_len, cfg.n_layers
+    linear = count_params(cfg).block - 2 * cfg.dim
+    for full in range(layers + 1):
+        wholes = range(layers - full, -1, -1) if selective else [layers - full]
+        for whole in wholes:
+            blocks = Blocks(whole=whole, selective=layers - full - whole, full=full)
+            if blocks_activations(cfg, tokens, cb, blocks, base.float8, linear) <= room:
+                return blocks, plan_memory(cfg, activation_checkpointing="auto", blocks=blocks, **plan_args)
     return None
 
 
@@ -486,19 +599,10 @@ def describe_run(
             f"{total_flops:.4g} FLOPs"
         )
     shards, sharding = sharding_plan(cfg, gpus)
-    plan = plan_memory(
-        cfg.model,
-        n_gpus=shards,
-        micro_batch=t.device_microbatch_size,
-        seq_len=seq_len,
-        compute="fp32" if t.precision == "fp32" else "bf16",
-        activation_checkpointing=cfg.fsdp.activation_checkpointing if cfg.fsdp.enabled else "none",
-        full_every=cfg.fsdp.checkpoint_full_every if cfg.fsdp.enabled else 0,
-        float8=cfg.training.float8.enabled,
-        documents=documents_setting(cfg),
-    )
+    plan = recipe_plan(cfg, shards, gpu_gb * 1e9)
     verdict = "fits" if plan.fits(gpu_gb * 1e9) else "does NOT fit"
     lines += ["", sharding, plan.format(gpu_gb), f"=> this recipe {verdict} on {gpus} x {gpu_gb:g} GB GPUs"]
+    lines += recompute_lines(cfg, plan, summary.flops_per_token)
     if total_flops is None:
         lines += ["", "Cost: max_duration is in epochs; give it in batches or tokens for a cost estimate"]
     else:
@@ -515,6 +619,61 @@ def describe_run(
     notices = tuple(sorted({*NOTICES_S, *([cfg.preemption.notice_s] if cfg.preemption.notice_s else [])}))
     lines += ["", cost.format(bandwidths, mfu or ANCHOR_MFU, cfg.checkpoint.save_interval, notices)]
     return "\n".join(lines)
+
+
+def recipe_plan(cfg: TrainConfig, shards: int, gpu_bytes: float) -> MemoryPlan:
+    """The memory plan of the recipe with its parameters sharded over `shards` GPUs of `gpu_bytes`;
+    `fsdp.activation_checkpointing=auto` chooses its blocks here (`auto_checkpointing`; full
+    recomputation of every block when nothing fits, which the plan then reports)."""
+    t, f = cfg.training, cfg.fsdp
+    policy = f.activation_checkpointing if f.enabled else "none"
+    args = dict(
+        n_gpus=shards,
+        micro_batch=t.device_microbatch_size,
+        seq_len=cfg.model.max_seq_len,
+        compute="fp32" if t.precision == "fp32" else "bf16",
+        float8=t.float8.enabled,
+        documents=documents_setting(cfg),
+        loss_chunk=cfg.model.loss_chunk,
+    )
+    if policy == "auto":
+        chosen = auto_checkpointing(cfg.model, gpu_bytes=gpu_bytes, selective=not t.compile, **args)
+        everything = Blocks(whole=0, selective=0, full=cfg.model.n_layers)
+        return (
+            chosen[1]
+            if chosen
+            else plan_memory(cfg.model, activation_checkpointing="auto", blocks=everything, **args)
+        )
+    return plan_memory(
+        cfg.model,
+        activation_checkpointing=policy,
+        full_every=f.checkpoint_full_every if f.enabled else 0,
+        **args,
+    )
+
+
+def recompute_lines(cfg: TrainConfig, plan: MemoryPlan, per_token: float) -> list[str]:
+    """What the recipe's checkpointing recomputes, as a share of the step's FLOPs, beside the
+    fixed policies'."""
+    m, layers = cfg.model, cfg.model.n_layers
+    if plan.activation_checkpointing == "none":
+        return []
+
+    def share(full: int) -> str:
+        return f"{100 * recompute_share(m, m.max_seq_len, full, per_token):.1f}%"
+
+    if plan.blocks is not None:
+        full, how = plan.blocks.full, f"auto ({plan.blocks.words()})"
+    elif plan.activation_checkpointing == "full":
+        full, how = layers, "full"
+    else:
+        full = layers // plan.full_every if plan.full_every else 0
+        how = "selective" + (f", 1 block in {plan.full_every} full" if plan.full_every else "")
+    return [
+        f"  recomputation               {how}: {share(full)} of the step's FLOPs recomputed "
+        f"(every block in full: {share(layers)}, every 2nd block in full: {share(layers // 2)}; "
+        "selective recomputes elementwise ops only)"
+    ]
 
 
 def documents_setting(cfg: TrainConfig) -> str:
@@ -811,6 +970,8 @@ def sharding_plan(cfg: TrainConfig, gpus: int) -> tuple[int, str]:
 
 
 def _policy_words(f) -> str:
+    if f.activation_checkpointing == "auto":
+        return "auto (the plan chooses per block, below)"
     every = f", 1 block in {f.checkpoint_full_every} full" if f.checkpoint_full_every else ""
     return f"{f.activation_checkpointing}{every}"
 

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -290,8 +291,14 @@ class Transformer(nn.Module):
         attention_mask: Tensor | None = None,
         positions: Tensor | None = None,
         documents: Tensor | None = None,
-    ) -> Tensor:
-        """Logits ``[B, T, vocab]`` in fp32 for ``tokens [B, T]`` (see the module docstring)."""
+        head: Callable[[Tensor, Tensor], Any] | None = None,
+    ) -> Any:
+        """Logits ``[B, T, vocab]`` in fp32 for ``tokens [B, T]`` (see the module docstring).
+
+        ``head``: instead of the output projection, return ``head(hidden, output_weight)`` for the
+        final hidden states ``[B, T, dim]`` (after the norm): a loss that projects them itself, e.g.
+        chunk by chunk (``llm.loss``). It runs inside this forward, where FSDP2 has the output
+        weight gathered."""
         bsz, seqlen = tokens.shape
         start = 0 if cache is None else cache.pos
         h = self.tok_embeddings(tokens)
@@ -316,6 +323,8 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, mask, cache)
         if cache is not None:
             cache.pos += seqlen
+        if head is not None:
+            return head(self.norm(h), self.output.weight)
         return self.output(self.norm(h)).float()
 
     def new_cache(

@@ -154,8 +154,9 @@ def block_policies(n_layers: int, policy: str, full_every: int = 0) -> list[str]
     return ["full" if (i + 1) % full_every == 0 else "selective" for i in range(n_layers)]
 
 
-def apply_activation_checkpointing(model: Transformer, policy: str, full_every: int = 0) -> int:
-    """Wrap the decoder blocks in checkpoint wrappers per `policy`; returns how many were wrapped.
+def apply_activation_checkpointing(model: Transformer, policy: str | list[str], full_every: int = 0) -> int:
+    """Wrap the decoder blocks in checkpoint wrappers per `policy` (or a policy per block, as
+    `fsdp.activation_checkpointing=auto` chooses them); returns how many were wrapped.
 
     Done here rather than by Composer's `FSDP2Config.activation_checkpointing`, which only knows
     full recomputation; the wrappers sit where Composer puts its own (inside each FSDP unit), and
@@ -164,7 +165,8 @@ def apply_activation_checkpointing(model: Transformer, policy: str, full_every: 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     wrapped = 0
-    for i, kind in enumerate(block_policies(len(model.layers), policy, full_every)):
+    kinds = policy if isinstance(policy, list) else block_policies(len(model.layers), policy, full_every)
+    for i, kind in enumerate(kinds):
         if kind == "none":
             continue
         options = {"context_fn": _selective_context} if kind == "selective" else {}

@@ -51,6 +51,7 @@ from llm.data import (
 from llm.errors import ConfigError
 from llm.float8 import apply_float8, check_float8
 from llm.loggers import MetricsFile, ProgressLine, build_trackers, check_extras
+from llm.memory_plan import DEFAULT_GPU_GB, recipe_plan, recompute_share
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import (
     all_reduce_between_replicas,
@@ -130,6 +131,7 @@ def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> Lan
         z_loss=cfg.model.z_loss,
         max_z_loss=cfg.model.max_z_loss,
         documents=documents_for(cfg, eos_id),
+        loss_chunk=cfg.model.loss_chunk,
     )
     if cfg.training.float8.enabled:
         swapped = apply_float8(model.model, cfg.training.float8, fsdp=cfg.fsdp.enabled, device=device)
@@ -138,10 +140,29 @@ def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> Lan
     if cfg.training.compile:
         compile_blocks(model.model)  # per block, before checkpointing and FSDP wrap it
     if cfg.fsdp.enabled:  # as the memory plan assumes: checkpointing comes with FSDP
-        apply_activation_checkpointing(
-            model.model, cfg.fsdp.activation_checkpointing, cfg.fsdp.checkpoint_full_every
-        )
+        policy = cfg.fsdp.activation_checkpointing
+        if policy == "auto":
+            policy = auto_block_policies(cfg, device)
+        apply_activation_checkpointing(model.model, policy, cfg.fsdp.checkpoint_full_every)
     return model
+
+
+def auto_block_policies(cfg: TrainConfig, device: str) -> list[str]:
+    """`fsdp.activation_checkpointing=auto`: each block's policy, as the memory plan chooses it for
+    this world size and this GPU's memory (on the CPU, the plan's default GPU of 80 GB)."""
+    shards = dist.get_world_size() // cfg.fsdp.replicate
+    if device == "gpu":
+        gpu_bytes = float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    else:
+        gpu_bytes = DEFAULT_GPU_GB * 1e9
+    plan = recipe_plan(cfg, shards, gpu_bytes)
+    share = recompute_share(cfg.model, cfg.model.max_seq_len, plan.blocks.full)
+    print(
+        f"[checkpointing] auto: {plan.blocks.words()} ({100 * share:.1f}% of the step's FLOPs recomputed; "
+        f"planned {plan.total / 2**30:.1f} GiB of {gpu_bytes / 1e9:.0f} GB)",
+        flush=True,
+    )
+    return plan.blocks.policies()
 
 
 # --- callbacks and loggers ---------------------------------------------------------------------

@@ -129,6 +129,7 @@ LONGEST_FIRST = [
     "test_hf_tokenizer.py",  # 18-25 s: transformers' import, a BPE trained, the S3 server
     "test_parquet.py",  # ~30 s: conversions, a killed run, 66 MB through S3
     "test_demo_targets.py",  # 23-53 s (load 5-9): one training process under make
+    "test_chunked_loss.py",  # ~25 s: the plain and chunked reference runs (shared with test_preemption)
 ]
 
 

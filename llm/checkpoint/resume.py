@@ -563,6 +563,7 @@ FROM_CHECKPOINT = {
     # The loss's penalties on the logits live in the model section but are no part of its shape.
     "model.z_loss": "the recipe's new value applies from the resume point on",
     "model.max_z_loss": "the recipe's new value applies from the resume point on",
+    "model.loss_chunk": "the recipe's new value applies from the resume point on",
     # What a token attends to is no part of the shape either: the weights load, the new mask applies.
     "model.attention": "the recipe's new value applies from the resume point on",
     "model.positions": "the recipe's new value applies from the resume point on",

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench.gpu_check import SMOKE, SMOKE_MEMORY_BYTES, slice_layers, slice_plan
+from bench.gpu_check import LOSS_CHUNK, SMOKE, SMOKE_MEMORY_BYTES, slice_layers, slice_plan
 from bench.gpu_check import main as gpu_check_main
 from llm.model import ModelConfig, Transformer, count_params
 from tests.support import paths
@@ -36,7 +36,7 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     printed = capsys.readouterr()
     assert code == 0, printed.out[-3000:] + printed.err[-3000:]
     table = printed.out.strip().splitlines()
-    assert table[0].startswith("gpu-check: cpu (smoke") and "15 checks" in table[0]
+    assert table[0].startswith("gpu-check: cpu (smoke") and "17 checks" in table[0]
     assert table[1].split()[:3] == ["check", "ok", "result"]
     listed = json.loads(out.read_text())
     assert all(r["error"] is None for r in listed), listed
@@ -50,8 +50,17 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
         ["AC selective", "float8"],
         ["AC selective", "fp32"],
         ["AC selective", "fp32"],
+        ["AC selective", "fp32"],
+        ["AC auto", "fp32"],
     ]
     assert slices[5]["setting"].endswith(", documents") and "documents" not in slices[1]["setting"]
+    # The plain loss head beside the recipes' chunked one (slices[1]): the plan predicts more for it.
+    assert slices[6]["setting"].endswith(", plain loss head")
+    assert slices[6]["figures"]["planned_bytes"] > slices[1]["figures"]["planned_bytes"]
+    # auto: the plan's choice for an 80 GB GPU (the CPU's stand-in) is every block kept whole.
+    assert slices[7]["setting"].endswith(
+        f"({slices[7]['figures']['layers']} block(s) whole, 0 selective, 0 full)"
+    )
     assert len({s["figures"]["layers"] for s in slices}) == 1
     planned = [s["figures"]["planned_bytes"] for s in slices[:3]]
     assert planned[0] > planned[1] > planned[2]  # the plan's order of the policies
@@ -97,7 +106,7 @@ def test_smoke_runs_every_check_through_the_real_trainer_and_prints_one_table(tm
     sliced = rows["7b-slice"]["figures"]
     layers = slice_layers(SMOKE, SMOKE_MEMORY_BYTES, checkpointing=False)
     assert 1 < layers < SMOKE.max_layers and sliced["layers"] == layers
-    assert sliced["planned_bytes"] == slice_plan(SMOKE, layers, "none").total
+    assert sliced["planned_bytes"] == slice_plan(SMOKE, layers, "none", loss_chunk=LOSS_CHUNK).total
     shape = replace(SMOKE.slice_shape, n_layers=layers)
     assert sliced["flops_per_batch"] == pytest.approx(SMOKE.slice_batch * _flops_per_sample(shape))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.resume import (
+    CHUNKED,
     DOCUMENTS,
     MAX_BATCHES,
     assert_continues,
@@ -26,13 +27,14 @@ from tests.support.resume import (
 pytestmark = pytest.mark.slow  # every test here starts training processes
 
 
-@pytest.mark.parametrize("variant", ["causal", "documents"])
+@pytest.mark.parametrize("variant", ["causal", "documents", "chunked"])
 def test_sigterm_saves_the_interrupted_batch_and_the_same_command_continues_bit_identically(
     tmp_path, shards, request, variant
 ):
-    """Also with documents kept apart (`DOCUMENTS`: positions restarting, the guard on)."""
-    overrides = DOCUMENTS if variant == "documents" else []
-    reference = request.getfixturevalue("reference_documents" if variant == "documents" else "reference")
+    """Also with documents kept apart (`DOCUMENTS`: positions restarting, the guard on), and with the
+    loss head over several chunks (`CHUNKED`, the guard on)."""
+    overrides = {"documents": DOCUMENTS, "chunked": CHUNKED}.get(variant, [])
+    reference = request.getfixturevalue("reference" if variant == "causal" else f"reference_{variant}")
     recipe = write_recipe(tmp_path / "recipe.yaml", shards, str(tmp_path / "ckpt"), cache=tmp_path / "cache")
     first = interrupt(recipe, "first", cwd=tmp_path, at_batch=5, sig=signal.SIGTERM, overrides=overrides)
 

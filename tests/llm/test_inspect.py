@@ -18,6 +18,16 @@ def test_7b_dry_run_prints_sizes_and_fits_8_x_80gb(capsys):
     assert "2,097,152" in out  # tokens per optimizer step: 512 x 4096
     assert "64 samples = 16 micro-batch(es) of 4 x 4096 tokens" in out
     assert "=> this recipe fits on 8 x 80 GB GPUs" in out
+    # The loss head both ways: the recipe's chunked one under 1 GiB, the plain one beside it.
+    assert "loss head, plain (every token's logits)         14.17 GiB  (model.loss_chunk=0)" in out
+    assert "loss head, chunked (512-token chunks)            0.81 GiB  (model.loss_chunk=512)" in out
+    # auto: 3 of 32 blocks recomputed in full, 3.0% of the step's FLOPs (every 2nd block in full, the
+    # recipe's fixed policy before auto: 16.1%), and the plan fits.
+    assert "TOTAL as configured (auto: 0 block(s) whole, 29 selective, 3 full)    65.76 GiB  fits" in out
+    assert (
+        "recomputation               auto (0 block(s) whole, 29 selective, 3 full): 3.0% of the step's FLOPs "
+        "recomputed (every block in full: 32.2%, every 2nd block in full: 16.1%" in out
+    )
 
 
 def test_7b_does_not_fit_one_gpu(capsys):
@@ -84,8 +94,10 @@ def test_7b_dry_run_shows_the_fsdp2_plan_and_the_cost_at_40_and_50_percent_mfu(c
     out = capsys.readouterr().out
     assert (
         "Sharding: FSDP2 full shard over 64 GPU(s); bf16 compute, fp32 master weights and gradient "
-        "reduction, activation checkpointing selective, 1 block in 2 full, compile off"
+        "reduction, activation checkpointing auto (the plan chooses per block, below), compile off"
     ) in out
+    # Sharded over 64 GPUs the state leaves room to keep 6 blocks whole and recompute none in full.
+    assert "TOTAL as configured (auto: 6 block(s) whole, 26 selective, 0 full)" in out
     # Hand calculation: ceil(1.2e12 / 2,097,152) steps of 2,097,152 tokens at the FLOPs per token above.
     steps = -(-1_200_000_000_000 // 2_097_152)
     flops = steps * 2_097_152 * (6 * (6_476_271_616 + 64_000 * 4096) + 12 * 32 * 4096 * 4096)

@@ -12,7 +12,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from llm.config import load_config
 from llm.errors import ConfigError
-from llm.memory_plan import POLICY_LADDER, cheapest_policy, plan_memory
+from llm.memory_plan import (
+    POLICY_LADDER,
+    Blocks,
+    auto_checkpointing,
+    cheapest_policy,
+    plan_memory,
+    recompute_share,
+)
 from llm.model import ModelConfig, Transformer
 from llm.parallelism import apply_activation_checkpointing, block_policies
 
@@ -26,12 +33,16 @@ def _loss_and_grads(model: Transformer, tokens: torch.Tensor):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("policy,every", [("full", 0), ("selective", 0), ("selective", 2)])
+@pytest.mark.parametrize(
+    "policy,every",
+    [("full", 0), ("selective", 0), ("selective", 2), (["full", "selective", "none", "none"], 0)],
+    ids=["full", "selective", "selective/2", "auto's per-block list"],
+)
 def test_each_policy_gives_the_losses_and_gradients_of_no_checkpointing(policy, every):
     reference = Transformer(SMALL, seed=3)
     model = copy.deepcopy(reference)
     wrapped = apply_activation_checkpointing(model, policy, every)
-    assert wrapped == SMALL.n_layers
+    assert wrapped == (2 if isinstance(policy, list) else SMALL.n_layers)
     tokens = torch.randint(
         0, SMALL.vocab_size, (2, SMALL.max_seq_len + 1), generator=torch.Generator().manual_seed(0)
     )
@@ -89,18 +100,45 @@ def test_measured_activation_memory_orders_none_above_selective_above_full():
     assert peaks["none"] > 1.1 * peaks["selective"] > 1.1 * peaks["full"], peaks
 
 
-def test_the_plan_orders_the_policies_and_the_7b_recipe_uses_the_cheapest_that_fits():
+def test_the_plan_orders_the_policies_and_auto_recomputes_less_than_the_cheapest_fixed_one():
     cfg = load_config("recipes/7b.yaml")
-    args = dict(n_gpus=8, micro_batch=cfg.training.device_microbatch_size, seq_len=4096)
+    args = dict(n_gpus=8, micro_batch=cfg.training.device_microbatch_size, seq_len=4096, loss_chunk=512)
     totals = [
         plan_memory(cfg.model, activation_checkpointing=p, full_every=k, **args).total
         for p, k in POLICY_LADDER
     ]
     assert totals == sorted(totals, reverse=True)
     policy, every, plan = cheapest_policy(cfg.model, gpu_bytes=80e9, **args)
-    assert (cfg.fsdp.activation_checkpointing, cfg.fsdp.checkpoint_full_every) == (policy, every)
+    assert (policy, every) == ("selective", 4)  # the best fixed policy with the chunked loss head: 8 in full
+    assert cfg.fsdp.activation_checkpointing == "auto"
+    blocks, auto = auto_checkpointing(cfg.model, gpu_bytes=80e9, **args)
+    assert auto.fits(80e9) and blocks.full < 32 // every
+    assert blocks == Blocks(whole=0, selective=29, full=3)
+    # One block fewer in full does not fit; one more whole block neither.
+    for fewer in (Blocks(0, 30, 2), Blocks(1, 28, 3)):
+        assert not plan_memory(cfg.model, activation_checkpointing="auto", blocks=fewer, **args).fits(80e9)
+    assert recompute_share(cfg.model, 4096, blocks.full) < recompute_share(cfg.model, 4096, 16) / 5
+    # Compile excludes selective: whole blocks and full ones only.
+    compiled, _ = auto_checkpointing(cfg.model, gpu_bytes=80e9, selective=False, **args)
+    assert compiled.selective == 0 and compiled.whole + compiled.full == 32
+    assert auto_checkpointing(cfg.model, gpu_bytes=8e9, **args) is None
     float8 = plan_memory(cfg.model, activation_checkpointing=policy, full_every=every, float8=True, **args)
     assert float8.gathered_params < plan.gathered_params
+
+
+def test_auto_gives_each_block_the_plans_choice_for_the_world_size(monkeypatch, capsys):
+    from llm.trainer import auto_block_policies
+
+    cfg = load_config("recipes/7b.yaml")
+    monkeypatch.setenv("WORLD_SIZE", "8")  # Composer's dist reads the launcher's environment
+    assert auto_block_policies(cfg, "cpu") == ["full"] * 3 + ["selective"] * 29  # on 80 GB, as llm inspect
+    assert "[checkpointing] auto: 0 block(s) whole, 29 selective, 3 full (3.0% of the step's FLOPs" in (
+        capsys.readouterr().out
+    )
+    monkeypatch.setenv("WORLD_SIZE", "1")  # 7B on one 80 GB GPU fits nothing: every block in full
+    assert auto_block_policies(cfg, "cpu") == ["full"] * 32
+    tiny = load_config("recipes/tiny.yaml")
+    assert auto_block_policies(tiny, "cpu") == ["none"] * 8
 
 
 def test_checkpointing_setting_is_checked_and_the_old_switch_still_reads(tmp_path):
@@ -114,7 +152,7 @@ def test_checkpointing_setting_is_checked_and_the_old_switch_still_reads(tmp_pat
         ).fsdp.activation_checkpointing
         == "none"
     )
-    with pytest.raises(ConfigError, match="none, full, selective"):
+    with pytest.raises(ConfigError, match="none, full, selective, auto"):
         load_config("recipes/tiny.yaml", ["fsdp.activation_checkpointing=some"])
     with pytest.raises(ConfigError, match="selective only"):
         load_config("recipes/tiny.yaml", ["fsdp.checkpoint_full_every=2"])

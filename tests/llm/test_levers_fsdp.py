@@ -49,3 +49,16 @@ def test_the_ranks_saw_different_data_and_agree_on_the_gradients(two_ranks):
     first, second = two_ranks
     assert first["none/0"]["losses"] != second["none/0"]["losses"]  # each rank its own batch
     assert first["none/0"]["grads"] == second["none/0"]["grads"]  # all-reduced: one gradient
+
+
+@pytest.mark.parametrize("tied", ["untied", "tied"])
+def test_the_chunked_loss_head_trains_like_the_plain_one_under_fsdp2(two_ranks, tied):
+    """IGNORE_INDEX targets, z-loss and max-z loss; the output weight gathered once per step, as
+    the plain path gathers it (not once per chunk: 3 chunks of 12 tokens here)."""
+    for rank in two_ranks:
+        plain, chunked = rank[f"loss/plain/{tied}"], rank[f"loss/chunked/{tied}"]
+        assert chunked["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+        assert chunked["grads"].keys() == plain["grads"].keys()
+        for name, grad in plain["grads"].items():
+            assert chunked["grads"][name] == pytest.approx(grad, rel=1e-5, abs=1e-7), name
+        assert chunked["all_gathers"] == plain["all_gathers"] > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm.memory_plan import MemoryPlanError, describe, plan_memory
+from llm.memory_plan import GIB, MemoryPlanError, describe, plan_memory
 from llm.model import ModelConfig, count_params
 
 BAICHUAN_7B = ModelConfig(
@@ -160,3 +160,18 @@ def test_the_share_of_causal_tiles_documents_visit_grows_with_their_length():
     attention = 12 * 32 * 4096 * 4096 * 33 / 64
     assert shares[1].flops_saved == pytest.approx(attention * (1 - shares[1].tile_share))
     assert 0 < shares[1].step_share < attention / (6 * 6_740_000_000)
+
+
+def test_the_chunked_loss_head_holds_one_chunks_logits_not_every_tokens():
+    args = dict(n_gpus=8, micro_batch=4, seq_len=4096, compute="bf16", activation_checkpointing="selective")
+    plain = plan_memory(BAICHUAN_7B, **args)
+    chunked = plan_memory(BAICHUAN_7B, loss_chunk=512, **args)
+    tokens = 4 * 4096
+    assert plain.loss_head == tokens * 4096 * 8 + tokens * 64000 * 14  # 14.17 GiB
+    assert chunked.loss_head == tokens * 4096 * 8 + 16 * tokens + 512 * 64000 * 10
+    assert chunked.loss_head <= 1 * GIB < 14 * GIB < plain.loss_head
+    assert chunked.loss_head_plain == plain.loss_head
+    assert plain.total - chunked.total == plain.loss_head - chunked.loss_head
+    # A chunk larger than the micro-batch holds the micro-batch's logits once.
+    small = plan_memory(BAICHUAN_7B, loss_chunk=10**6, **{**args, "micro_batch": 1, "seq_len": 64})
+    assert small.loss_head == 64 * 4096 * 8 + 16 * 64 + 64 * 64000 * 10

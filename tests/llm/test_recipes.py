@@ -31,7 +31,7 @@ def test_tiny_is_baby_llama2_chinese():
     assert (cfg.optimizer.lr, cfg.optimizer.betas, cfg.optimizer.weight_decay) == (3e-4, (0.9, 0.95), 0.1)
     assert (cfg.scheduler.warmup, cfg.scheduler.min_lr, cfg.training.grad_clip_norm) == ("1000ba", 1e-5, 1.0)
     assert cfg.training.device_microbatch_size == 32
-    assert cfg.fsdp.enabled and cfg.fsdp.version == 2 and cfg.fsdp.activation_checkpointing == "none"
+    assert cfg.fsdp.enabled and cfg.fsdp.version == 2 and cfg.fsdp.activation_checkpointing == "auto"
     assert cfg.guard.enabled and cfg.guard.skip == 50  # docs/guard.md: a few batches at this scale
 
 
@@ -42,7 +42,7 @@ def test_7b_is_baichuan_on_s3_with_fsdp():
     assert cfg.training.precision == "amp_bf16"
     assert (
         cfg.fsdp.enabled
-        and cfg.fsdp.activation_checkpointing == "selective"
+        and cfg.fsdp.activation_checkpointing == "auto"
         and cfg.fsdp.state_dict_type == "sharded"
     )
     assert (cfg.fsdp.version, cfg.fsdp.replicate, cfg.fsdp.mixed_precision) == (2, 1, "DEFAULT")  # FSDP2

@@ -250,6 +250,7 @@ FLOORS = {
         "llm.config",
         "llm.model",
         "llm.composer_model",
+        "llm.loss",
         "llm.generate",
         "llm.run_dir",
         "llm.meta_init",

@@ -33,6 +33,22 @@ def reference_documents(tmp_path_factory, shards):
     )
 
 
+# The chunked loss head over several chunks (a micro-batch is 4 x 31 tokens), and the plain path, with
+# the guard on: what it reads (loss/train/total) must not depend on the path.
+CHUNKED = ["model.loss_chunk=40", "guard.enabled=true"]
+PLAIN = ["model.loss_chunk=0", "guard.enabled=true"]
+
+
+@pytest.fixture(scope="module")
+def reference_chunked(tmp_path_factory, shards):
+    return reference_run(tmp_path_factory.getbasetemp(), shards, tuple(CHUNKED), "resume-reference-chunked")
+
+
+@pytest.fixture(scope="module")
+def reference_plain(tmp_path_factory, shards):
+    return reference_run(tmp_path_factory.getbasetemp(), shards, tuple(PLAIN), "resume-reference-plain")
+
+
 def assert_same_records(got: list[dict], want: list[dict]) -> None:
     """metrics.jsonl lines (RECORDS: every 3 steps) of a resumed run equal the uninterrupted run's."""
     assert [r["step"] for r in got] == [r["step"] for r in want] == [3, 6, 9, 12]

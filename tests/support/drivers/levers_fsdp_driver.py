@@ -5,6 +5,9 @@
 Each rank writes OUT_FOLDER/rank<r>.json: per policy, the losses of two plain SGD steps, the full
 gradients of a third step and how many blocks the policy wrapped; under `<policy>/<k>/documents`
 the same with documents kept apart (EOS id 2), on the GPU's kernel (FlexAttention, eager here).
+Under `loss/<plain|chunked>/<untied|tied>`: the chunked loss head (llm/loss.py) against the plain
+one, with IGNORE_INDEX targets, z-loss and max-z loss: the losses, gradients and the all-gathers
+of one step.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from llm.composer_model import eos_documents  # noqa: E402
+from llm.composer_model import LanguageModel, eos_documents  # noqa: E402
 from llm.model import ModelConfig, Transformer, document_positions  # noqa: E402
 from llm.parallelism import apply_activation_checkpointing  # noqa: E402
 
@@ -70,8 +73,52 @@ def main(out: str) -> None:
         }
         key = f"{policy}/{every}" + ("/documents" if documents else "")
         results[key] = {"losses": losses, "grads": grads, "wrapped": wrapped}
+    results.update(loss_heads(rank))
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
+
+
+def loss_heads(rank: int) -> dict:
+    """Each loss head under FSDP2 as the trainer builds it (a block per unit, the root holding the
+    embedding, final norm and output): two SGD steps' losses, a third step's gradients and how
+    many all-gathers its forward and backward made."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    results = {}
+    for head, tied in itertools.product(("plain", "chunked"), (False, True)):
+        cfg = ModelConfig(**{**SMALL.__dict__, "tie_embeddings": tied})
+        lm = LanguageModel.from_config(
+            cfg, seed=3, z_loss=1e-2, max_z_loss=2e-2, loss_chunk=12 if head == "chunked" else 0
+        )
+        for block in lm.model.layers:
+            fully_shard(block)
+        fully_shard(lm.model)
+        tokens = torch.randint(0, cfg.vocab_size, (2, 17), generator=torch.Generator().manual_seed(rank))
+        mask = torch.ones_like(tokens, dtype=torch.bool)
+        mask[0, 3:9] = False  # IGNORE_INDEX targets, as SFT's prompts
+        batch = {"input_ids": tokens, "loss_mask": mask}
+        losses = []
+        for _ in range(2):
+            loss = lm.loss(lm(batch), batch)["total"]
+            loss.backward()
+            with torch.no_grad():
+                for p in lm.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+            losses.append(loss.item())
+        with CommDebugMode() as comm:
+            lm.loss(lm(batch), batch)["total"].backward()
+        gathers = sum(
+            n for op, n in comm.get_comm_counts().items() if "all_gather" in str(op) or "allgather" in str(op)
+        )
+        grads = {n: p.grad.full_tensor().flatten().tolist() for n, p in lm.model.named_parameters()}
+        results[f"loss/{head}/{'tied' if tied else 'untied'}"] = {
+            "losses": losses,
+            "grads": grads,
+            "all_gathers": gathers,
+        }
+    return results
 
 
 if __name__ == "__main__":
