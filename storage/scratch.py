@@ -40,6 +40,7 @@ OWN_TEMP_PREFIX = "llm-tmp-"  # + "<pid>-<random>": a process's own temp folder
 _own_temp: Path | None = None
 _chores: list[Callable[[], object]] = []
 _chores_lock = threading.Lock()
+_exit_lock = threading.RLock()  # held by the thread running the exit chores
 
 
 def make_process_folder(prefix: str, parent: str | os.PathLike | None = None) -> Path:
@@ -90,12 +91,22 @@ def remove_at_exit(folder: str | os.PathLike) -> None:
     on_exit(functools.partial(shutil.rmtree, folder, ignore_errors=True))
 
 
-def run_exit_chores() -> None:
-    """Run the chores not run yet, newest first (a fast exit: `os._exit` runs no atexit hooks)."""
-    with _chores_lock:
-        pending = list(reversed(_chores))
-    for chore in pending:
-        _run_one(chore)
+def run_exit_chores(wait_s: float = 1.0) -> None:
+    """Run the chores not run yet, newest first (a fast exit: `os._exit` runs no atexit hooks).
+
+    When another thread is running them already (a preemption's watchdog and the main thread both
+    leaving), wait up to `wait_s` for it to finish rather than return at once: an `os._exit` in the
+    middle of a chore would cut it short (shared memory unlinked but still on the resource tracker's
+    list, which then warns below the run's last line)."""
+    if not _exit_lock.acquire(timeout=wait_s):
+        return
+    try:
+        with _chores_lock:
+            pending = list(reversed(_chores))
+        for chore in pending:
+            _run_one(chore)
+    finally:
+        _exit_lock.release()
 
 
 def _run_one(chore: Callable[[], object]) -> None:

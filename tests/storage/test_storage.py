@@ -171,6 +171,30 @@ def test_the_ranks_of_one_launch_share_a_temp_folder_and_a_lone_process_has_its_
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]  # the lone ones removed theirs
 
 
+def test_a_second_thread_leaving_waits_for_the_exit_chores_another_is_running():
+    """A preempted run's watchdog and its main thread may both end the process; the second to
+    call `run_exit_chores` used to return at once and `os._exit` while the first was still in a
+    chore (CI: the resource tracker's warning below the run's last line)."""
+    import threading
+
+    from storage.scratch import on_exit, run_exit_chores
+
+    started, done = threading.Event(), threading.Event()
+
+    def slow_chore():
+        started.set()
+        time.sleep(0.5)
+        done.set()
+
+    on_exit(slow_chore, fast_only=True)
+    first = threading.Thread(target=run_exit_chores)
+    first.start()
+    assert started.wait(10)
+    run_exit_chores()
+    assert done.is_set(), "returned while the other thread was still in a chore"
+    first.join(10)
+
+
 def test_atomic_path_moves_a_library_written_file_in_whole_with_a_new_file_s_mode(tmp_path):
     target = tmp_path / "w.bin"
     target.write_text("old")
