@@ -142,15 +142,15 @@ def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> Lan
     if cfg.fsdp.enabled:  # as the memory plan assumes: checkpointing comes with FSDP
         policy = cfg.fsdp.activation_checkpointing
         if policy == "auto":
-            policy = auto_block_policies(cfg, device)
+            policy = auto_block_policies(cfg, device, dist.get_world_size())
         apply_activation_checkpointing(model.model, policy, cfg.fsdp.checkpoint_full_every)
     return model
 
 
-def auto_block_policies(cfg: TrainConfig, device: str) -> list[str]:
+def auto_block_policies(cfg: TrainConfig, device: str, world_size: int) -> list[str]:
     """`fsdp.activation_checkpointing=auto`: each block's policy, as the memory plan chooses it for
     this world size and this GPU's memory (on the CPU, the plan's default GPU of 80 GB)."""
-    shards = dist.get_world_size() // cfg.fsdp.replicate
+    shards = world_size // cfg.fsdp.replicate
     if device == "gpu":
         gpu_bytes = float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     else:

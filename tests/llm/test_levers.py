@@ -126,19 +126,18 @@ def test_the_plan_orders_the_policies_and_auto_recomputes_less_than_the_cheapest
     assert float8.gathered_params < plan.gathered_params
 
 
-def test_auto_gives_each_block_the_plans_choice_for_the_world_size(monkeypatch, capsys):
+def test_auto_gives_each_block_the_plans_choice_for_the_world_size(capsys):
     from llm.trainer import auto_block_policies
 
     cfg = load_config("recipes/7b.yaml")
-    monkeypatch.setenv("WORLD_SIZE", "8")  # Composer's dist reads the launcher's environment
-    assert auto_block_policies(cfg, "cpu") == ["full"] * 3 + ["selective"] * 29  # on 80 GB, as llm inspect
+    assert auto_block_policies(cfg, "cpu", 8) == ["full"] * 3 + ["selective"] * 29  # on 80 GB, as llm inspect
     assert "[checkpointing] auto: 0 block(s) whole, 29 selective, 3 full (3.0% of the step's FLOPs" in (
         capsys.readouterr().out
     )
-    monkeypatch.setenv("WORLD_SIZE", "1")  # 7B on one 80 GB GPU fits nothing: every block in full
-    assert auto_block_policies(cfg, "cpu") == ["full"] * 32
+    # 7B on one 80 GB GPU fits nothing: every block in full
+    assert auto_block_policies(cfg, "cpu", 1) == ["full"] * 32
     tiny = load_config("recipes/tiny.yaml")
-    assert auto_block_policies(tiny, "cpu") == ["none"] * 8
+    assert auto_block_policies(tiny, "cpu", 1) == ["none"] * 8
 
 
 def test_checkpointing_setting_is_checked_and_the_old_switch_still_reads(tmp_path):

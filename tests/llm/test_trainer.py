@@ -110,20 +110,26 @@ def test_gradient_accumulation_matches_one_full_batch(tmp_path, train_data):
         )
 
 
-def test_a_step_computes_the_cross_entropy_once_per_micro_batch(tmp_path, train_data, monkeypatch):
-    """The train loss is the only cross-entropy: no train metric recomputes it over the logits."""
+@pytest.mark.parametrize("loss_chunk", [0, 512], ids=["plain", "chunked"])
+def test_a_step_computes_the_cross_entropy_once_per_micro_batch(
+    tmp_path, train_data, monkeypatch, loss_chunk
+):
+    """The train loss is the only cross-entropy: no train metric recomputes it over the logits
+    (the plain head: F.cross_entropy; the chunked one: llm.loss's, once per micro-batch)."""
     import torch.nn.functional as F
 
+    import llm.composer_model
     from llm.trainer import build_trainer
 
     calls = []
-    real = F.cross_entropy
+    owner, name = (F, "cross_entropy") if loss_chunk == 0 else (llm.composer_model, "chunked_loss_terms")
+    real = getattr(owner, name)
 
     def counting(*args, **kwargs):
         calls.append(args[0].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(F, "cross_entropy", counting)
+    monkeypatch.setattr(owner, name, counting)
     recipe = write_recipe(tmp_path / "r.yaml", train_data)
     cfg = load(
         recipe,
@@ -131,6 +137,7 @@ def test_a_step_computes_the_cross_entropy_once_per_micro_batch(tmp_path, train_
         "training.max_duration=2ba",
         "scheduler.warmup=0ba",
         "data.eval=[]",
+        f"model.loss_chunk={loss_chunk}",
     )
     trainer = build_trainer(cfg)
     trainer.fit()
