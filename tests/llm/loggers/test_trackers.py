@@ -289,6 +289,13 @@ def test_points_the_server_stored_without_answering_are_sent_again_and_the_run_c
     assert mlflow_server.steps(run.info.run_id, "loss/train/total") == list(range(16))  # each step once
 
 
+def _params_settled(server, run_id: str, quiet_s: float = 1.5) -> bool:
+    """The run's params on the server, and no more arriving for `quiet_s` (3 flush intervals)."""
+    before = len(server.client().get_run(run_id).data.params)
+    time.sleep(quiet_s)
+    return before > 0 and len(server.client().get_run(run_id).data.params) == before
+
+
 @pytest.mark.slow
 def test_points_a_frozen_server_may_have_are_not_counted_as_not_sent(tmp_path, shards, mlflow_server):
     """A server frozen to the end (accepts, reads, never answers) may store what it is sent: the end's
@@ -304,6 +311,9 @@ def test_points_a_frozen_server_may_have_are_not_counted_as_not_sent(tmp_path, s
     with _killed_if_left(proc, proxy):
         wait_for_batch(record, 3, proc)
         (run,) = mlflow_server.runs("frozen")
+        # The recipe's params take two requests (over MLflow's 100 a request): let both be answered
+        # before the freeze, or the second is rightly reported not sent.
+        _wait_until(lambda: _params_settled(mlflow_server, run.info.run_id), proc, "the params stored")
         proxy.set("slow", delay=3600)  # frozen to the end: requests arrive, answers never come back
         answered = set(mlflow_server.steps(run.info.run_id, "loss/train/total"))  # stored before it
         release(record, 3)
