@@ -8,11 +8,10 @@ Composer and streaming, then Composer's Trainer. Two costs there are not the wor
   collector walks the growing heap again and again while they are made: `import llm.trainer`
   took 4.56 s with it on and 3.62 s with it off here (median of 4, 2 cores). `begin()` turns it off
   for the start of a process that is train.py's own (`owns_process`); `settled()`, at the first
-  training step, freezes what the start made (`gc.freeze`: later collections skip those objects,
-  which live as long as the process; the start's own garbage cycles, ~14,000 of ~1 M objects,
-  stay with them) and turns it back on. Nothing else changes: objects are freed by their reference
-  counts as before, and a collection only frees cycles later. Frozen objects are not listed by
-  `gc.get_objects`: what searches them (`llm.data.release_shared_memory`) unfreezes first.
+  training step, turns it back on. Nothing else changes: objects are freed by their reference
+  counts as before, and a collection only frees cycles later. (Freezing the start's objects there,
+  `gc.freeze`, was tried: a preempted run's fast exit must then unfreeze a million objects to find
+  streaming's shared memory, and in CI such exits twice printed a warning below their last line.)
 - **Composer's CPU name.** The Trainer records the CPU's name (`composer.utils.collect_env
   .get_cpu_model`, for its hyperparameters and every checkpoint's metadata) through py-cpuinfo,
   which starts a second Python interpreter to ask: 1.1 s on an idle core here, 2-3 s on a loaded
@@ -44,12 +43,11 @@ def begin() -> None:
 
 
 def settled() -> None:
-    """The first training step is done: freeze the start's objects and turn the collector back on."""
+    """The first training step is done: turn the collector back on."""
     global _held
     if not _held:
         return
     _held = False
-    gc.freeze()
     gc.enable()
 
 

@@ -111,7 +111,6 @@ def release_shared_memory() -> None:
     # The tracker itself, not the module's `unregister`: streaming swaps that for a no-op while it
     # closes attached segments (in whichever thread collects a dataset).
     tracker = resource_tracker._resource_tracker
-    gc.unfreeze()  # datasets built before the first step were frozen there (llm/startup.py)
     for obj in gc.get_objects():
         if type(obj) is not SharedMemory:  # not isinstance: it asks some lazy objects for their class
             continue

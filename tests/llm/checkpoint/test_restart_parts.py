@@ -92,7 +92,7 @@ def test_the_restart_is_carried_in_the_manifest_and_auto_says_what_a_preemption_
     assert fresh.endswith("+ the restart (none measured yet)"), fresh
 
 
-def test_the_collector_waits_for_the_first_step_then_freezes_the_start(monkeypatch):
+def test_the_collector_waits_for_the_first_step(monkeypatch):
     if not gc.isenabled():
         pytest.skip("the collector is off in this process")
     monkeypatch.setattr(startup, "_held", False)
@@ -100,13 +100,11 @@ def test_the_collector_waits_for_the_first_step_then_freezes_the_start(monkeypat
     try:
         startup.begin()
         assert not gc.isenabled()
-        made = [[] for _ in range(1000)]  # what the start makes stays out of later collections
         startup.settled()
-        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(made)
+        assert gc.isenabled() and gc.get_freeze_count() == frozen  # nothing frozen: see llm/startup.py
         startup.settled()  # once only
         assert gc.isenabled()
     finally:
-        gc.unfreeze()
         gc.enable()
 
 
@@ -133,7 +131,8 @@ def test_the_cpu_name_comes_from_proc_cpuinfo_without_a_second_interpreter(tmp_p
 
     from composer.utils import collect_env
 
-    monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # put back after
+    # Composer's own lookup (an earlier training run in this process may have answered it quickly)
+    monkeypatch.setattr(collect_env, "get_cpu_model", lambda: "py-cpuinfo's answer")
     monkeypatch.setattr(startup, "cpu_model_name", lambda: "Test CPU @ 2.0GHz")
     startup.quick_cpu_model()
     assert collect_env.get_cpu_model() == "Test CPU @ 2.0GHz"
