@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from streaming import StreamingDataset
 
+from llm.data.shared_memory import track
 from llm.data.verified_stream import CorruptShard
 from storage import RetryPolicy, StorageError
 
@@ -24,6 +25,10 @@ class TokenDataset(StreamingDataset):
 
     error_log: str | None = None  # where the download threads' tracebacks go (the run folder)
     _failure: BaseException | None = None  # the first error of a download thread
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        track(self)  # its shared memory released at a fast exit (llm.data.shared_memory)
 
     def __getitem__(self, index: int) -> torch.Tensor:
         sample = super().__getitem__(index)

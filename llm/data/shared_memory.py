@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -93,12 +94,47 @@ def with_shm_race_retry(make):
     raise AssertionError("unreachable")
 
 
+_datasets: weakref.WeakSet = weakref.WeakSet()  # this process's datasets (`track`)
+
+
+def track(dataset: object) -> None:
+    """Remember `dataset` (a StreamingDataset) for `release_shared_memory`."""
+    _datasets.add(dataset)
+
+
+def _shared_memories(roots: list, kind: type, depth: int = 3) -> list:
+    """streaming's SharedMemory objects reachable from `roots` through the attributes of
+    streaming's own objects (a dataset's barrier, scalars and arrays), `depth` levels down.
+
+    Not `gc.get_objects()`: that takes a reference to every object of the process, tensors among
+    them, and a tensor whose Python object torch's C++ side owns, released by another thread (a
+    preempted run's upload) while that list holds it, makes torch print a warning at exit."""
+    found, seen = [], set()
+
+    def walk(obj: object, left: int) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if type(obj) is kind:  # not isinstance: it asks some lazy objects for their class
+            found.append(obj)
+            return
+        attrs = getattr(obj, "__dict__", None)
+        if left == 0 or not isinstance(attrs, dict):
+            return
+        for value in list(attrs.values()):
+            if type(value).__module__.startswith("streaming."):
+                walk(value, left - 1)
+
+    for root in roots:
+        walk(root, depth)
+    return found
+
+
 def release_shared_memory() -> None:
     """Unlink the shared memory this process's datasets created, and take it off the resource
     tracker's list, without closing the mappings (another thread may still read them): what
     streaming's `atexit` clean-ups do, for a process about to end with `os._exit` (only then: after
     those hooks ran, a name would be taken off the list twice, a traceback in the tracker)."""
-    import gc
     from multiprocessing import resource_tracker
 
     from streaming.base.shared.memory import SharedMemory
@@ -111,9 +147,7 @@ def release_shared_memory() -> None:
     # The tracker itself, not the module's `unregister`: streaming swaps that for a no-op while it
     # closes attached segments (in whichever thread collects a dataset).
     tracker = resource_tracker._resource_tracker
-    for obj in gc.get_objects():
-        if type(obj) is not SharedMemory:  # not isinstance: it asks some lazy objects for their class
-            continue
+    for obj in _shared_memories(list(_datasets), SharedMemory):
         for shm in obj.created_shms:
             try:
                 _posixshmem.shm_unlink(shm._name)
