@@ -24,7 +24,7 @@ from tests.support.resume import (
     wait_for_batch,
     write_recipe,
 )
-from tests.support.training import store_checkpoint
+from tests.support.training import checkpoint_bytes, store_checkpoint
 
 
 @pytest.mark.slow
@@ -44,20 +44,7 @@ def test_a_truncated_newest_checkpoint_is_reported_and_the_previous_one_resumes_
     assert_same_weights(reference.weights, second.weights)
 
 
-def _torch_bytes(tag: str) -> bytes:
-    """A small torch.save file with a model and an optimizer state, told apart by `tag`."""
-    import io
-
-    import torch
-
-    adamw = {"state": {}, "param_groups": [{"lr": 1e-3, "params": ["model.tok_embeddings.weight"]}]}
-    state = {"model": {"model.tok_embeddings.weight": torch.ones(2)}, "optimizers": {"AdamW": adamw}}
-    buffer = io.BytesIO()
-    torch.save({"state": state, "tag": tag}, buffer)
-    return buffer.getvalue()
-
-
-OLDER, NEWER = _torch_bytes("older checkpoint"), _torch_bytes("newer checkpoint")
+OLDER, NEWER = checkpoint_bytes("older checkpoint"), checkpoint_bytes("newer checkpoint")
 
 
 def _fake_checkpoint(store, batch: int, payload: bytes, tmp_path) -> None:

@@ -127,6 +127,20 @@ def load(path: Path, *overrides: str):
     return load_config(path, list(overrides))
 
 
+def checkpoint_bytes(tag: str) -> bytes:
+    """A small torch.save file with a model and an optimizer state, told apart by `tag`: what
+    a monolithic checkpoint holds, for the tests that store one without training."""
+    import io
+
+    import torch
+
+    adamw = {"state": {}, "param_groups": [{"lr": 1e-3, "params": ["model.tok_embeddings.weight"]}]}
+    state = {"model": {"model.tok_embeddings.weight": torch.ones(2)}, "optimizers": {"AdamW": adamw}}
+    buffer = io.BytesIO()
+    torch.save({"state": state, "tag": tag}, buffer)
+    return buffer.getvalue()
+
+
 def store_checkpoint(store, batch: int, local: Path) -> str:
     """Store the file `local` as a run's monolithic checkpoint at `batch` with its manifest, as
     CheckpointPublisher writes them (no training needed); the checkpoint's path in `store`."""

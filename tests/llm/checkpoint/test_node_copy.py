@@ -3,8 +3,6 @@ only when it is what the store's manifest says, else downloaded again into it; r
 
 from __future__ import annotations
 
-import io
-
 import pytest
 
 from llm.checkpoint import restart
@@ -13,23 +11,12 @@ from llm.checkpoint.resume import newest_usable_checkpoint
 from llm.config import load_config
 from storage import open_store
 from tests.support.resume import write_recipe
-from tests.support.training import store_checkpoint
+from tests.support.training import checkpoint_bytes, store_checkpoint
 
 pytestmark = pytest.mark.s3
 
 
-def _torch_bytes(tag: str) -> bytes:
-    """A small torch.save file with a model and an optimizer state, told apart by `tag`."""
-    import torch
-
-    adamw = {"state": {}, "param_groups": [{"lr": 1e-3, "params": ["model.tok_embeddings.weight"]}]}
-    state = {"model": {"model.tok_embeddings.weight": torch.ones(2)}, "optimizers": {"AdamW": adamw}}
-    buffer = io.BytesIO()
-    torch.save({"state": state, "tag": tag}, buffer)
-    return buffer.getvalue()
-
-
-OLDER, NEWER = _torch_bytes("older checkpoint"), _torch_bytes("newer checkpoint")
+OLDER, NEWER = checkpoint_bytes("older checkpoint"), checkpoint_bytes("newer checkpoint")
 
 
 @pytest.fixture
