@@ -104,6 +104,14 @@ class Results:
     unchunked: list[Segment] = field(default_factory=list)  # the plain loop, model.loss_chunk=0
 
 
+def planned_microbatch(cfg, device: str) -> int:
+    """The recipe's micro-batch on one device; 0 in the recipe: the plan's, as the trainer chooses it."""
+    from llm.trainer import resolve_microbatch
+
+    gpu = "gpu" if str(device).startswith("cuda") else "cpu"
+    return resolve_microbatch(cfg, gpu, 1, announce=False).training.device_microbatch_size
+
+
 class PlainLoop:
     """The reference: the same model, loss, clipping and optimizer in a bare loop."""
 
@@ -120,7 +128,7 @@ class PlainLoop:
         ).to(device)
         self.wrapper.train()
         self.optimizer = build_optimizer(self.wrapper, cfg.optimizer)
-        self.micro = cfg.training.device_microbatch_size
+        self.micro = planned_microbatch(cfg, device)
         self.clip = cfg.training.grad_clip_norm
         self.batches = iter(build_dataloader(cfg, "train", cfg.training.global_batch_size))
 
@@ -318,7 +326,7 @@ def report(args: argparse.Namespace, cfg, device: str, results: Results, hashing
     hash_share = max(0.0, with_hash - without_hash) / samples * cfg.training.global_batch_size / step_seconds
     return (
         f"\nbench-train: {args.recipe}, {cfg.training.global_batch_size} x {cfg.model.max_seq_len} tokens "
-        f"per step, micro-batch {cfg.training.device_microbatch_size}, {args.rounds} rounds of "
+        f"per step, micro-batch {planned_microbatch(cfg, device)}, {args.rounds} rounds of "
         f"{args.steps} timed steps per contender (interleaved) on {device}, "
         f"{torch.get_num_threads()} torch threads\n"
         f"{line('ours (Composer trainer)', results.ours)}\n"

@@ -257,7 +257,12 @@ class ProfileConfig:
 @dataclass
 class TrainingConfig:
     global_batch_size: int = bounded(32, gt=0)  # samples per optimizer step, all ranks together
-    device_microbatch_size: int = bounded(32, gt=0)  # samples per forward/backward on one device
+    # samples per forward/backward on one device; 0: from the memory plan, the micro-batch (a divisor
+    # of the per-rank batch) whose plan fits with the least recomputation, then the largest (printed at
+    # start and by llm inspect)
+    device_microbatch_size: int = bounded(
+        32, ge=0, words="a positive number of samples, or 0 (from the memory plan)"
+    )
     max_duration: str = "1000ba"  # batches ("2000ba") or tokens ("50000000tok")
     # the gradients' global norm is clipped to this
     grad_clip_norm: float = bounded(1.0, ge=0, words="0 (no clipping) or positive, e.g. 1.0")
@@ -481,7 +486,12 @@ class TrainConfig:
     def check_world_size(self, world_size: int) -> int:
         """Per-rank batch size for `world_size` ranks; ConfigError if the batch does not divide."""
         t = self.training
-        if t.global_batch_size % (world_size * t.device_microbatch_size):
+        if not t.device_microbatch_size and t.global_batch_size % world_size:  # 0: from the plan
+            raise ConfigError(
+                f"training.global_batch_size={t.global_batch_size} is not divisible by world size "
+                f"{world_size}; choose a global batch that is a multiple of {world_size}"
+            )
+        if t.device_microbatch_size and t.global_batch_size % (world_size * t.device_microbatch_size):
             raise ConfigError(
                 f"training.global_batch_size={t.global_batch_size} is not divisible by world size "
                 f"{world_size} x training.device_microbatch_size={t.device_microbatch_size}; "
@@ -592,8 +602,18 @@ def _explain(err: OmegaConfBaseException, path: Path, recipe: dict) -> str:
     if expected and "{size}" in expected:  # a fixed-length tuple node: its length is the expected one
         expected = expected.format(size=len(err.child_node))
     if isinstance(err, ValidationError) and key and expected:
-        return f"{key} must be {expected}, got {err.value!r} ({type(err.value).__name__})"
+        words = _bounds_words(err.object_type, err.key)
+        return f"{key} must be {expected}{words} got {err.value!r} ({type(err.value).__name__})"
     return f"recipe {path}: {key + ': ' if key else ''}{str(err).splitlines()[0]}"
+
+
+def _bounds_words(section: Any, name: Any) -> str:
+    """A bounded field's range in words, to follow its type in a wrong-type message ("" otherwise)."""
+    if not dataclasses.is_dataclass(section):
+        return ""
+    found = [f for f in dataclasses.fields(section) if f.name == name]
+    bounds = found[0].metadata.get("bounds") if found else None
+    return f": {bounds.words};" if bounds and bounds.words else ","
 
 
 def _find_in_lists(tree: Any, key: str, value: Any, where: str = "") -> str | None:
@@ -642,7 +662,7 @@ def validate(cfg: TrainConfig) -> None:
     except ValueError as err:
         raise ConfigError(f"model: {err}") from None
     t = cfg.training
-    if t.global_batch_size % t.device_microbatch_size:
+    if t.device_microbatch_size and t.global_batch_size % t.device_microbatch_size:
         raise ConfigError(
             f"training.global_batch_size={t.global_batch_size} is not a multiple of "
             f"training.device_microbatch_size={t.device_microbatch_size}; gradient accumulation "

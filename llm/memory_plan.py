@@ -99,7 +99,7 @@ of steps plus the upload in flight; one with time to save loses nothing but the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -583,12 +583,17 @@ def describe_run(
     if mfu is not None and not MIN_MFU <= mfu <= 1:  # below 1% a GPU does not train: a typo (1e-300)
         raise ConfigError(f"--mfu must be a fraction in [{MIN_MFU:g}, 1], e.g. 0.45, got {mfu:g}")
     cfg.check_profile_ranks(gpus)
+    microbatch = []
+    if not cfg.training.device_microbatch_size:  # 0: from the plan, as the trainer resolves it
+        choice = plan_microbatch(cfg, gpus, gpu_gb * 1e9)
+        cfg, microbatch = with_microbatch(cfg, choice.micro_batch), [choice.line()]
     t = cfg.training
     seq_len = cfg.model.max_seq_len
     tokens_per_step = t.global_batch_size * seq_len
     summary = describe(cfg.model, seq_len, tokens_per_step)
     lines = [f"recipe {cfg.run_name}: model built on the meta device (nothing allocated)", summary.format()]
     lines.append(_batch_line(cfg, gpus))
+    lines += microbatch
     lines += attention_lines(cfg)
     total_flops = None
     if not t.max_duration.endswith("ep"):
@@ -652,6 +657,74 @@ def recipe_plan(cfg: TrainConfig, shards: int, gpu_bytes: float) -> MemoryPlan:
     )
 
 
+def full_blocks(plan: MemoryPlan, layers: int) -> int:
+    """How many of the `layers` blocks the plan's checkpointing recomputes in full."""
+    if plan.blocks is not None:
+        return plan.blocks.full
+    if plan.activation_checkpointing == "full":
+        return layers
+    if plan.activation_checkpointing == "selective" and plan.full_every:
+        return layers // plan.full_every
+    return 0
+
+
+def with_microbatch(cfg: TrainConfig, micro_batch: int) -> TrainConfig:
+    """`cfg` with `training.device_microbatch_size=micro_batch` (a copy; `cfg` is left as it is)."""
+    return replace(cfg, training=replace(cfg.training, device_microbatch_size=micro_batch))
+
+
+@dataclass(frozen=True)
+class MicrobatchChoice:
+    """`training.device_microbatch_size: 0`: each candidate micro-batch's plan, and the one chosen."""
+
+    micro_batch: int
+    per_rank: int
+    gpu_bytes: float
+    rows: tuple[tuple[int, float | None, int], ...]  # (micro-batch, recomputed share or None: no fit, bytes)
+
+    def line(self) -> str:
+        """The trade-off in one line: more tokens per micro-batch against more recomputation."""
+        cells = ", ".join(
+            f"{mb}: " + ("does not fit" if share is None else f"{100 * share:.1f}% {_gib_or_mib(total)}")
+            for mb, share, total in self.rows
+        )
+        chosen = dict((mb, share) for mb, share, _ in self.rows)[self.micro_batch]
+        why = (
+            "the least recomputation that fits, then the most tokens per micro-batch"
+            if chosen is not None
+            else "nothing fits, the smallest"
+        )
+        return (
+            f"[micro-batch] from the plan: {self.micro_batch} of {self.per_rank} samples per GPU ({why}); "
+            f"each micro-batch's recomputed share of the step's FLOPs and planned memory of "
+            f"{self.gpu_bytes / 1e9:g} GB: {cells}"
+        )
+
+
+def _gib_or_mib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+
+
+def plan_microbatch(cfg: TrainConfig, world_size: int, gpu_bytes: float) -> MicrobatchChoice:
+    """`training.device_microbatch_size: 0`: among the divisors of the per-rank batch, the micro-batch
+    whose plan (under the recipe's checkpointing; `auto` chooses its blocks per candidate) fits
+    `gpu_bytes` with the least share of the step's FLOPs recomputed, then the largest; 1 when none
+    fits. ConfigError if the global batch does not divide over `world_size` ranks."""
+    per_rank = cfg.check_world_size(world_size)
+    shards, _ = sharding_plan(cfg, world_size)
+    m = cfg.model
+    with torch.device("meta"):
+        per_token = Transformer(m).flops_per_token(m.max_seq_len)
+    rows = []
+    for mb in (d for d in range(1, per_rank + 1) if per_rank % d == 0):
+        plan = recipe_plan(with_microbatch(cfg, mb), shards, gpu_bytes)
+        share = recompute_share(m, m.max_seq_len, full_blocks(plan, m.n_layers), per_token)
+        rows.append((mb, share if plan.fits(gpu_bytes) else None, plan.total))
+    fitting = [(share, -mb) for mb, share, _ in rows if share is not None]
+    chosen = -min(fitting)[1] if fitting else 1
+    return MicrobatchChoice(chosen, per_rank, gpu_bytes, tuple(rows))
+
+
 def recompute_lines(cfg: TrainConfig, plan: MemoryPlan, per_token: float) -> list[str]:
     """What the recipe's checkpointing recomputes, as a share of the step's FLOPs, beside the
     fixed policies'."""
@@ -662,12 +735,12 @@ def recompute_lines(cfg: TrainConfig, plan: MemoryPlan, per_token: float) -> lis
     def share(full: int) -> str:
         return f"{100 * recompute_share(m, m.max_seq_len, full, per_token):.1f}%"
 
+    full = full_blocks(plan, layers)
     if plan.blocks is not None:
-        full, how = plan.blocks.full, f"auto ({plan.blocks.words()})"
+        how = f"auto ({plan.blocks.words()})"
     elif plan.activation_checkpointing == "full":
-        full, how = layers, "full"
+        how = "full"
     else:
-        full = layers // plan.full_every if plan.full_every else 0
         how = "selective" + (f", 1 block in {plan.full_every} full" if plan.full_every else "")
     return [
         f"  recomputation               {how}: {share(full)} of the step's FLOPs recomputed "

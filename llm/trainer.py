@@ -51,7 +51,7 @@ from llm.data import (
 from llm.errors import ConfigError
 from llm.float8 import apply_float8, check_float8
 from llm.loggers import MetricsFile, ProgressLine, build_trackers, check_extras
-from llm.memory_plan import DEFAULT_GPU_GB, recipe_plan, recompute_share
+from llm.memory_plan import DEFAULT_GPU_GB, plan_microbatch, recipe_plan, recompute_share, with_microbatch
 from llm.optim import build_optimizer, build_scheduler, duration_in_batches
 from llm.parallelism import (
     all_reduce_between_replicas,
@@ -147,14 +147,30 @@ def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> Lan
     return model
 
 
+def planned_gpu_bytes(device: str) -> float:
+    """The memory the plan fits a rank into: this GPU's, or on the CPU the plan's default GPU (80 GB)."""
+    if device == "gpu":
+        return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    return DEFAULT_GPU_GB * 1e9
+
+
+def resolve_microbatch(cfg: TrainConfig, device: str, world_size: int, announce: bool = True) -> TrainConfig:
+    """`training.device_microbatch_size: 0`: the recipe with the micro-batch the memory plan chooses
+    for this world size and GPU (`plan_microbatch`, its trade-off printed unless `announce` is
+    false); otherwise `cfg` itself."""
+    if cfg.training.device_microbatch_size:
+        return cfg  # the recipe's own value wins
+    choice = plan_microbatch(cfg, world_size, planned_gpu_bytes(device))
+    if announce and dist.get_global_rank() == 0:
+        print(choice.line(), flush=True)
+    return with_microbatch(cfg, choice.micro_batch)
+
+
 def auto_block_policies(cfg: TrainConfig, device: str, world_size: int) -> list[str]:
     """`fsdp.activation_checkpointing=auto`: each block's policy, as the memory plan chooses it for
     this world size and this GPU's memory (on the CPU, the plan's default GPU of 80 GB)."""
     shards = world_size // cfg.fsdp.replicate
-    if device == "gpu":
-        gpu_bytes = float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-    else:
-        gpu_bytes = DEFAULT_GPU_GB * 1e9
+    gpu_bytes = planned_gpu_bytes(device)
     plan = recipe_plan(cfg, shards, gpu_bytes)
     share = recompute_share(cfg.model, cfg.model.max_seq_len, plan.blocks.full)
     print(
@@ -317,6 +333,8 @@ def build_trainer(
     precision = resolve_precision(cfg, device)
     # The launcher's world size (its environment; the process group, started below, agrees with it).
     world_size = dist.get_world_size()
+    # Before anything uses it (the batch checks, the loaders, Composer, the checkpointing plan).
+    cfg = resolve_microbatch(cfg, device, world_size)
     per_rank_batch = cfg.check_world_size(world_size)
     cfg.check_profile_ranks(world_size)
     metas = check_streams(cfg)  # before anything slow: refuse mismatched data with a clear message

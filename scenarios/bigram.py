@@ -72,11 +72,12 @@ def last_eval_loss(metrics: str | Path) -> float | None:
 def eval_samples(recipe: str) -> int | None:
     """How many val samples (from the start) a run of `recipe` evaluates on one device; None: all."""
     from llm.config import load_config
+    from llm.trainer import resolve_microbatch
 
-    training = load_config(recipe).training
-    if training.eval_subset_num_batches < 0:
+    cfg = resolve_microbatch(load_config(recipe), "cpu", 1, announce=False)  # 0: the plan's, as a CPU run
+    if cfg.training.eval_subset_num_batches < 0:
         return None
-    return training.eval_subset_num_batches * training.device_microbatch_size
+    return cfg.training.eval_subset_num_batches * cfg.training.device_microbatch_size
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,7 +109,7 @@ def test_wrong_type_names_key_and_expected_type(recipe):
         load_config(recipe, ["optimizer.betas=[0.9, 0.95, 0.99]"])
     with pytest.raises(ConfigError, match=r"training.compile must be true or false, got 'maybe'"):
         load_config(recipe, ["training.compile=maybe"])
-    with pytest.raises(ConfigError, match=r"optimizer.lr must be a number, got None"):
+    with pytest.raises(ConfigError, match=r"optimizer.lr must be a number: in \(0, 1\]: .*; got None"):
         load_config(recipe, ["optimizer.lr=null"])
     recipe.write_text(recipe.read_text().replace("proportion: 0.3", "proportion: lots"))
     with pytest.raises(ConfigError, match=r"data.train.1.proportion must be a number, got 'lots'"):

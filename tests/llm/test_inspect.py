@@ -290,3 +290,60 @@ def test_the_dry_run_says_what_a_token_attends_to_and_what_documents_apart_would
     assert "document mask (block mask, documents)" in apart
     assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), "model.positions=document"]) == 2
     assert "add model.attention=document" in capsys.readouterr().err
+
+
+def test_a_micro_batch_of_0_is_chosen_from_the_plan_and_an_explicit_one_wins(capsys):
+    recipe = str(REPO / "recipes/7b.yaml")
+    assert llm_main(["inspect", recipe, "training.device_microbatch_size=0", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    # The least recomputation that fits (none: 0.0% at 1 and 2), then the most tokens per micro-batch.
+    assert (
+        "[micro-batch] from the plan: 2 of 64 samples per GPU (the least recomputation that fits, then the "
+        "most tokens per micro-batch); each micro-batch's recomputed share of the step's FLOPs and planned "
+        "memory of 80 GB: 1: 0.0% 40.1 GiB, 2: 0.0% 62.9 GiB, 4: 3.0% 65.8 GiB, 8: 20.1% 66.0 GiB, "
+        "16: 29.2% 63.6 GiB, 32: does not fit, 64: does not fit"
+    ) in out
+    assert "64 samples = 32 micro-batch(es) of 2 x 4096 tokens" in out  # the plan below uses it
+    assert "micro-batch 2 x 4096 tokens" in out and "=> this recipe fits on 8 x 80 GB GPUs" in out
+    assert "TOTAL as configured (auto: 32 block(s) whole, 0 selective, 0 full)" in out
+    # Checkpointing fixed: the same share at each size, so the largest that fits.
+    assert (
+        llm_main(
+            ["inspect", recipe, "training.device_microbatch_size=0", "fsdp.activation_checkpointing=full"]
+        )
+        == 0
+    )
+    assert "[micro-batch] from the plan: 16 of 64 samples per GPU" in capsys.readouterr().out
+    # Nothing fits on one GPU: the smallest, said so.
+    assert llm_main(["inspect", recipe, "training.device_microbatch_size=0", "--gpus", "1"]) == 0
+    assert "[micro-batch] from the plan: 1 of 512 samples per GPU (nothing fits, the smallest)" in (
+        capsys.readouterr().out
+    )
+    # The recipe's own value wins: no choice made, its micro-batch planned.
+    assert llm_main(["inspect", recipe, "training.device_microbatch_size=8", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "[micro-batch]" not in out and "64 samples = 8 micro-batch(es) of 8 x 4096 tokens" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["training.device_microbatch_size=-1"],
+            "training.device_microbatch_size=-1 must be a positive number of samples, or 0 (from the memory plan)",
+        ),
+        (
+            ["training.device_microbatch_size=auto"],
+            "training.device_microbatch_size must be an integer: a positive number of samples, or 0 (from the "
+            "memory plan); got 'auto'",
+        ),
+        (
+            ["training.device_microbatch_size=0", "--gpus", "3"],
+            "training.global_batch_size=512 is not divisible by world size 3; choose a global batch that is a multiple of 3",
+        ),
+    ],
+)
+def test_a_bad_micro_batch_is_one_line_and_exit_2(capsys, args, message):
+    assert llm_main(["inspect", str(REPO / "recipes/7b.yaml"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err

@@ -110,6 +110,35 @@ def test_gradient_accumulation_matches_one_full_batch(tmp_path, train_data):
         )
 
 
+def test_a_micro_batch_of_0_is_resolved_from_the_plan_before_the_loaders_and_composer(
+    tmp_path, train_data, capsys
+):
+    from llm.trainer import build_trainer
+
+    recipe = write_recipe(tmp_path / "r.yaml", train_data)
+    cfg = load(
+        recipe,
+        "training.device_microbatch_size=0",
+        "training.max_duration=1ba",
+        "scheduler.warmup=0ba",
+        "data.eval=[]",
+    )
+    trainer = build_trainer(cfg)
+    trainer.fit()
+    per_rank = cfg.training.global_batch_size  # one rank; on the CPU the plan's 80 GB fit it whole
+    assert trainer.state.device_train_microbatch_size == per_rank
+    assert trainer.state.timestamp.batch.value == 1
+    trainer.close()
+    out = capsys.readouterr().out
+    assert (
+        f"[micro-batch] from the plan: {per_rank} of {per_rank} samples per GPU (the least recomputation"
+        in out
+    )
+    saved = load(tmp_path / "run" / "config.yaml")  # the run's recipe keeps the value it ran with
+    assert saved.training.device_microbatch_size == per_rank
+    assert cfg.training.device_microbatch_size == 0  # the caller's recipe is left as it was
+
+
 @pytest.mark.parametrize("loss_chunk", [0, 512], ids=["plain", "chunked"])
 def test_a_step_computes_the_cross_entropy_once_per_micro_batch(
     tmp_path, train_data, monkeypatch, loss_chunk

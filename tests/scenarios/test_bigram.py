@@ -50,3 +50,19 @@ def test_with_a_recipe_the_baseline_scores_the_samples_its_eval_covers():
     from scenarios.bigram import eval_samples
 
     assert eval_samples(str(REPO / "recipes" / "demo.yaml")) == 4 * 8  # eval_subset_num_batches x batch
+
+
+def test_a_micro_batch_from_the_plan_counts_as_the_trainer_resolves_it(tmp_path):
+    """`device_microbatch_size: 0`: the samples the eval covers use the plan's micro-batch on one
+    CPU, as the trainer does, not 0."""
+    from llm.config import load_config
+    from llm.trainer import resolve_microbatch
+    from scenarios.bigram import eval_samples
+
+    text = (REPO / "recipes" / "demo.yaml").read_text()
+    assert "device_microbatch_size: 8" in text
+    recipe = tmp_path / "demo.yaml"
+    recipe.write_text(text.replace("device_microbatch_size: 8", "device_microbatch_size: 0"))
+    chosen = resolve_microbatch(load_config(recipe), "cpu", 1, announce=False).training.device_microbatch_size
+    assert chosen > 0
+    assert eval_samples(str(recipe)) == 4 * chosen
