@@ -149,8 +149,9 @@ def build_model(cfg: TrainConfig, device: str, eos_id: int | None = None) -> Lan
 
 def planned_gpu_bytes(device: str) -> float:
     """The memory the plan fits a rank into: this GPU's, or on the CPU the plan's default GPU (80 GB)."""
-    if device == "gpu":
-        return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    if device == "gpu":  # this rank's GPU: called before the process group makes it the current one
+        index = dist.get_local_rank() % max(1, torch.cuda.device_count())
+        return float(torch.cuda.get_device_properties(index).total_memory)
     return DEFAULT_GPU_GB * 1e9
 
 
