@@ -42,15 +42,40 @@ def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
     freed: list[int] = []
     if not SHM_DIR.is_dir():  # not Linux: nothing we can inspect safely
         return freed
-    for entry in sorted(SHM_DIR.iterdir()):
-        match = _LOCALS_SHM.match(entry.name)
-        if not match or wanted.isdisjoint(_registered_locals(entry)):
+    ours = [
+        match.group(1)
+        for entry in sorted(SHM_DIR.iterdir())
+        if (match := _LOCALS_SHM.match(entry.name)) and not wanted.isdisjoint(_registered_locals(entry))
+    ]
+    live = _mapped_by_a_running_process(set(ours)) if ours else set()
+    for prefix in ours:
+        if prefix in live:  # a dataset alive now: local shards may be read by several at once
             continue
-        prefix = match.group(1)
         for name in SHM_TO_CLEAN:
             (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
         freed.append(int(prefix))
     return freed
+
+
+def _mapped_by_a_running_process(prefixes: set[str]) -> set[str]:
+    """The prefixes whose segments a running process (this one included) still has mapped.
+
+    A live dataset keeps its `*_locals` segment mapped; a killed run's are mapped by no one. Local
+    shard folders (no remote) may be registered by several live datasets at once (an eval beside a
+    training run, a sweep's runs on one machine, a benchmark's loops in one process): unlinking
+    theirs would let the next dataset take the same prefix while they still attach to it by name.
+    A process whose maps cannot be read (another user's, another PID namespace's) is not seen: with
+    a /dev/shm shared across containers, only the stale case is handled."""
+    live: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text(encoding="utf-8", errors="replace")
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        live |= {prefix for prefix in prefixes - live if f"{SHM_DIR}/{prefix}_" in text}
+        if live == prefixes:
+            break
+    return live
 
 
 def _registered_locals(path: Path) -> list[str]:

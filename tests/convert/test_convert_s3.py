@@ -33,9 +33,8 @@ def local_reference(tmp_path_factory, small_corpus, small_tokenizer):
 
 
 def test_local_shards_read_by_streaming(tmp_path, local_reference):
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
+    # (Not streaming's clean_stale_shared_memory(): it unlinks every live dataset's memory on the
+    # machine, those of the suite's other workers too.)
     samples = streaming_samples(None, f"{local_reference}/train")
     assert samples.dtype == np.uint16 and samples.shape[1] == 64
     assert np.array_equal(samples, local_samples(local_reference))

@@ -252,6 +252,27 @@ def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_da
     assert train(cfg).step == 2
 
 
+def test_a_live_dataset_on_the_same_local_shards_keeps_its_shared_memory(tmp_path, train_data):
+    """Local shards are read in place by any number of live datasets (an eval beside a training run,
+    a sweep's runs on one machine): a start cleans only registrations no running process maps, so
+    the next dataset takes a prefix of its own instead of the live one's."""
+    from llm.data import all_stream_locals, clean_stale_shared_memory
+    from llm.data.shared_memory import SHM_DIR
+
+    cfg = load(write_recipe(tmp_path / "r.yaml", train_data), "data.eval=[]")
+    first = build_dataset(cfg, "train", 8)
+    sample = first[0]
+    segment = SHM_DIR / f"{first._shm_prefix_int:06d}_locals"
+    assert segment.exists()
+    assert str(train_data.train.resolve()) in [os.path.abspath(p) for p in all_stream_locals(cfg)]
+
+    assert clean_stale_shared_memory(all_stream_locals(cfg)) == []  # it is alive: not stale
+    assert segment.exists()
+    second = build_dataset(cfg, "train", 8)
+    assert second._shm_prefix_int != first._shm_prefix_int
+    assert torch.equal(first[0], sample) and torch.equal(second[0], sample)
+
+
 def test_meta_json_records_match_the_fixture(train_data):
     meta = json.loads((train_data.train / "meta.json").read_text())
     assert meta["format"] == FORMAT_NAME and meta["seq_len"] == train_data.seq_len
