@@ -32,6 +32,7 @@ from llm.callbacks.eval_sources import EvalSources, eval_sources_callbacks, sour
 from llm.callbacks.generation import first_and_last_samples, generation_callbacks
 from llm.callbacks.guard import NonFiniteLoss, SpikeGuard
 from llm.callbacks.loss_plot import LossPlot
+from llm.callbacks.release_datasets import ReleaseDatasets
 from llm.callbacks.skip_windows import SkipWindowsCallback
 from llm.callbacks.task_eval import task_eval_callbacks
 from llm.checkpoint import restart
@@ -370,6 +371,8 @@ def build_trainer(
         )
         for i, stream in enumerate(cfg.data.eval)
     ]
+    # The run's datasets free their shared memory at Trainer.close (a process may go on after it).
+    release = ReleaseDatasets([train_loader.dataset, *(e.dataloader.dataloader.dataset for e in evaluators)])
     schedule = resolve_schedule(cfg, len(train_loader))
 
     model = build_model(cfg, device, document_eos(cfg, metas))
@@ -404,7 +407,7 @@ def build_trainer(
         algorithms=_algorithms(cfg),
         seed=cfg.seed,
         parallelism_config=parallelism,
-        callbacks=checkpointing.callbacks_after([*build_callbacks(ctx), *extra_callbacks]),
+        callbacks=checkpointing.callbacks_after([*build_callbacks(ctx), *extra_callbacks, release]),
         loggers=loggers,
         # Live bars only on a terminal: in a file (`make demo > log 2>&1`) their carriage returns and
         # cursor moves would surround the [progress] lines, which are printed either way.

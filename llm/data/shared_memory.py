@@ -2,7 +2,8 @@
 
 streaming registers each live dataset's folders in shared memory under a numbered prefix
 (`/dev/shm/000123_locals` ...). Three things go wrong with it that this module handles: a run killed
-with its whole process group leaves its registrations behind (`clean_stale_shared_memory`), two
+with its whole process group leaves its registrations behind (`clean_stale_shared_memory`; each of
+our live datasets holds a lock on its prefix, `track`, so that only the dead ones' are cleaned), two
 processes building datasets at the same instant can pick the same prefix (`with_shm_race_retry`),
 and a process that ends with `os._exit` (a preempted run, llm/checkpoint/preemption.py) runs none
 of streaming's `atexit` clean-ups, so Python's resource tracker unlinks the segments after it and
@@ -11,6 +12,8 @@ prints a warning below the run's last line (`release_shared_memory`).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import weakref
@@ -22,6 +25,14 @@ import torch
 
 SHM_DIR = Path("/dev/shm")
 _LOCALS_SHM = re.compile(r"^(\d{6})_locals$")
+# Every segment streaming names after a prefix: its SHM_TO_CLEAN (the registration, barrier, epoch
+# counter, cache and shard states) and what that list leaves out, the resume state a checkpoint's
+# load writes and the epoch's sample order.
+_SEGMENTS = (
+    "locals", "barrier", "next_epoch", "cache_usage", "shard_states", "shard_access_times",
+    "resume", "epoch_shape", "epoch_data",
+)  # fmt: skip
+_LEFT_SHM = re.compile(r"^(\d{6})_(resume|epoch_shape|epoch_data)$")
 
 
 def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
@@ -36,46 +47,100 @@ def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
     *our* folders: that function unlinks every dataset's memory on the machine (also those of other
     live jobs) and stops at the first unused prefix, so it can miss the stale one.
     """
-    from streaming.base.constant import SHM_TO_CLEAN
-
     wanted = {os.path.abspath(d) for d in local_dirs}
     freed: list[int] = []
     if not SHM_DIR.is_dir():  # not Linux: nothing we can inspect safely
         return freed
-    ours = [
-        match.group(1)
-        for entry in sorted(SHM_DIR.iterdir())
-        if (match := _LOCALS_SHM.match(entry.name)) and not wanted.isdisjoint(_registered_locals(entry))
-    ]
-    live = _mapped_by_a_running_process(set(ours)) if ours else set()
-    for prefix in ours:
-        if prefix in live:  # a dataset alive now: local shards may be read by several at once
-            continue
-        for name in SHM_TO_CLEAN:
-            (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
-        freed.append(int(prefix))
+    entries = sorted(SHM_DIR.iterdir())
+    registered = {m.group(1): entry for entry in entries if (m := _LOCALS_SHM.match(entry.name))}
+    ours = [prefix for prefix, entry in registered.items() if not wanted.isdisjoint(_registered_locals(entry))]
+    # A free prefix (no `_locals`) whose resume state or epoch order a dead dataset left: the next
+    # dataset to take that prefix would start from another run's position in another run's order.
+    orphans = sorted({m.group(1) for e in entries if (m := _LEFT_SHM.match(e.name))} - set(registered))
+    for prefix in ours + orphans:
+        with _unheld(prefix) as stale:
+            if not stale:  # a live dataset holds it: local shards may be read by several at once
+                continue
+            for name in _SEGMENTS:
+                (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
+            if prefix in ours:
+                freed.append(int(prefix))
     return freed
 
 
-def _mapped_by_a_running_process(prefixes: set[str]) -> set[str]:
-    """The prefixes whose segments a running process (this one included) still has mapped.
+def _lock_path(prefix: str) -> Path:
+    return SHM_DIR / f"llm-{prefix}.lock"  # beside the segments: shared wherever /dev/shm is
 
-    A live dataset keeps its `*_locals` segment mapped; a killed run's are mapped by no one. Local
-    shard folders (no remote) may be registered by several live datasets at once (an eval beside a
-    training run, a sweep's runs on one machine, a benchmark's loops in one process): unlinking
+
+@contextlib.contextmanager
+def _unheld(prefix: str):
+    """Yield whether no live dataset holds `prefix` (then it stays unheld until the block ends).
+
+    Local shard folders (no remote) may be registered by several live datasets at once (an eval
+    beside a run, a sweep's runs on one machine, a benchmark's loops beside its trainer): unlinking
     theirs would let the next dataset take the same prefix while they still attach to it by name.
-    A process whose maps cannot be read (another user's, another PID namespace's) is not seen: with
-    a /dev/shm shared across containers, only the stale case is handled."""
-    live: set[str] = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text(encoding="utf-8", errors="replace")
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
-        live |= {prefix for prefix in prefixes - live if f"{SHM_DIR}/{prefix}_" in text}
-        if live == prefixes:
-            break
-    return live
+    Whether a process maps the segments does not tell: streaming's start maps every segment it
+    walks past until its process ends. Each of our datasets holds a shared `flock` on the prefix's
+    lock file for its lifetime (`track`); the kernel drops it when the process dies, SIGKILL too.
+    A registration without our lock (another tool's dataset) counts as unheld, as before."""
+    try:
+        fd = os.open(_lock_path(prefix), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:  # not ours to open (another user's): not ours to clean either
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.close(fd)  # releases the lock (the file stays: see `_hold`)
+
+
+_locks: dict[int, int] = {}  # id(dataset) -> the descriptor of its prefix's lock, closed with it
+
+
+def _hold(dataset: object) -> None:
+    """A shared lock on `dataset`'s prefix for as long as it lives (or until `release_shared_memory`).
+    The lock file is never removed: a dataset opening it while a cleaner removed it would lock a
+    file no later cleaner sees."""
+    prefix = getattr(dataset, "_shm_prefix_int", None)
+    if prefix is None or not SHM_DIR.is_dir():
+        return
+    try:
+        fd = os.open(_lock_path(f"{prefix:06d}"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a cleaner's moment of LOCK_EX
+    except OSError:
+        os.close(fd)
+        return
+    _locks[id(dataset)] = fd
+    weakref.finalize(dataset, _let_go, id(dataset))
+
+
+def _let_go(key: int) -> None:
+    fd = _locks.pop(key, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _forget_in_child() -> None:
+    """A forked child (a fork server, a loader's worker) closes its copies of the locks: they are
+    the parent's to hold, and a long-lived child would otherwise hold them after the parent's
+    datasets are gone (a lock lasts while any copy of its descriptor is open)."""
+    for fd in _locks.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _locks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _registered_locals(path: Path) -> list[str]:
@@ -123,8 +188,10 @@ _datasets: weakref.WeakSet = weakref.WeakSet()  # this process's datasets (`trac
 
 
 def track(dataset: object) -> None:
-    """Remember `dataset` (a StreamingDataset) for `release_shared_memory`."""
+    """Remember `dataset` (a StreamingDataset, built) for `release_shared_memory`, and hold its
+    prefix so that no start takes its shared memory for a dead run's (`clean_stale_shared_memory`)."""
     _datasets.add(dataset)
+    _hold(dataset)
 
 
 def _shared_memories(roots: list, kind: type, depth: int = 3) -> list:
@@ -155,11 +222,15 @@ def _shared_memories(roots: list, kind: type, depth: int = 3) -> list:
     return found
 
 
-def release_shared_memory() -> None:
-    """Unlink the shared memory this process's datasets created, and take it off the resource
-    tracker's list, without closing the mappings (another thread may still read them): what
-    streaming's `atexit` clean-ups do, for a process about to end with `os._exit` (only then: after
-    those hooks ran, a name would be taken off the list twice, a traceback in the tracker)."""
+def release_shared_memory(datasets: Iterable[object] | None = None) -> None:
+    """Unlink the shared memory `datasets` (None: all of this process's) created, and take it off
+    the resource tracker's list, without closing the mappings (another thread may still read them).
+
+    What streaming's `atexit` clean-ups do, for a process about to end with `os._exit`, and for a
+    run that has ended (`ReleaseDatasets`, at `Trainer.close`) in a process that goes on (a
+    notebook, a test worker): its prefix is free again, and a start cleans only registrations no live
+    dataset holds. Those hooks, when they run later, find the names gone and skip them (a name is
+    never taken off the tracker's list twice: that would be a traceback in the tracker)."""
     from multiprocessing import resource_tracker
 
     from streaming.base.shared.memory import SharedMemory
@@ -172,7 +243,10 @@ def release_shared_memory() -> None:
     # The tracker itself, not the module's `unregister`: streaming swaps that for a no-op while it
     # closes attached segments (in whichever thread collects a dataset).
     tracker = resource_tracker._resource_tracker
-    for obj in _shared_memories(list(_datasets), SharedMemory):
+    roots = list(_datasets) if datasets is None else list(datasets)
+    for dataset in roots:  # the names go: nothing left to hold
+        _let_go(id(dataset))
+    for obj in _shared_memories(roots, SharedMemory):
         for shm in obj.created_shms:
             try:
                 _posixshmem.shm_unlink(shm._name)

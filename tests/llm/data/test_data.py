@@ -254,8 +254,9 @@ def test_start_after_a_crashed_run_cleans_stale_shared_memory(tmp_path, train_da
 
 def test_a_live_dataset_on_the_same_local_shards_keeps_its_shared_memory(tmp_path, train_data):
     """Local shards are read in place by any number of live datasets (an eval beside a training run,
-    a sweep's runs on one machine): a start cleans only registrations no running process maps, so
-    the next dataset takes a prefix of its own instead of the live one's."""
+    a sweep's runs on one machine): a start cleans only registrations no live dataset holds, so the
+    next dataset takes a prefix of its own instead of the live one's. Here the live one is this
+    process's own; once a run has ended, its datasets' memory is released (`ReleaseDatasets`)."""
     from llm.data import all_stream_locals, clean_stale_shared_memory
     from llm.data.shared_memory import SHM_DIR
 
@@ -271,6 +272,61 @@ def test_a_live_dataset_on_the_same_local_shards_keeps_its_shared_memory(tmp_pat
     second = build_dataset(cfg, "train", 8)
     assert second._shm_prefix_int != first._shm_prefix_int
     assert torch.equal(first[0], sample) and torch.equal(second[0], sample)
+
+
+def test_a_dead_dataset_s_resume_state_on_a_free_prefix_is_cleaned(tmp_path, train_data):
+    """streaming's clean-up list leaves out the resume state a checkpoint's load writes
+    (`<prefix>_resume`): on a free prefix, the next dataset to take it would start from a dead
+    run's position. A start removes it with the rest."""
+    from llm.data import clean_stale_shared_memory
+    from llm.data.shared_memory import SHM_DIR
+
+    free = max((int(p.name[:6]) for p in SHM_DIR.glob("[0-9]" * 6 + "_*")), default=0) + 1000
+    left = SHM_DIR / f"{free:06d}_resume"
+    left.write_bytes(b'{"epoch": 0, "sample_in_epoch": 64, "num_canonical_nodes": 1}')
+    assert clean_stale_shared_memory([str(tmp_path / "elsewhere")]) == []  # not a registration
+    assert not left.exists()
+
+
+_HOLD = """
+import sys
+
+from llm.config import load_config
+from llm.data import build_dataset
+
+dataset = build_dataset(load_config(sys.argv[1], ["data.eval=[]"]), "train", 8)
+print(dataset._shm_prefix_int, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_another_process_s_live_dataset_is_kept_and_once_it_is_killed_cleaned(tmp_path, train_data):
+    """Whether another process maps the segments says nothing (every dataset's start maps all it
+    walks past until its process ends): the lock each live dataset holds on its prefix tells, and
+    the kernel drops it with the process, SIGKILL too."""
+    import subprocess
+
+    from llm.data import all_stream_locals, clean_stale_shared_memory
+    from llm.data.shared_memory import SHM_DIR
+
+    recipe = write_recipe(tmp_path / "r.yaml", train_data)
+    cfg = load(recipe, "data.eval=[]")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(recipe)], cwd=REPO,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        prefix = int(holder.stdout.readline())
+        segment = SHM_DIR / f"{prefix:06d}_locals"
+        assert clean_stale_shared_memory(all_stream_locals(cfg)) == [] and segment.exists()
+        mine = build_dataset(cfg, "train", 8)  # beside it, on the same local shards
+        assert mine._shm_prefix_int != prefix
+    finally:
+        holder.kill()
+        holder.wait()
+    assert clean_stale_shared_memory(all_stream_locals(cfg)) == [prefix]  # killed: stale
+    assert not segment.exists() and (SHM_DIR / f"{mine._shm_prefix_int:06d}_locals").exists()
 
 
 def test_meta_json_records_match_the_fixture(train_data):
