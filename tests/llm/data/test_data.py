@@ -1,6 +1,5 @@
 """The data path: metadata checks, the streaming dataset, mixing, S3, stale shared memory."""
 
-
 from __future__ import annotations
 
 import hashlib
@@ -272,6 +271,28 @@ def test_a_live_dataset_on_the_same_local_shards_keeps_its_shared_memory(tmp_pat
     second = build_dataset(cfg, "train", 8)
     assert second._shm_prefix_int != first._shm_prefix_int
     assert torch.equal(first[0], sample) and torch.equal(second[0], sample)
+
+
+def test_a_run_s_datasets_give_their_shared_memory_back_when_the_trainer_closes(tmp_path, train_data):
+    """In a process that goes on after a run (a notebook, a test worker), the finished run's
+    prefixes would otherwise stay taken until the process ends, and every later dataset walks past
+    each of them (streaming keeps a descriptor of each)."""
+    from llm.data.shared_memory import SHM_DIR
+    from llm.trainer import build_trainer
+
+    cfg = load(
+        write_recipe(tmp_path / "r.yaml", train_data), "training.max_duration=1ba", "scheduler.warmup=0ba"
+    )
+    trainer = build_trainer(cfg)
+    trainer.fit()
+    datasets = [
+        trainer.state.train_dataloader.dataset,
+        *(e.dataloader.dataloader.dataset for e in trainer.state.evaluators),
+    ]
+    segments = [SHM_DIR / f"{d._shm_prefix_int:06d}_locals" for d in datasets]
+    assert len(segments) == 2 and all(s.exists() for s in segments)
+    trainer.close()
+    assert not any(s.exists() for s in segments)
 
 
 def test_a_dead_dataset_s_resume_state_on_a_free_prefix_is_cleaned(tmp_path, train_data):
