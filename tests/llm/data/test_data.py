@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -335,7 +336,7 @@ def test_another_process_s_live_dataset_is_kept_and_once_it_is_killed_cleaned(tm
     cfg = load(recipe, "data.eval=[]")
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD, str(recipe)], cwd=REPO,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         prefix = int(holder.stdout.readline())
@@ -343,8 +344,8 @@ def test_another_process_s_live_dataset_is_kept_and_once_it_is_killed_cleaned(tm
         assert clean_stale_shared_memory(all_stream_locals(cfg)) == [] and segment.exists()
         mine = build_dataset(cfg, "train", 8)  # beside it, on the same local shards
         assert mine._shm_prefix_int != prefix
-    finally:
-        holder.kill()
+    finally:  # its whole group, as a container's OOM kill: its resource tracker cleans up nothing
+        os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
     assert clean_stale_shared_memory(all_stream_locals(cfg)) == [prefix]  # killed: stale
     assert not segment.exists() and (SHM_DIR / f"{mine._shm_prefix_int:06d}_locals").exists()
