@@ -229,8 +229,9 @@ def release_shared_memory(datasets: Iterable[object] | None = None) -> None:
     What streaming's `atexit` clean-ups do, for a process about to end with `os._exit`, and for a
     run that has ended (`ReleaseDatasets`, at `Trainer.close`) in a process that goes on (a
     notebook, a test worker): its prefix is free again, and a start cleans only registrations no live
-    dataset holds. Those hooks, when they run later, find the names gone and skip them (a name is
-    never taken off the tracker's list twice: that would be a traceback in the tracker)."""
+    dataset holds. Those hooks, when they run later, are given nothing to unlink: they go by name,
+    which another dataset may have taken meanwhile (its memory would go, and the name would be
+    taken off the tracker's list twice: a traceback in the tracker)."""
     from multiprocessing import resource_tracker
 
     from streaming.base.shared.memory import SharedMemory
@@ -253,3 +254,5 @@ def release_shared_memory(datasets: Iterable[object] | None = None) -> None:
             except FileNotFoundError:  # released already (streaming cleaned it up and made it anew)
                 continue
             tracker.unregister(shm._name, "shared_memory")
+        # streaming's atexit hook unlinks by name: by then another dataset may have taken the name.
+        obj.created_shms = []
