@@ -62,7 +62,8 @@ def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
             if not stale:  # a live dataset holds it: local shards may be read by several at once
                 continue
             for name in _SEGMENTS:
-                (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
+                with contextlib.suppress(PermissionError):  # another user's: not ours to remove
+                    (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
             if prefix in ours:
                 freed.append(int(prefix))
     return freed
