@@ -486,16 +486,13 @@ class TrainConfig:
     def check_world_size(self, world_size: int) -> int:
         """Per-rank batch size for `world_size` ranks; ConfigError if the batch does not divide."""
         t = self.training
-        if not t.device_microbatch_size and t.global_batch_size % world_size:  # 0: from the plan
+        mb = t.device_microbatch_size
+        unit = world_size * (mb or 1)  # 0: from the plan, a divisor of the per-rank batch
+        if t.global_batch_size % unit:
+            by = f"world size {world_size}" + (f" x training.device_microbatch_size={mb}" if mb else "")
             raise ConfigError(
-                f"training.global_batch_size={t.global_batch_size} is not divisible by world size "
-                f"{world_size}; choose a global batch that is a multiple of {world_size}"
-            )
-        if t.device_microbatch_size and t.global_batch_size % (world_size * t.device_microbatch_size):
-            raise ConfigError(
-                f"training.global_batch_size={t.global_batch_size} is not divisible by world size "
-                f"{world_size} x training.device_microbatch_size={t.device_microbatch_size}; "
-                f"choose a global batch that is a multiple of {world_size * t.device_microbatch_size}"
+                f"training.global_batch_size={t.global_batch_size} is not divisible by {by}; "
+                f"choose a global batch that is a multiple of {unit}"
             )
         return t.global_batch_size // world_size
 

@@ -24,16 +24,7 @@ import numpy as np
 import torch
 
 SHM_DIR = Path("/dev/shm")
-_LOCALS_SHM = re.compile(r"^(\d{6})_locals$")
-# Every segment streaming names after a prefix: its SHM_TO_CLEAN (the registration, barrier, epoch
-# counter, cache and shard states) and what that list leaves out, the resume state a checkpoint's
-# load writes and the epoch's sample order.
-_SEGMENTS = (
-    "locals", "barrier", "next_epoch", "cache_usage", "shard_states", "shard_access_times",
-    "resume", "epoch_shape", "epoch_data",
-)  # fmt: skip
-_LEFT_SHM = re.compile(r"^(\d{6})_(resume|epoch_shape|epoch_data)$")
-
+_PREFIXED = re.compile(r"^(\d{6})_(\w+)$")  # streaming's segments: /dev/shm/<prefix>_<name>
 
 def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
     """Unlink streaming's shared memory still registered for our cache folders; return the prefixes.
@@ -47,21 +38,26 @@ def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
     *our* folders: that function unlinks every dataset's memory on the machine (also those of other
     live jobs) and stops at the first unused prefix, so it can miss the stale one.
     """
+    from streaming.base.constant import EPOCH_DATA, EPOCH_SHAPE, LOCALS, RESUME, SHM_TO_CLEAN
+
+    # What streaming's SHM_TO_CLEAN leaves out: the resume state a checkpoint's load writes, and
+    # the epoch's sample order.
+    left_out = (RESUME, EPOCH_SHAPE, EPOCH_DATA)
     wanted = {os.path.abspath(d) for d in local_dirs}
     freed: list[int] = []
     if not SHM_DIR.is_dir():  # not Linux: nothing we can inspect safely
         return freed
-    entries = sorted(SHM_DIR.iterdir())
-    registered = {m.group(1): entry for entry in entries if (m := _LOCALS_SHM.match(entry.name))}
+    segments = [(m.group(1), m.group(2), e) for e in sorted(SHM_DIR.iterdir()) if (m := _PREFIXED.match(e.name))]
+    registered = {prefix: entry for prefix, name, entry in segments if name == LOCALS}
     ours = [prefix for prefix, entry in registered.items() if not wanted.isdisjoint(_registered_locals(entry))]
     # A free prefix (no `_locals`) whose resume state or epoch order a dead dataset left: the next
     # dataset to take that prefix would start from another run's position in another run's order.
-    orphans = sorted({m.group(1) for e in entries if (m := _LEFT_SHM.match(e.name))} - set(registered))
+    orphans = sorted({prefix for prefix, name, _ in segments if name in left_out} - set(registered))
     for prefix in ours + orphans:
         with _unheld(prefix) as stale:
             if not stale:  # a live dataset holds it: local shards may be read by several at once
                 continue
-            for name in _SEGMENTS:
+            for name in (*SHM_TO_CLEAN, *left_out):
                 with contextlib.suppress(PermissionError):  # another user's: not ours to remove
                     (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
             if prefix in ours:
@@ -69,8 +65,20 @@ def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
     return freed
 
 
-def _lock_path(prefix: str) -> Path:
-    return SHM_DIR / f"llm-{prefix}.lock"  # beside the segments: shared wherever /dev/shm is
+def _lock(prefix: str, how: int) -> int | None:
+    """A descriptor of `prefix`'s lock file locked `how` (flock), or None when it cannot be had.
+    The file sits beside the segments (shared wherever /dev/shm is) and is never removed: a dataset
+    opening it while a cleaner removed it would lock a file no later cleaner sees."""
+    try:
+        fd = os.open(SHM_DIR / f"llm-{prefix}.lock", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:  # not ours to open (another user's)
+        return None
+    try:
+        fcntl.flock(fd, how)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 @contextlib.contextmanager
@@ -84,44 +92,28 @@ def _unheld(prefix: str):
     walks past until its process ends. Each of our datasets holds a shared `flock` on the prefix's
     lock file for its lifetime (`track`); the kernel drops it when the process dies, SIGKILL too.
     A registration without our lock (another tool's dataset) counts as unheld, as before."""
-    try:
-        fd = os.open(_lock_path(prefix), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError:  # not ours to open (another user's): not ours to clean either
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
+    fd = _lock(prefix, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is None:  # held, or another user's (not ours to clean either)
         yield False
         return
     try:
         yield True
     finally:
-        os.close(fd)  # releases the lock (the file stays: see `_hold`)
+        os.close(fd)  # releases the lock
 
 
 _locks: dict[int, int] = {}  # id(dataset) -> the descriptor of its prefix's lock, closed with it
 
 
 def _hold(dataset: object) -> None:
-    """A shared lock on `dataset`'s prefix for as long as it lives (or until `release_shared_memory`).
-    The lock file is never removed: a dataset opening it while a cleaner removed it would lock a
-    file no later cleaner sees."""
+    """A shared lock on `dataset`'s prefix for as long as it lives (or until `release_shared_memory`)."""
     prefix = getattr(dataset, "_shm_prefix_int", None)
     if prefix is None or not SHM_DIR.is_dir():
         return
-    try:
-        fd = os.open(_lock_path(f"{prefix:06d}"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a cleaner's moment of LOCK_EX
-    except OSError:
-        os.close(fd)
-        return
-    _locks[id(dataset)] = fd
-    weakref.finalize(dataset, _let_go, id(dataset))
+    fd = _lock(f"{prefix:06d}", fcntl.LOCK_SH)  # waits out a cleaner's moment of LOCK_EX
+    if fd is not None:
+        _locks[id(dataset)] = fd
+        weakref.finalize(dataset, _let_go, id(dataset))
 
 
 def _let_go(key: int) -> None:
