@@ -53,14 +53,17 @@ def clean_stale_shared_memory(local_dirs: Iterable[str]) -> list[int]:
     # A free prefix (no `_locals`) whose resume state or epoch order a dead dataset left: the next
     # dataset to take that prefix would start from another run's position in another run's order.
     orphans = sorted({prefix for prefix, name, _ in segments if name in left_out} - set(registered))
-    for prefix in ours + orphans:
+    # Of an orphan, only what was left: a dataset may be taking the free prefix this moment (its
+    # registration comes before its lock; its resume state and epoch order only after).
+    jobs = [(prefix, (*SHM_TO_CLEAN, *left_out)) for prefix in ours] + [(p, left_out) for p in orphans]
+    for prefix, names in jobs:
         with _unheld(prefix) as stale:
             if not stale:  # a live dataset holds it: local shards may be read by several at once
                 continue
-            for name in (*SHM_TO_CLEAN, *left_out):
+            for name in names:
                 with contextlib.suppress(PermissionError):  # another user's: not ours to remove
                     (SHM_DIR / f"{prefix}_{name}").unlink(missing_ok=True)
-            if prefix in ours:
+            if prefix in registered:
                 freed.append(int(prefix))
     return freed
 

@@ -306,8 +306,15 @@ def test_a_dead_dataset_s_resume_state_on_a_free_prefix_is_cleaned(tmp_path, tra
     free = max((int(p.name[:6]) for p in SHM_DIR.glob("[0-9]" * 6 + "_*")), default=0) + 1000
     left = SHM_DIR / f"{free:06d}_resume"
     left.write_bytes(b'{"epoch": 0, "sample_in_epoch": 64, "num_canonical_nodes": 1}')
-    assert clean_stale_shared_memory([str(tmp_path / "elsewhere")]) == []  # not a registration
-    assert not left.exists()
+    # A dataset taking the free prefix this moment: its registration before its lock, so only
+    # what was left (resume state, epoch order) may go, not what a start is creating.
+    taking = SHM_DIR / f"{free:06d}_barrier"
+    taking.write_bytes(bytes(8))
+    try:
+        assert clean_stale_shared_memory([str(tmp_path / "elsewhere")]) == []  # not a registration
+        assert not left.exists() and taking.exists()
+    finally:
+        taking.unlink(missing_ok=True)
 
 
 _HOLD = """
